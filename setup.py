@@ -1,0 +1,38 @@
+"""Packaging for tf-runner.
+
+The TensorFlow distribution is `tensorflow` unless the environment variable
+`TF_RUNNER_TENSORFLOW` names another one at install time. On a Cloud TPU VM,
+install with `TF_RUNNER_TENSORFLOW=tensorflow-tpu pip install ".[tpu]"` so the
+machine gets tensorflow-tpu and libtpu and not also the CPU wheel (both ship
+the same `tensorflow` package directory and would overwrite each other).
+"""
+
+import os
+
+import setuptools
+
+TENSORFLOW = os.environ.get("TF_RUNNER_TENSORFLOW", "").strip() or "tensorflow"
+TENSORFLOW_VERSION = ">=2.16"  # Keras 3 is the default from 2.16 on.
+
+setuptools.setup(
+    name="tf-runner",
+    version="0.1.0",
+    description="One ml-collections config to a distributed TensorFlow training run.",
+    long_description=open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["runner", "strategies", "configs"],
+    install_requires=[
+        TENSORFLOW + TENSORFLOW_VERSION,
+        "keras>=3",
+        "absl-py>=1.0",
+        "ml-collections>=0.1.1",
+        "numpy",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0"],
+        "examples": ["scikit-learn>=1.0"],
+        "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
+    },
+    entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main"]},
+)

@@ -1,0 +1,38 @@
+"""Shared test setup: one TensorFlow process split into logical CPUs.
+
+The split must happen before TensorFlow initializes its devices, so it runs
+here, when pytest imports this file, before any test module is collected.
+Tests pick 1, 2 or all of these devices for their strategies.
+"""
+
+import os
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+  sys.path.insert(0, REPO_ROOT)
+
+import strategies  # pylint: disable=g-import-not-at-top
+
+NUM_LOGICAL_CPUS = 4
+LOGICAL_CPUS = strategies.virtual_cpus(NUM_LOGICAL_CPUS)
+
+
+@pytest.fixture
+def cpu_devices():
+  """Returns a function n -> the names of the first n logical CPUs."""
+  def first(n):
+    assert 1 <= n <= NUM_LOGICAL_CPUS, f"tests have {NUM_LOGICAL_CPUS} logical CPUs, asked for {n}"
+    return [d.name for d in LOGICAL_CPUS[:n]]
+  return first
+
+
+@pytest.fixture
+def subprocess_env():
+  """Environment for a child Python process that imports this repository."""
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return env
