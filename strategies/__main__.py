@@ -1,0 +1,48 @@
+"""`python -m strategies [--strategy=... --virtual_cpus=...]`: what TensorFlow sees and what `auto` picks.
+
+Prints the physical and logical devices, the strategy `auto` would choose and
+why, and, when --strategy names another strategy, that strategy's one-line
+description once built. Bad input prints one line and exits with status 2.
+"""
+
+import sys
+
+from absl import app
+import tensorflow as tf
+
+import strategies
+from strategies import auto
+from strategies import factory
+from strategies.errors import ConfigError
+
+strategies.flags.define_flags()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    report(strategies.flags.config_from_flags())
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def report(config):
+  """Prints the devices, auto's choice, and the strategy `config` names unless it is auto."""
+  if config["virtual_cpus"] is not None:
+    factory.split_cpus(config["virtual_cpus"])
+  print("Physical devices:")
+  for device in tf.config.list_physical_devices():
+    print(f"  {device.name}")
+  print("Logical devices:")
+  for device in tf.config.list_logical_devices():
+    print(f"  {device.name}")
+  choice = auto.choose()
+  print(f"auto would choose: {choice.name} ({choice.reason})")
+  if config["name"] != "auto":
+    print(f"--strategy={config['name']}: {strategies.describe(strategies.create(config))}")
+
+
+if __name__ == "__main__":
+  app.run(main)

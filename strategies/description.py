@@ -1,0 +1,58 @@
+"""One line about a strategy: its kind, replica count and devices."""
+
+import tensorflow as tf
+
+from strategies import devices
+from strategies.local import DefaultStrategy
+
+_KINDS = (
+    (tf.distribute.TPUStrategy, "tpu"),
+    (tf.distribute.MultiWorkerMirroredStrategy, "multi_worker_mirrored"),
+    (tf.distribute.experimental.ParameterServerStrategy, "parameter_server"),
+    (tf.distribute.MirroredStrategy, "mirrored"),
+    (tf.distribute.OneDeviceStrategy, "one_device"),
+)
+
+
+def kind(strategy):
+  """Returns the `strategies.names()` name of `strategy`'s class, or its class name."""
+  if isinstance(strategy, DefaultStrategy):
+    return "default"
+  for cls, name in _KINDS:
+    if isinstance(strategy, cls):
+      return name
+  return type(strategy).__name__
+
+
+def describe(strategy):
+  """Returns one line, e.g. 'mirrored: 2 replicas on CPU:0, CPU:1'.
+
+  Args:
+    strategy: any `tf.distribute.Strategy`.
+  """
+  name = kind(strategy)
+  if name == "default":
+    return "default: 1 replica on the current device (no distribution)"
+  if name == "parameter_server":
+    if strategy.cluster_resolver is None:  # TensorFlow's own class does not keep it.
+      return "parameter_server"
+    jobs = strategy.cluster_resolver.cluster_spec().as_dict()
+    return (f"parameter_server: {_count(len(jobs.get('worker', ())), 'worker')}, "
+            f"{_count(len(jobs.get('ps', ())), 'parameter server')}")
+  replicas = _count(strategy.num_replicas_in_sync, "replica")
+  worker_devices = strategy.extended.worker_devices
+  if name == "tpu":
+    tpu = getattr(strategy, "tpu", None)
+    return f"tpu: {replicas}" + (f" on tpu={tpu!r}" if tpu else "")
+  if name == "multi_worker_mirrored":
+    resolver = strategy.cluster_resolver
+    jobs = resolver.cluster_spec().as_dict()
+    workers = len(jobs.get("chief", ())) + len(jobs.get("worker", ()))
+    if workers > 1:
+      return (f"multi_worker_mirrored: {replicas} on {workers} workers; this is "
+              f"{resolver.task_type}:{resolver.task_id} on {', '.join(worker_devices)}")
+  return f"{name}: {replicas} on {', '.join(devices.short_name(d) for d in worker_devices)}"
+
+
+def _count(n, noun):
+  return f"{n} {noun}{'' if n == 1 else 's'}"

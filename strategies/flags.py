@@ -1,0 +1,96 @@
+"""absl flags that pick a strategy in a user's script, in two lines.
+
+  import strategies
+  strategies.flags.define_flags()                   # at module level
+  ...
+  def main(argv):
+    strategy = strategies.flags.create_from_flags()  # after flags are parsed
+
+Then `--strategy=mirrored --virtual_cpus=2`, `--strategy=tpu --tpu=local`,
+`--strategy=multi_worker_mirrored --worker_hosts=h1:2222,h2:2222 --task_index=0`
+and so on work, with the same names, defaults and checks as `config.strategy`
+(`--strategy` is `config.strategy.name`). Bad combinations fail when the flags
+are parsed.
+"""
+
+from absl import flags
+
+from strategies import factory
+from strategies import schema
+from strategies.errors import ConfigError
+
+# Config field -> (flag name, absl DEFINE function, help).
+_FLAGS = {
+    "name": ("strategy", flags.DEFINE_string, f"Strategy: one of {', '.join(schema.NAMES)}."),
+    "device": ("device", flags.DEFINE_string, "one_device: the device, e.g. /gpu:0 (default: first GPU, else /cpu:0)."),
+    "devices": ("devices", flags.DEFINE_list, "mirrored: comma-separated devices (default: all GPUs, else all CPUs)."),
+    "virtual_cpus": ("virtual_cpus", flags.DEFINE_integer, "Split the CPU into this many logical devices first."),
+    "cross_device_ops": ("cross_device_ops", flags.DEFINE_string,
+                         "mirrored: auto, nccl, hierarchical_copy or reduce_to_one."),
+    "num_packs": ("num_packs", flags.DEFINE_integer, "mirrored: gradient packs for nccl / hierarchical_copy."),
+    "communication": ("communication", flags.DEFINE_string, "multi_worker_mirrored: auto, ring or nccl."),
+    "timeout_seconds": ("timeout_seconds", flags.DEFINE_float, "multi_worker_mirrored: collective timeout."),
+    "worker_hosts": ("worker_hosts", flags.DEFINE_list,
+                     "multi_worker_mirrored: every worker's host:port, comma-separated (instead of TF_CONFIG)."),
+    "task_index": ("task_index", flags.DEFINE_integer, "multi_worker_mirrored: this worker's index in --worker_hosts."),
+    "min_shard_bytes": ("min_shard_bytes", flags.DEFINE_integer,
+                        "parameter_server: smallest variable shard in bytes (default 256 KiB)."),
+    "tpu": ("tpu", flags.DEFINE_string, "tpu: '' (TPU_NAME or this TPU VM), local, a TPU name, or grpc://host:port."),
+    "zone": ("zone", flags.DEFINE_string, "tpu: the Cloud TPU's zone (for a TPU name)."),
+    "project": ("project", flags.DEFINE_string, "tpu: the Cloud TPU's project (for a TPU name)."),
+    "computation_shape": ("computation_shape", flags.DEFINE_list,
+                          "tpu: cores per replica along each mesh axis, e.g. 1,1,1,2 (model parallelism)."),
+    "num_replicas": ("num_replicas", flags.DEFINE_integer, "tpu: number of replicas (with --computation_shape)."),
+    "spmd_xla_partitioning": ("spmd_xla_partitioning", flags.DEFINE_bool,
+                              "tpu: experimental_spmd_xla_partitioning."),
+}
+
+
+def define_flags(flag_values=flags.FLAGS):
+  """Defines the strategy flags (once; calling again is a no-op).
+
+  Args:
+    flag_values: the absl FlagValues to define them in.
+  """
+  if _FLAGS["name"][0] in flag_values:
+    return
+  for field, (flag, define, help_text) in _FLAGS.items():
+    define(flag, schema.DEFAULTS[field], help_text, flag_values=flag_values)
+  # One validator on --strategy that reads every flag, so absl's message stays short.
+  flags.register_validator(
+      _FLAGS["name"][0], lambda _: _check(flag_values), flag_values=flag_values)
+
+
+def config_from_flags(flag_values=flags.FLAGS):
+  """Returns the `config.strategy` fields the parsed flags give, as a dict.
+
+  Raises:
+    ConfigError: --computation_shape is not a list of ints.
+  """
+  fields = {field: flag_values[flag].value for field, (flag, _, _) in _FLAGS.items()}
+  if fields["computation_shape"] is not None:
+    try:
+      fields["computation_shape"] = [int(n) for n in fields["computation_shape"]]
+    except ValueError:
+      raise ConfigError(
+          f"--computation_shape={','.join(fields['computation_shape'])} must be comma-separated ints "
+          "such as 1,1,1,2.") from None
+  return fields
+
+
+def create_from_flags(flag_values=flags.FLAGS):
+  """Builds the strategy the parsed flags describe, like `strategies.create`.
+
+  Raises:
+    ConfigError: any bad input.
+  """
+  return factory.create(config_from_flags(flag_values))
+
+
+def _check(flag_values):
+  try:
+    schema.resolve(config_from_flags(flag_values))
+  except ConfigError as e:
+    raise flags.ValidationError(str(e).replace("config.strategy.name", "--strategy")
+                                .replace("config.strategy.", "--")) from None
+  return True
