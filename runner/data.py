@@ -1,8 +1,15 @@
-"""Input for the Trainer: unbatched datasets and the DatasetProvider interface."""
+"""Input for the Trainer: the DatasetProvider interface and its providers.
+
+Providers: a plain dataset (`DatasetShards`), in-memory arrays (`InMemory`), a
+function (`FromFunction`) and TFRecord files (`TFRecordFiles`).
+"""
 
 import abc
 
+from absl import logging
 import tensorflow as tf
+
+from strategies.errors import ConfigError
 
 
 class DatasetProvider(abc.ABC):
@@ -58,3 +65,135 @@ def as_provider(data) -> DatasetProvider:
   raise TypeError(
       "data must be an unbatched tf.data.Dataset of (features, labels[, sample_weight]) "
       f"or a runner.data.DatasetProvider, got {type(data).__name__}.")
+
+
+class InMemory(DatasetProvider):
+  """Arrays held in memory, sharded by example across input pipelines.
+
+  Each pipeline takes every `num_input_pipelines`-th example (a disjoint share)
+  and, if asked, shuffles its share (all of it, anew each epoch). The Trainer
+  repeats training data itself.
+  """
+
+  def __init__(self, features, labels, sample_weight=None, *, shuffle=False, seed=None):
+    """Keeps the arrays; they become a dataset in `get_dataset`.
+
+    Args:
+      features: an array, or a nest (dict, tuple) of arrays, with examples on
+        the first axis.
+      labels: an array with the same number of examples.
+      sample_weight: None, or an array with the same number of examples.
+      shuffle: shuffle the examples (each epoch anew).
+      seed: the shuffle seed; None for a random order.
+
+    Raises:
+      ValueError: the arrays disagree on the number of examples, or it is 0.
+    """
+    elements = (features, labels) if sample_weight is None else (features, labels, sample_weight)
+    counts = {len(a) for a in tf.nest.flatten(elements)}
+    if len(counts) != 1 or 0 in counts:
+      raise ValueError(
+          "InMemory needs arrays with the same, non-zero number of examples on their first axis, got "
+          f"{sorted(counts)}.")
+    self.elements = elements
+    self.num_examples = counts.pop()
+    self.shuffle = shuffle
+    self.seed = seed
+
+  def get_dataset(self, input_context):
+    dataset = DatasetShards(tf.data.Dataset.from_tensor_slices(self.elements)).get_dataset(input_context)
+    if self.shuffle:
+      dataset = dataset.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
+    return dataset
+
+
+class FromFunction(DatasetProvider):
+  """A Python function that makes each input pipeline's dataset.
+
+  The function gets the `tf.distribute.InputContext` and returns that
+  pipeline's unbatched share, the contract of `DatasetProvider.get_dataset`;
+  it decides how to shard (`input_context.input_pipeline_id` of
+  `input_context.num_input_pipelines`). Data from a Python generator fits
+  here through `tf.data.Dataset.from_generator`.
+  """
+
+  def __init__(self, dataset_fn):
+    """Keeps the function; it runs once per input pipeline in `get_dataset`.
+
+    Args:
+      dataset_fn: `fn(input_context) -> tf.data.Dataset`.
+
+    Raises:
+      TypeError: `dataset_fn` is not callable.
+    """
+    if not callable(dataset_fn):
+      raise TypeError(f"FromFunction needs a function input_context -> tf.data.Dataset, got {dataset_fn!r}.")
+    self.dataset_fn = dataset_fn
+
+  def get_dataset(self, input_context):
+    dataset = self.dataset_fn(input_context)
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError(
+          f"The dataset function {getattr(self.dataset_fn, '__name__', self.dataset_fn)!r} must return a "
+          f"tf.data.Dataset, returned {type(dataset).__name__}.")
+    return dataset
+
+
+class TFRecordFiles(DatasetProvider):
+  """TFRecord files, sharded by file across input pipelines.
+
+  Pipeline `i` of `n` reads files `i, i + n, i + 2n, ...` of the sorted file
+  list. With fewer files than pipelines, every pipeline reads all files and
+  keeps every `n`-th record instead (sharding by example), and says so in one
+  logged line.
+  """
+
+  def __init__(self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None):
+    """Lists the files now, so a pattern that matches nothing fails here.
+
+    Args:
+      file_pattern: a glob pattern (or a list of them), local or e.g. `gs://`.
+      parse_fn: `fn(serialized_record) -> (features, labels[, sample_weight])`,
+        traced by `tf.data.Dataset.map`.
+      shuffle_buffer_size: 0 to keep the order; else the record shuffle buffer
+        (and the file order is shuffled too when sharding by file).
+      seed: the shuffle seed; None for a random order.
+      compression_type: None, 'GZIP' or 'ZLIB'.
+
+    Raises:
+      ConfigError: no file matches `file_pattern`.
+      TypeError: `parse_fn` is not callable.
+    """
+    patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
+    self.files = sorted({f for pattern in patterns for f in tf.io.gfile.glob(pattern)})
+    if not self.files:
+      raise ConfigError(f"No TFRecord file matches {file_pattern!r}.")
+    if not callable(parse_fn):
+      raise TypeError(f"TFRecordFiles needs a parse function, got {parse_fn!r}.")
+    self.file_pattern = file_pattern
+    self.parse_fn = parse_fn
+    self.shuffle_buffer_size = shuffle_buffer_size
+    self.seed = seed
+    self.compression_type = compression_type
+    self._said_sharding_by_example = False
+
+  def get_dataset(self, input_context):
+    num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    by_file = len(self.files) >= num_pipelines
+    files = tf.data.Dataset.from_tensor_slices(self.files[pipeline::num_pipelines] if by_file else self.files)
+    if by_file and self.shuffle_buffer_size:
+      files = files.shuffle(len(self.files), seed=self.seed, reshuffle_each_iteration=True)
+    records = tf.data.TFRecordDataset(
+        files, compression_type=self.compression_type, num_parallel_reads=tf.data.AUTOTUNE)
+    if not by_file:
+      if not self._said_sharding_by_example:
+        logging.warning(
+            "TFRecordFiles: %d file(s) match %r for %d input pipelines; sharding by example "
+            "instead of by file (every pipeline reads every file).",
+            len(self.files), self.file_pattern, num_pipelines)
+        self._said_sharding_by_example = True
+      records = records.shard(num_pipelines, pipeline)
+    dataset = records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    if self.shuffle_buffer_size:
+      dataset = dataset.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
+    return dataset

@@ -1,0 +1,1 @@
+"""Throughput benchmarks: the Trainer side by side with hand-written loops and Keras fit."""

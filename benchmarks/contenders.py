@@ -1,0 +1,238 @@
+"""One throughput contender, measured in a process of its own.
+
+`python -m benchmarks.contenders --contender=loop_100 --strategy=mirrored2
+--warmup_steps=200 --steps=2000` trains the benchmark MLP with that contender,
+first for `warmup_steps` (tracing and the first loops, not timed), then for
+`steps` more, timed with `time.perf_counter` (wall) and `time.process_time`
+(CPU of all the process's threads), and prints one JSON line:
+`{"contender": ..., "strategy": ..., "steps": ..., "seconds": ...,
+"cpu_seconds": ..., "steps_per_sec": ...}`, or `{"contender": ..., "strategy": ..., "error": ...}`
+when the contender raised. Every contender does the same work per step: the
+same MLP, synthetic data, global batch, optimizer, loss (averaged over the
+global batch) and accuracy metric, with variables made in `strategy.scope()`
+and input from `distribute_datasets_from_function` batched per replica.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+import keras  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+import runner  # pylint: disable=g-import-not-at-top
+import strategies  # pylint: disable=g-import-not-at-top
+
+GLOBAL_BATCH_SIZE = 256
+NUM_FEATURES = 64
+HIDDEN_UNITS = (256, 256)
+NUM_CLASSES = 10
+NUM_EXAMPLES = 64 * GLOBAL_BATCH_SIZE
+LEARNING_RATE = 0.05
+SEED = 0
+
+# name -> (kind, steps per tf.function call).
+CONTENDERS = {
+    "trainer_1": ("trainer", 1),
+    "trainer_100": ("trainer", 100),
+    "loop_1": ("loop", 1),
+    "loop_100": ("loop", 100),
+    "keras_fit_1": ("keras_fit", 1),
+    "keras_fit_100": ("keras_fit", 100),
+}
+STRATEGIES = ("one_device", "mirrored2")
+
+
+def make_strategy(name):
+  """Returns the tf.distribute strategy called `name` (one of STRATEGIES).
+
+  `mirrored2` splits the CPU into two logical devices first, so it must run
+  before any other TensorFlow op in the process.
+  """
+  if name == "one_device":
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+  devices = strategies.virtual_cpus(2)
+  return tf.distribute.MirroredStrategy([device.name for device in devices])
+
+
+def make_examples():
+  """Returns the unbatched synthetic dataset: seeded Gaussian features, linear labels."""
+  rng = np.random.default_rng(SEED)
+  features = rng.standard_normal((NUM_EXAMPLES, NUM_FEATURES)).astype(np.float32)
+  labels = np.argmax(features @ rng.standard_normal((NUM_FEATURES, NUM_CLASSES)), axis=1)
+  return tf.data.Dataset.from_tensor_slices((features, labels.astype(np.int32)))
+
+
+def make_distributed_dataset(strategy):
+  """Returns the repeated examples batched per replica and distributed over `strategy`."""
+
+  def dataset_fn(input_context):
+    batch_size = input_context.get_per_replica_batch_size(GLOBAL_BATCH_SIZE)
+    return make_examples().repeat().batch(batch_size, drop_remainder=True).prefetch(
+        tf.data.AUTOTUNE)
+
+  return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def make_model():
+  """Returns the benchmark MLP: 64 -> 256 -> 256 -> 10 logits, ReLU Dense layers."""
+  layers = [keras.Input((NUM_FEATURES,))]
+  layers += [keras.layers.Dense(units, activation="relu") for units in HIDDEN_UNITS]
+  layers.append(keras.layers.Dense(NUM_CLASSES))
+  return keras.Sequential(layers)
+
+
+def make_optimizer():
+  return keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=0.9)
+
+
+def warm_loop(strategy, steps_per_call, warmup_steps):
+  """Warms up a hand-written tf.distribute loop; returns `train(steps)` to time.
+
+  Each `tf.function` call runs `steps_per_call` steps (all but the last in a
+  `tf.range` loop) and returns the last step's loss, which the host fetches
+  once per call, as a practical loop that watches for NaN would.
+  """
+  with strategy.scope():
+    model = make_model()
+    optimizer = make_optimizer()
+    optimizer.build(model.trainable_variables)  # Slots made in a tf.function fail under mirrored.
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+  iterator = iter(make_distributed_dataset(strategy))
+
+  def step_fn(inputs):
+    features, labels = inputs
+    with tf.GradientTape() as tape:
+      logits = model(features, training=True)
+      per_example_loss = keras.losses.sparse_categorical_crossentropy(
+          labels, logits, from_logits=True)
+      loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=GLOBAL_BATCH_SIZE)
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    accuracy.update_state(labels, logits)
+    return loss
+
+  @tf.function
+  def train_loop(iterator):
+    if steps_per_call > 1:  # Python: the one-step function has no loop at all.
+      for _ in tf.range(steps_per_call - 1):
+        strategy.run(step_fn, args=(next(iterator),))
+    loss = strategy.run(step_fn, args=(next(iterator),))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+  def train(num_steps):
+    for _ in range(num_steps // steps_per_call):
+      loss = float(train_loop(iterator))
+      if loss != loss:  # pylint: disable=comparison-with-itself
+        raise FloatingPointError("the loss is NaN")
+
+  train(warmup_steps)
+  return train
+
+
+def warm_keras_fit(strategy, steps_per_call, warmup_steps):
+  """Warms up Keras `fit` with `steps_per_execution=steps_per_call`; returns `train(steps)` to time."""
+  with strategy.scope():
+    model = make_model()
+    model.compile(
+        optimizer=make_optimizer(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        steps_per_execution=steps_per_call,
+        jit_compile=False)
+  dataset = make_distributed_dataset(strategy)
+
+  def train(num_steps):
+    model.fit(dataset, steps_per_epoch=num_steps, epochs=1, verbose=0)
+
+  train(warmup_steps)
+  return train
+
+
+def warm_trainer(strategy, steps_per_call, warmup_steps):
+  """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns `train(steps)` to time.
+
+  `Trainer.train` takes a total step count, so each call continues the last.
+  """
+  trainer = runner.Trainer(
+      strategy,
+      model_fn=make_model,
+      optimizer_fn=make_optimizer,
+      task=runner.tasks.Classification(from_logits=True),
+      steps_per_loop=steps_per_call)
+  examples = make_examples().repeat()
+
+  def train(num_steps):
+    trainer.train(examples, global_batch_size=GLOBAL_BATCH_SIZE, steps=trainer.global_step + num_steps)
+
+  train(warmup_steps)
+  return train
+
+
+WARM_UPS = {"trainer": warm_trainer, "loop": warm_loop, "keras_fit": warm_keras_fit}
+
+
+def describe_error(error):
+  """Returns one line naming `error`: its type and the root cause of a TensorFlow op error."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  # An op error starts with "Graph execution error:"; its cause reads "(0) INVALID_ARGUMENT: ...".
+  causes = [line for line in lines if re.match(r"(\(\d+\) )?[A-Z_]+: ", line)]
+  return f"{type(error).__name__}: {(causes or lines or [''])[0]}"[:300]
+
+
+def measure(contender, strategy_name, warmup_steps, steps):
+  """Runs one contender and returns its result row (a dict, see the module doc).
+
+  Raises:
+    ValueError: a step count is not a positive multiple of the contender's
+      steps per call.
+  """
+  kind, steps_per_call = CONTENDERS[contender]
+  for flag, value in (("warmup_steps", warmup_steps), ("steps", steps)):
+    if value < steps_per_call or value % steps_per_call:
+      raise ValueError(
+          f"--{flag}={value} must be a positive multiple of {steps_per_call}, "
+          f"the steps per call of {contender}.")
+  row = {"contender": contender, "strategy": strategy_name}
+  try:
+    strategy = make_strategy(strategy_name)
+    # Progress lines of the contender go to stderr; stdout carries the result only.
+    with contextlib.redirect_stdout(sys.stderr):
+      train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps)
+      start, cpu_start = time.perf_counter(), time.process_time()
+      train(steps)
+      seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+  except Exception as error:  # pylint: disable=broad-except
+    traceback.print_exc()
+    return {**row, "error": describe_error(error)}
+  return {**row, "steps": steps, "seconds": seconds, "cpu_seconds": cpu_seconds,
+          "steps_per_sec": steps / seconds}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--contender", required=True, choices=sorted(CONTENDERS))
+  parser.add_argument("--strategy", required=True, choices=STRATEGIES)
+  parser.add_argument("--warmup_steps", type=int, required=True,
+                      help="untimed steps first (tracing, first loops)")
+  parser.add_argument("--steps", type=int, required=True, help="timed steps after the warm-up")
+  args = parser.parse_args(argv)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
+  try:
+    row = measure(args.contender, args.strategy, args.warmup_steps, args.steps)
+  except ValueError as error:
+    parser.error(str(error))
+  print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+  main()

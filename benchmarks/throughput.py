@@ -1,0 +1,285 @@
+"""Steps/s of the Trainer side by side with hand-written loops and Keras fit.
+
+`python -m benchmarks.throughput [--rounds=3] [--strategies=one_device,mirrored2]
+[--contenders=trainer_1,...] [--steps=2000] [--quick]` runs every contender on
+every strategy in a fresh process (`python -m benchmarks.contenders`), the
+contenders interleaved within each round and the order rotated from round to
+round, then prints the machine, a Markdown table of median steps/s with the
+ratio of each contender to its reference, and the targets with PASS or FAIL.
+A contender that crashes in any round counts as not working.
+"""
+
+import argparse
+import dataclasses
+import difflib
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from benchmarks import contenders as contenders_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# contender -> the contender it is compared with, on the same strategy.
+REFERENCES = {
+    "trainer_1": "loop_1",
+    "trainer_100": "loop_100",
+    "loop_1": "loop_100",
+    "keras_fit_1": "loop_1",
+    "keras_fit_100": "loop_100",
+}
+KERAS_FIT = ("keras_fit_1", "keras_fit_100")
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """The rounds of one contender on one strategy."""
+  contender: str
+  strategy: str
+  steps_per_sec: tuple  # one float per round that worked
+  cpu_ms_per_step: tuple  # CPU time of the child's threads, one float per round that worked
+  errors: tuple  # one message per round that crashed
+
+  @property
+  def works(self):
+    return bool(self.steps_per_sec) and not self.errors
+
+  @property
+  def median(self):
+    return statistics.median(self.steps_per_sec) if self.works else None
+
+  @property
+  def median_cpu_ms(self):
+    return statistics.median(self.cpu_ms_per_step) if self.works else None
+
+
+def parse_names(text, valid, flag):
+  """Returns the comma-separated names in `text`, each checked against `valid`.
+
+  Raises:
+    ValueError: a name is not in `valid` (with a did-you-mean), or none is given.
+  """
+  names = [name.strip() for name in text.split(",") if name.strip()]
+  if not names:
+    raise ValueError(f"--{flag} is empty; valid names: {', '.join(valid)}.")
+  for name in names:
+    if name not in valid:
+      close = difflib.get_close_matches(name, valid, n=1)
+      hint = f" Did you mean {close[0]!r}?" if close else ""
+      raise ValueError(f"--{flag}: unknown name {name!r}.{hint} Valid names: {', '.join(valid)}.")
+  return names
+
+
+def timed_steps(contender, args):
+  _, steps_per_call = contenders_lib.CONTENDERS[contender]
+  return args.single_step_steps if steps_per_call == 1 else args.steps
+
+
+def run_contender(contender, strategy, args):
+  """Runs one contender in a child process; returns its JSON row, or (error row) {"error": message}."""
+  command = [
+      sys.executable, "-m", "benchmarks.contenders", f"--contender={contender}",
+      f"--strategy={strategy}", f"--warmup_steps={args.warmup_steps}",
+      f"--steps={timed_steps(contender, args)}"]
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  try:
+    child = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                           timeout=args.timeout, check=False)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {args.timeout} s"}
+  lines = child.stdout.strip().splitlines()
+  row = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+  if "steps_per_sec" in row or "error" in row:
+    return row
+  stderr = [line for line in child.stderr.strip().splitlines() if line.strip()]
+  return {"error": f"exit code {child.returncode}: {stderr[-1] if stderr else 'no output'}"}
+
+
+def schedule(contenders, strategies, rounds):
+  """Returns (round, contender, strategy) in run order: interleaved, rotated per round."""
+  pairs = [(contender, strategy) for strategy in strategies for contender in contenders]
+  order = []
+  for round_index in range(rounds):
+    shift = round_index * len(pairs) // rounds
+    order += [(round_index, *pair) for pair in pairs[shift:] + pairs[:shift]]
+  return order
+
+
+def run_all(args):
+  """Runs the schedule; returns {(contender, strategy): Result}."""
+  rows = {(c, s): [] for s in args.strategies for c in args.contenders}
+  for round_index, contender, strategy in schedule(args.contenders, args.strategies, args.rounds):
+    start = time.perf_counter()
+    row = run_contender(contender, strategy, args)
+    rows[contender, strategy].append(row)
+    if "error" in row:
+      outcome = f"not working: {row['error']}"
+    else:
+      outcome = (f"{row['steps_per_sec']:8.1f} steps/s, "
+                 f"{1000 * row['cpu_seconds'] / row['steps']:.2f} CPU ms/step")
+    print(f"[round {round_index + 1}/{args.rounds}] {contender:>13} on {strategy:<10} "
+          f"{outcome} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+  return {
+      key: Result(*key,
+                  steps_per_sec=tuple(r["steps_per_sec"] for r in runs if "error" not in r),
+                  cpu_ms_per_step=tuple(1000 * r["cpu_seconds"] / r["steps"] for r in runs if "error" not in r),
+                  errors=tuple(r["error"] for r in runs if "error" in r))
+      for key, runs in rows.items()}
+
+
+def package_version(*distributions):
+  for distribution in distributions:
+    try:
+      return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return "not installed"
+
+
+def machine_lines():
+  """Returns Markdown bullet lines naming the CPU, cores, load and versions."""
+  cpu_model = platform.processor() or "unknown"
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+      models = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    cpu_model = models[0] if models else cpu_model
+  except OSError:
+    pass
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+  tensorflow = package_version("tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tf-nightly")
+  return [
+      f"- CPU: {cpu_model}, {os.cpu_count()} logical cores ({usable} usable)",
+      f"- load average (1, 5, 15 min): {load}",
+      f"- Python {platform.python_version()}, TensorFlow {tensorflow}, "
+      f"Keras {package_version('keras')}, {platform.system()} {platform.release()}",
+  ]
+
+
+def results_table(results, args):
+  """Returns the Markdown table of medians and ratios, one row per contender and strategy."""
+  batch = contenders_lib.GLOBAL_BATCH_SIZE
+  lines = [
+      "| contender | strategy | steps/s (median) | examples/s | ratio | vs | CPU ms/step | steps/s per round |",
+      "|---|---|---:|---:|---:|---|---:|---|",
+  ]
+  for (contender, strategy), result in results.items():
+    rounds = ", ".join(f"{value:.0f}" for value in result.steps_per_sec)
+    if not result.works:
+      error = result.errors[0].replace("|", "/")
+      lines.append(f"| {contender} | {strategy} | not working | | | | | "
+                   f"{len(result.errors)}/{args.rounds} crashed: {error} |")
+      continue
+    reference = results.get((REFERENCES.get(contender), strategy))
+    ratio, versus = ("—", "(reference)") if contender not in REFERENCES else ("", "")
+    if reference is not None and reference.works:
+      ratio, versus = f"{result.median / reference.median:.2f}x", reference.contender
+    lines.append(f"| {contender} | {strategy} | {result.median:.1f} | {result.median * batch:,.0f} "
+                 f"| {ratio} | {versus} | {result.median_cpu_ms:.2f} | {rounds} |")
+  return lines
+
+
+def target_rows(results, strategy):
+  """Yields (target, measured, verdict) for the targets that can be checked on `strategy`."""
+  def get(contender):
+    return results.get((contender, strategy))
+
+  for trainer, loop in (("trainer_100", "loop_100"), ("trainer_1", "loop_1")):
+    if get(trainer) is None or get(loop) is None:
+      continue
+    target = f"{trainer} >= 0.95x {loop}"
+    if not get(loop).works:
+      yield target, f"{loop} not working", "n/a"
+    elif not get(trainer).works:
+      yield target, f"{trainer} not working", "FAIL"
+    else:
+      ratio = get(trainer).median / get(loop).median
+      yield target, f"{ratio:.2f}x", "PASS" if ratio >= 0.95 else "FAIL"
+
+  fits = [get(name) for name in KERAS_FIT if get(name) is not None]
+  if get("trainer_100") is None or not fits:
+    return
+  target = "trainer_100 >= 1.1x Keras fit at its best working setting"
+  working = [fit for fit in fits if fit.works]
+  if not get("trainer_100").works:
+    yield target, "trainer_100 not working", "FAIL"
+  elif not working:
+    yield target, "Keras fit not working at any setting run", "PASS"
+  else:
+    best = max(working, key=lambda fit: fit.median)
+    ratio = get("trainer_100").median / best.median
+    yield target, f"{ratio:.2f}x {best.contender}", "PASS" if ratio >= 1.1 else "FAIL"
+
+
+def targets_table(results, args):
+  lines = ["| target | strategy | measured | result |", "|---|---|---|---|"]
+  for strategy in args.strategies:
+    lines += [f"| {target} | {strategy} | {measured} | {verdict} |"
+              for target, measured, verdict in target_rows(results, strategy)]
+  return lines
+
+
+def parse_args(argv=None):
+  """Parses and checks the flags (see the module doc); exits with a message on bad input."""
+  parser = argparse.ArgumentParser(
+      prog="python -m benchmarks.throughput", description=__doc__.splitlines()[0])
+  all_contenders = list(contenders_lib.CONTENDERS)
+  parser.add_argument("--rounds", type=int, default=3, help="rounds; the table shows medians")
+  parser.add_argument("--strategies", default=",".join(contenders_lib.STRATEGIES),
+                      help="comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES))
+  parser.add_argument("--contenders", default=",".join(all_contenders),
+                      help="comma-separated, from: " + ", ".join(all_contenders))
+  parser.add_argument("--warmup_steps", type=int, default=200,
+                      help="untimed steps before the timed ones (a multiple of 100)")
+  parser.add_argument("--steps", type=int, default=2000,
+                      help="timed steps of the contenders with 100 steps per call")
+  parser.add_argument("--single_step_steps", type=int, default=1000,
+                      help="timed steps of the contenders with 1 step per call")
+  parser.add_argument("--timeout", type=int, default=300, help="seconds allowed per process")
+  parser.add_argument("--quick", action="store_true",
+                      help="smoke run: 1 round, 100 warm-up, 200 + 100 timed steps")
+  args = parser.parse_args(argv)
+  if args.quick:
+    args.rounds, args.warmup_steps, args.steps, args.single_step_steps = 1, 100, 200, 100
+  try:
+    args.strategies = parse_names(args.strategies, contenders_lib.STRATEGIES, "strategies")
+    args.contenders = parse_names(args.contenders, all_contenders, "contenders")
+  except ValueError as error:
+    parser.error(str(error))
+  for flag in ("rounds", "timeout", "single_step_steps"):
+    if getattr(args, flag) < 1:
+      parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
+  for flag in ("warmup_steps", "steps"):
+    if getattr(args, flag) < 100 or getattr(args, flag) % 100:
+      parser.error(f"--{flag} must be a positive multiple of 100 (the steps per call of "
+                   f"the 100-step contenders), got {getattr(args, flag)}.")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  machine_before = machine_lines()
+  start = time.perf_counter()
+  results = run_all(args)
+  minutes = (time.perf_counter() - start) / 60
+  print("\n## Machine\n")
+  print("\n".join(machine_before))
+  print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+  rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
+  print(f"\n## Throughput ({rounds}, {minutes:.1f} min; global batch "
+        f"{contenders_lib.GLOBAL_BATCH_SIZE}; {args.warmup_steps} warm-up steps, then {args.steps} "
+        f"timed steps at 100 steps per call, {args.single_step_steps} at 1)\n")
+  print("\n".join(results_table(results, args)))
+  print("\n## Targets\n")
+  print("\n".join(targets_table(results, args)))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,138 @@
+"""The command line: `python -m runner --config=FILE[:ARG] --workdir=DIR [--config.a.b=v ...]`.
+
+Flags:
+  --config=FILE.py[:ARG]  the config file (its get_config() or get_config(ARG)); required.
+  --config.a.b=VALUE      overrides config.a.b (repeatable; parsed by ml-collections
+                          config_flags; 'None' sets an optional field to None).
+  --workdir=DIR           checkpoints, summaries, metrics.jsonl, config.json, export;
+                          default: a new temporary directory.
+  --mode=MODE             overrides config.mode (train, eval, train_and_eval, export).
+  --dry_run               prints the resolved config, the strategy, the replicas, the
+                          per-replica batch sizes and the step plan, then exits.
+
+A user error (bad config, override, name, batch size, workdir, no TPU) prints
+one line `error: ...` on stderr and exits with status 2; any other error is a
+bug and keeps its traceback (status 1).
+"""
+
+import dataclasses
+import re
+import sys
+from typing import List
+
+from absl import app
+from absl import flags
+
+import strategies
+from strategies.errors import ConfigError
+
+from runner import config as config_lib
+from runner import experiment
+
+USER_ERROR_EXIT_CODE = 2
+_OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
+
+_CONFIG = flags.DEFINE_string(
+    "config", None,
+    "The config file, FILE.py or FILE.py:ARG for get_config(ARG), e.g. configs/digits.py:tpu. "
+    "Override any field with --config.SECTION.FIELD=VALUE, e.g. --config.strategy.name=mirrored.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None,
+    "Where checkpoints, summaries, metrics.jsonl, config.json and the export go (local or gs://). "
+    "A workdir with checkpoints resumes. Default: a new temporary directory.")
+_MODE = flags.DEFINE_enum("mode", None, config_lib.MODES, "Overrides config.mode.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False,
+    "Print the resolved config, the strategy, replicas, per-replica batch sizes and the step plan; "
+    "do not train.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+  """The parsed command line: absl's leftover arguments and the config overrides."""
+  arguments: List[str]
+  overrides: List[str]
+
+
+def parse_flags(argv):
+  """Parses the absl flags and collects the `--config.*` overrides (absl's `flags_parser`).
+
+  The overrides are parsed later, against the loaded config, by
+  `runner.load_config`. A bad flag prints one line and exits.
+
+  Returns:
+    A `CommandLine`.
+  """
+  argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+  overrides, rest = [], [argv[0]]
+  for argument in argv[1:]:
+    match = _OVERRIDE.match(argument)
+    if match is None:
+      rest.append(argument)
+    else:
+      negated, override = match.groups()
+      overrides.append(f"{override}=false" if negated else override)
+  try:
+    arguments = flags.FLAGS(rest)
+    if _CONFIG.value is None:
+      raise flags.Error("--config is required, e.g. --config=configs/digits.py")
+  except flags.Error as e:
+    exit_with_user_error(e)
+  return CommandLine(arguments=arguments, overrides=overrides)
+
+
+def exit_with_user_error(error):
+  """Prints `error` as one line `error: ...` on stderr and exits with USER_ERROR_EXIT_CODE."""
+  print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+  sys.exit(USER_ERROR_EXIT_CODE)
+
+
+def format_metrics(metrics):
+  """Returns 'name=value ...' sorted by name, floats with 4 decimals, ints (counts) as they are."""
+  return " ".join(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.4f}"
+                  for name, value in sorted(metrics.items()))
+
+
+def main(command_line):
+  """Runs the command line; a ConfigError becomes one line on stderr and exit status 2."""
+  try:
+    _run(command_line)
+  except ConfigError as e:
+    exit_with_user_error(e)
+
+
+def _run(command_line):
+  if command_line.arguments[1:]:
+    raise ConfigError(
+        f"Unexpected arguments {command_line.arguments[1:]}; give overrides as --config.SECTION.FIELD=VALUE.")
+  overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
+  config = config_lib.load_config(_CONFIG.value, overrides)
+  if _DRY_RUN.value:
+    strategy = experiment.create_strategy(config)
+    batch_sizes = experiment.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
+    print(f"config:\n{config}")
+    print(f"strategy: {strategies.describe(strategy)}")
+    print(f"replicas: {strategy.num_replicas_in_sync}")
+    print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
+    print(f"plan: {experiment.step_plan(config)}")
+    print("dry run: nothing trained or written.")
+    return
+  result = experiment.run(config, _WORKDIR.value)
+  print(f"workdir: {result.workdir}")
+  print(f"strategy: {strategies.describe(result.strategy)}")
+  print(f"global step: {result.global_step}")
+  if result.train_metrics:
+    print(f"train: {format_metrics(result.train_metrics)}")
+  if result.eval_metrics:
+    print(f"eval: {format_metrics(result.eval_metrics)}")
+  if result.export_path:
+    print(f"export: {result.export_path}")
+
+
+def run_main():
+  """The `tf-runner` console script and `python -m runner`."""
+  app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  run_main()

@@ -1,0 +1,366 @@
+"""The run config: its schema, loading it from a file with overrides, and checking it.
+
+`default_config()` is the schema: every field with its default. `load_config`
+loads a config file the way the CLI does (`FILE.py[:ARG]` plus
+`section.field=value` overrides, parsed by ml-collections `config_flags`) and
+`validate` completes and checks a config, before any TensorFlow device work.
+Every bad input raises ConfigError, naming what was wrong and what is valid.
+"""
+
+import importlib.util
+import os
+
+from absl import flags
+import ml_collections
+from ml_collections import config_dict
+from ml_collections import config_flags
+
+from strategies import checks
+from strategies import schema as strategy_schema
+from strategies.errors import ConfigError
+import strategies
+
+from runner import global_state
+from runner import optimizers
+from runner import registry
+
+MODES = ("train", "eval", "train_and_eval", "export")
+# The sections that name a model, dataset or task; besides their common fields
+# they hold that model's, dataset's or task's own fields.
+NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
+NONE_VALUES = ("None", "none", "null")
+
+
+def _common_config():
+  """Returns the schema without the own fields of the named dataset, model and task."""
+  config = ml_collections.ConfigDict()
+  config.mode = "train_and_eval"
+  config.strategy = strategies.default_config()
+  config.data = ml_collections.ConfigDict({
+      "name": "synthetic",
+      "global_batch_size": 64,
+      "eval_global_batch_size": config_dict.placeholder(int),
+  })
+  config.model = ml_collections.ConfigDict({"name": "mlp"})
+  config.task = ml_collections.ConfigDict({"name": "classification"})
+  config.optimizer = ml_collections.ConfigDict({
+      "name": "adam",
+      "learning_rate": 1e-3,
+      "schedule": "constant",
+      "warmup_steps": 0,
+      "weight_decay": 0.0,
+      "clipnorm": config_dict.placeholder(float),
+  })
+  config.trainer = ml_collections.ConfigDict({
+      "train_steps": 1000,
+      "steps_per_loop": 100,
+      "eval_every": config_dict.placeholder(int),
+      "eval_steps": config_dict.placeholder(int),
+      "checkpoint_every": config_dict.placeholder(int),
+      "max_to_keep": 3,
+      "jit_compile": False,
+      "precision": "float32",
+      "seed": 0,
+  })
+  return config
+
+
+def default_config():
+  """Returns the schema of the run config: every field at its default.
+
+  The data, model and task sections hold their common fields plus the own
+  fields of the default choice (dataset 'synthetic', model 'mlp', task
+  'classification'), so the default config runs as it is.
+  """
+  return _complete(ml_collections.ConfigDict())
+
+
+def _complete(config):
+  """Returns `config` over the schema: every field present, names and types checked.
+
+  The data, model and task sections get the own fields of the dataset, model
+  or task they name, with defaults for those not given; a section naming an
+  import path keeps whatever other fields it has.
+
+  Args:
+    config: a ConfigDict (or mapping) with any part of the schema.
+
+  Returns:
+    A new, unlocked ConfigDict.
+
+  Raises:
+    ConfigError: an unknown section or field (with a did-you-mean), an
+      unknown built-in name, or a value of the wrong type.
+  """
+  if not hasattr(config, "items"):
+    raise ConfigError(f"A config must be a ConfigDict, got {type(config).__name__}.")
+  result = _common_config()
+  _merge(result, {k: v for k, v in config.items() if k not in NAMED_SECTIONS}, "config")
+  for section, kind in NAMED_SECTIONS.items():
+    given = config[section] if section in config else {}
+    if not hasattr(given, "items"):
+      raise ConfigError(f"config.{section} must be a section (a ConfigDict), got {given!r}.")
+    _merge(result[section], _with_own_fields(result[section], given, f"config.{section}", kind),
+           f"config.{section}")
+  return result
+
+
+def _with_own_fields(section, given, where, kind):
+  """Adds to `section` the own fields of the `kind` that `given` names; returns `given`'s fields to merge.
+
+  A built-in's own fields come with their defaults. A field of another
+  built-in of that kind still at that built-in's default is dropped (so a
+  config may switch, say, from dataset 'digits' to 'synthetic'); any other
+  field the built-in does not have is an error. For an import path, `given`'s
+  fields are all kept, as they are.
+  """
+  name = given.get("name", section.name)
+  if not isinstance(name, str) or not name:
+    raise ConfigError(f"{where}.name must be a non-empty string, got {name!r}.")
+  found = registry.builtin(kind, name)
+  if found is None:
+    for field in given:
+      if field not in section:
+        section[field] = _typed(given, field)
+    return dict(given.items())
+  for field, default in found.fields.items():
+    section[field] = default
+  others = {}
+  for other in registry.builtins(kind).values():
+    for field, default in other.fields.items():
+      others.setdefault(field, []).append(default)
+  kept = {}
+  for field, value in given.items():
+    if field in section:
+      kept[field] = value
+    elif value not in others.get(field, ()):
+      hint = f" (a field of another {kind}, set to {value!r})" if field in others else ""
+      raise ConfigError(
+          f"{where}.{field} is not a field of {kind} {name!r}{hint}.{checks.did_you_mean(field, section)} "
+          f"Fields of {where} for {kind} {name!r}: {', '.join(section)}.")
+  return kept
+
+
+def _typed(given, field):
+  """Returns `given[field]`, or a typed placeholder for a None with a known type."""
+  value = given[field]
+  if value is None and hasattr(given, "get_type") and given.get_type(field) is not type(None):
+    return config_dict.placeholder(given.get_type(field))
+  return value
+
+
+def _merge(schema, given, where):
+  """Writes the fields of `given` into `schema` (a ConfigDict), checking names and types."""
+  for field in given:
+    if field not in schema:
+      raise ConfigError(
+          f"{where} has no field {field!r}.{checks.did_you_mean(field, schema)} "
+          f"Fields of {where}: {', '.join(schema)}.")
+    default = schema[field]
+    if isinstance(default, ml_collections.ConfigDict):
+      if not hasattr(given[field], "items"):
+        raise ConfigError(f"{where}.{field} must be a section (a ConfigDict), got {given[field]!r}.")
+      _merge(default, given[field], f"{where}.{field}")
+    else:
+      schema[field] = _checked_value(given[field], default, schema.get_type(field), f"{where}.{field}")
+
+
+_TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
+
+
+def _type_name(field_type):
+  return _TYPE_NAMES.get(field_type, f"a {field_type.__name__}")
+
+
+def _checked_value(value, default, field_type, where):
+  """Returns `value` converted to the schema field's type.
+
+  Raises:
+    ConfigError: `value` does not fit the type, or is None for a required field.
+  """
+  if value is None:
+    if default is None:
+      return None
+    raise ConfigError(f"{where} must be {_type_name(field_type)}, got None.")
+  if field_type is type(None):
+    return value
+  fits = {
+      bool: lambda v: isinstance(v, bool),
+      int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+      float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+      tuple: lambda v: isinstance(v, (tuple, list)),
+  }.get(field_type, lambda v: isinstance(v, field_type))
+  if not fits(value):
+    raise ConfigError(f"{where} must be {_type_name(field_type)}, got {value!r} ({type(value).__name__}).")
+  if field_type is float:
+    return float(value)
+  if field_type is tuple:
+    return tuple(value)
+  return value
+
+
+def validate(config):
+  """Returns `config` completed, checked and locked.
+
+  Completed: every field of the schema is there, and the data, model and task
+  sections have the own fields of what they name (defaults for those not
+  given); `eval_global_batch_size` None becomes `global_batch_size`.
+
+  Runs no TensorFlow device work, so it comes first in `runner.run`. Checks
+  that need the replica count (batch sizes) come once the strategy exists.
+
+  Raises:
+    ConfigError: any field that cannot work; the message names the field,
+      its value and what is valid.
+  """
+  config = _complete(config)
+  checks.one_of(config.mode, MODES, "config.mode")
+  strategy_schema.resolve(config.strategy)
+  checks.positive_int(config.data.global_batch_size, "config.data.global_batch_size")
+  if config.data.eval_global_batch_size is None:
+    config.data.eval_global_batch_size = config.data.global_batch_size
+  checks.positive_int(config.data.eval_global_batch_size, "config.data.eval_global_batch_size")
+  for section, kind in NAMED_SECTIONS.items():
+    registry.resolve(kind, config[section].name)
+    found = registry.builtin(kind, config[section].name)
+    if found is not None:
+      found.check(config[section])
+  trainer = config.trainer
+  for field in ("train_steps", "steps_per_loop", "max_to_keep"):
+    checks.positive_int(trainer[field], f"config.trainer.{field}")
+  for field in ("eval_every", "checkpoint_every"):
+    checks.positive_int(trainer[field], f"config.trainer.{field}", optional=True)
+    if trainer[field] is not None and trainer[field] % trainer.steps_per_loop:
+      multiple = max(1, round(trainer[field] / trainer.steps_per_loop)) * trainer.steps_per_loop
+      raise ConfigError(
+          f"config.trainer.{field}={trainer[field]} is not a multiple of config.trainer.steps_per_loop="
+          f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
+          f"steps_per_loop steps. Use a multiple such as {multiple}.")
+  checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
+  checks.one_of(trainer.precision, global_state.PRECISIONS, "config.trainer.precision")
+  optimizers.check(config.optimizer, trainer.train_steps)
+  config.lock()
+  return config
+
+
+def load_config(path, overrides=()):
+  """Loads a config file, applies overrides, checks the result and locks it.
+
+  The same loading as `python -m runner --config=PATH --config.a.b=v ...`.
+
+  Args:
+    path: 'FILE.py' or 'FILE.py:ARG'; the file's `get_config()` (or
+      `get_config(ARG)`) returns a ConfigDict with any part of the schema.
+    overrides: strings 'section.field=value' (as after `--config.` on the
+      command line; a bool field alone means True, 'None' sets an optional
+      field to None), or a mapping {'section.field': value}.
+
+  Returns:
+    The locked, complete, checked config (see `validate`).
+
+  Raises:
+    ConfigError: a missing file, a file without `get_config`, an unknown
+      field (with a did-you-mean), a value of the wrong type, or any check of
+      `validate`.
+  """
+  file_path, _, argument = path.partition(":")
+  if not os.path.isfile(file_path):
+    raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
+  spec = importlib.util.spec_from_file_location("runner_config_file", file_path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, "get_config", None)):
+    raise ConfigError(f"Config file {file_path!r} has no function get_config().")
+  config = _complete(module.get_config(argument) if argument else module.get_config())
+  if isinstance(overrides, str):
+    raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")
+  items = list(overrides.items() if hasattr(overrides, "items") else overrides)
+  names = [item for item in items if _path_of(item) in NAME_FIELDS]
+  if names:  # New names first, so that the other overrides may set the new dataset's, model's or task's fields.
+    config.lock()
+    _apply_overrides(config, names)
+    config = _complete(config)
+  config.lock()
+  _apply_overrides(config, [item for item in items if _path_of(item) not in NAME_FIELDS])
+  return validate(config)
+
+
+NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
+
+
+def _path_of(item):
+  """Returns the field path of an override, a 'path=value' string or a (path, value) pair."""
+  return item.partition("=")[0] if isinstance(item, str) else item[0]
+
+
+def _apply_overrides(config, items):
+  """Sets overrides, 'path=value' strings or (path, value) pairs, on the locked `config`."""
+  pairs = [item for item in items if not isinstance(item, str)]
+  for field_path, value in pairs:
+    _set(config, field_path, value, f"{field_path}={value!r}")
+  _parse_overrides(config, [item for item in items if isinstance(item, str)])
+
+
+def _parse_overrides(config, overrides):
+  """Sets 'section.field=value' strings on `config` with config_flags' parsers.
+
+  The strings for one field are parsed together, so a tuple field may be
+  given once per element, as on the command line.
+  """
+  by_field = {}
+  for override in overrides:
+    field_path, equals, value = override.partition("=")
+    holder, field = _field(config, field_path, override)
+    if not equals and holder.get_type(field) is not bool:
+      raise ConfigError(f"Override {override!r} has no value; write {field_path}=VALUE.")
+    if value in NONE_VALUES:
+      _set(config, field_path, None, override)
+      by_field.pop(field_path, None)
+    else:
+      by_field.setdefault(field_path, []).append(override)
+  for field_path, given in by_field.items():
+    argv = ["runner"] + [f"--config.{override}" for override in given]
+    flag_values = flags.FlagValues()
+    try:
+      config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, sys_argv=argv)
+      flag_values(argv)
+    except (flags.Error, TypeError, ValueError):
+      holder, field = _field(config, field_path, given[-1])
+      raise ConfigError(
+          f"Override {given[-1]!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
+          f"got {given[-1].partition('=')[2]!r}.") from None
+
+
+def _field(config, field_path, override):
+  """Returns (the ConfigDict that holds the field `field_path`, the field's name).
+
+  Raises:
+    ConfigError: a part of the path is not a field (the message suggests the
+      closest one and lists the valid ones), or the path ends at a section.
+  """
+  holder, where = config, "config"
+  parts = field_path.split(".")
+  for i, part in enumerate(parts):
+    if part not in holder:
+      raise ConfigError(
+          f"Override {override!r}: {where} has no field {part!r}.{checks.did_you_mean(part, holder)} "
+          f"Fields of {where}: {', '.join(holder)}.")
+    is_section = isinstance(holder[part], ml_collections.ConfigDict)
+    if i < len(parts) - 1 and not is_section:
+      raise ConfigError(f"Override {override!r}: {where}.{part} is a value, not a section.")
+    if i == len(parts) - 1 and is_section:
+      raise ConfigError(f"Override {override!r}: {where}.{part} is a section; override its fields one by one.")
+    if i < len(parts) - 1:
+      holder, where = holder[part], f"{where}.{part}"
+  return holder, parts[-1]
+
+
+def _set(config, field_path, value, override):
+  """Sets one field of `config` to a Python value, checking its type."""
+  holder, field = _field(config, field_path, override)
+  try:
+    holder[field] = value
+  except TypeError:
+    raise ConfigError(
+        f"Override {override!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
+        f"got {value!r}.") from None

@@ -1,0 +1,146 @@
+"""How the user's data becomes per-replica batches distributed over a strategy."""
+
+import tensorflow as tf
+
+from runner import data as data_lib
+from strategies.errors import ConfigError
+
+ELEMENT_CONTRACT = "(features, labels) or (features, labels, sample_weight)"
+
+
+def check_global_batch_size(strategy, global_batch_size):
+  """Checks that `global_batch_size` splits evenly over the strategy's replicas.
+
+  Raises:
+    ConfigError: it is not a positive int, or the replica count does not
+      divide it (the message names both numbers and the nearest valid sizes).
+  """
+  if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+    raise ConfigError(f"global_batch_size must be a positive int, got {global_batch_size!r}.")
+  replicas = strategy.num_replicas_in_sync
+  if global_batch_size % replicas:
+    lower = global_batch_size // replicas * replicas
+    nearest = [size for size in (lower, lower + replicas) if size > 0]
+    raise ConfigError(
+        f"global_batch_size={global_batch_size} does not split over the {replicas} replicas of the strategy; "
+        f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}.")
+
+
+def for_training(strategy, data, global_batch_size):
+  """Distributes `data` for training: repeated, in full per-replica batches.
+
+  Each input pipeline repeats its share and batches it by
+  `input_context.get_per_replica_batch_size(global_batch_size)` with
+  `drop_remainder=True`, so shapes are static and a step always sees a full
+  global batch.
+
+  Args:
+    strategy: the `tf.distribute.Strategy`.
+    data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`,
+      of `(features, labels)` or `(features, labels, sample_weight)`.
+    global_batch_size: examples per step over all replicas.
+
+  Returns:
+    `(distributed_dataset, batch_spec)`: the dataset from
+    `distribute_datasets_from_function` and the element spec of one
+    per-replica batch.
+
+  Raises:
+    ConfigError: the elements are not of the contract's form.
+  """
+  provider = _provider(data)
+  specs = []
+
+  def dataset_fn(input_context):
+    dataset = _checked(provider.get_dataset(input_context), "training")
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    dataset = dataset.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    specs.append(dataset.element_spec)
+    return dataset
+
+  distributed = strategy.distribute_datasets_from_function(dataset_fn)
+  return distributed, specs[0]
+
+
+def for_evaluation(strategy, data, global_batch_size, *, bounded):
+  """Distributes `data` for evaluation, padded so that every example counts exactly once.
+
+  Each input pipeline maps its elements to `(features, labels, weight, mask)`
+  (weight: the sample weight or 1; mask: 1), appends endless padding elements
+  (zeros with weight 0 and mask 0) and batches by the per-replica batch size
+  with `drop_remainder=True`. Every batch is therefore full and of static
+  shape (as TPUs and XLA need); the padding adds nothing to the loss, metrics
+  or example count, and the evaluation loop stops once the real examples are
+  used up.
+
+  Args:
+    strategy: the `tf.distribute.Strategy`.
+    data: as for `for_training`, but finite unless `bounded`.
+    global_batch_size: examples per step over all replicas.
+    bounded: the caller stops after a given number of steps, so `data` may
+      be infinite.
+
+  Returns:
+    `(distributed_dataset, batch_spec, num_input_pipelines)`.
+
+  Raises:
+    ConfigError: the elements are not of the contract's form, or `data` is
+      infinite and not `bounded`.
+  """
+  provider = _provider(data)
+  specs, pipelines = [], []
+
+  def dataset_fn(input_context):
+    dataset = _checked(provider.get_dataset(input_context), "evaluation")
+    if not bounded and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+      raise ConfigError(
+          "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
+          "pass evaluate(..., steps=N) or give data that does not repeat.")
+    dataset = dataset.map(_weighted_and_masked)
+    dataset = dataset.concatenate(_padding(dataset))
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    specs.append(dataset.element_spec)
+    pipelines.append(input_context.num_input_pipelines)
+    return dataset
+
+  distributed = strategy.distribute_datasets_from_function(dataset_fn)
+  return distributed, specs[0], pipelines[0]
+
+
+def _provider(data):
+  try:
+    return data_lib.as_provider(data)
+  except TypeError as error:
+    raise ConfigError(str(error)) from None
+
+
+def _checked(dataset, purpose):
+  """Returns `dataset` if its elements follow the contract, else raises ConfigError."""
+  if not isinstance(dataset, tf.data.Dataset):
+    raise ConfigError(f"The {purpose} DatasetProvider returned {type(dataset).__name__}, not a tf.data.Dataset.")
+  spec = dataset.element_spec
+  if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+    raise ConfigError(
+        f"The {purpose} data must be an unbatched dataset of {ELEMENT_CONTRACT}; "
+        f"its elements are {spec}.")
+  if len(spec) == 3 and (not isinstance(spec[2], tf.TensorSpec) or spec[2].shape.rank != 0):
+    raise ConfigError(
+        f"The sample_weight of the {purpose} data must be one scalar per example, got {spec[2]}; "
+        f"elements must be {ELEMENT_CONTRACT} and unbatched.")
+  return dataset
+
+
+def _weighted_and_masked(features, labels, sample_weight=None):
+  weight = tf.ones([]) if sample_weight is None else tf.cast(sample_weight, tf.float32)
+  return features, labels, weight, tf.ones([])
+
+
+def _padding(dataset):
+  """Returns endless zero-weight, zero-mask elements shaped like `dataset`'s."""
+  spec = dataset.element_spec
+  if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+    zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
+    return tf.data.Dataset.from_tensors(zeros).repeat()
+  # Shapes known only from the data: copy the first element, with weight and mask 0.
+  return dataset.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()

@@ -1,0 +1,251 @@
+"""`run(config)`: one config to a training run, and what it returns, `RunResult`.
+
+(`runner.run` is this module's function, hence the module's other name.)
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import Mapping, Optional
+
+from absl import logging
+import keras
+import ml_collections
+import tensorflow as tf
+
+import strategies
+from strategies.errors import ConfigError
+
+from runner import config as config_lib
+from runner import data as data_lib
+from runner import distributed_input
+from runner import optimizers
+from runner import registry
+from runner.tasks import Task
+from runner.trainer import Trainer
+
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+EXPORT_DIR = "export"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """What a run did.
+
+  Attributes:
+    workdir: the directory with config.json, checkpoints, summaries,
+      metrics.jsonl and the export.
+    config: the resolved config (as written to `workdir/config.json`).
+    strategy: the `tf.distribute.Strategy` it ran under.
+    num_replicas: the strategy's replicas in sync.
+    global_step: the step count after the run.
+    train_metrics: the last train loop's `loss` and task metrics, or None
+      when the run trained no step (mode 'eval' or 'export', or a resumed run
+      already at `train_steps`).
+    eval_metrics: the final evaluation (`loss`, the task's metrics,
+      `num_examples`), or None when the mode does not evaluate.
+    checkpoint_path: the latest checkpoint in the workdir, or None.
+    export_path: the SavedModel directory for mode 'export', else None.
+  """
+  workdir: str
+  config: ml_collections.ConfigDict
+  strategy: tf.distribute.Strategy
+  num_replicas: int
+  global_step: int
+  train_metrics: Optional[Mapping[str, float]]
+  eval_metrics: Optional[Mapping[str, float]]
+  checkpoint_path: Optional[str]
+  export_path: Optional[str]
+
+
+def run(config, workdir=None) -> RunResult:
+  """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
+
+  The config is validated before any TensorFlow device work; then the
+  strategy is built and the batch sizes are checked against its replica
+  count; then the workdir is checked and `config.json` written; then data,
+  model, task and optimizer are built and the mode runs. A
+  workdir with checkpoints resumes the run ('train' continues to
+  `config.trainer.train_steps`); 'eval' and 'export' need a checkpoint there.
+
+  Args:
+    config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
+      the rest takes its defaults.
+    workdir: where checkpoints, summaries, metrics.jsonl, config.json and
+      the export go (a local path or e.g. `gs://`); None makes a new
+      temporary directory.
+
+  Returns:
+    A `RunResult`.
+
+  Raises:
+    ConfigError: a bad config, a workdir that cannot be written, a batch size
+      the replica count does not divide, no checkpoint to evaluate or export.
+  """
+  config = config_lib.validate(config)
+  strategy = create_strategy(config)
+  workdir = prepare_workdir(workdir)
+  if config.mode in ("eval", "export") and latest_checkpoint(workdir) is None:
+    raise ConfigError(
+        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, CHECKPOINT_DIR)}, and there is "
+        "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
+  if strategy.extended.should_checkpoint:
+    with tf.io.gfile.GFile(os.path.join(workdir, CONFIG_FILE), "w") as f:
+      f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+  trainer = _RunTrainer(config, strategy, workdir)
+  train_metrics = export_path = None
+  if config.mode in ("train", "train_and_eval"):
+    evaluating = config.mode == "train_and_eval"
+    train_metrics = trainer.train(
+        dataset(config, "train"), global_batch_size=config.data.global_batch_size,
+        steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
+        eval_every=config.trainer.eval_every if evaluating else None)
+    if evaluating and trainer.last_eval_metrics is None:  # Trained before; nothing left to train.
+      trainer.evaluate(dataset(config, "eval"))
+  if config.mode == "eval":
+    trainer.evaluate(dataset(config, "eval"))
+  if config.mode == "export":
+    trainer.build_model(dataset(config, "eval"))
+    export_path = trainer.export(os.path.join(workdir, EXPORT_DIR))
+  return RunResult(
+      workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
+      global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=trainer.last_eval_metrics,
+      checkpoint_path=latest_checkpoint(workdir), export_path=export_path)
+
+
+def prepare_workdir(workdir):
+  """Returns the workdir, created and known to be writable; None makes a temporary one.
+
+  Raises:
+    ConfigError: it cannot be created or written.
+  """
+  if workdir is None:
+    workdir = tempfile.mkdtemp(prefix="tf-runner-")
+    logging.info("No workdir given; using the new directory %s.", workdir)
+  probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+  try:
+    tf.io.gfile.makedirs(workdir)
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("")
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    reason = getattr(e, "message", None) or str(e)
+    raise ConfigError(f"The workdir {workdir!r} cannot be written ({reason}); choose another --workdir.") from None
+  return workdir
+
+
+def latest_checkpoint(workdir):
+  """Returns the path of the latest checkpoint the Trainer wrote in `workdir`, or None."""
+  return tf.train.latest_checkpoint(os.path.join(workdir, CHECKPOINT_DIR))
+
+
+def create_strategy(config):
+  """Builds `config.strategy` and checks both batch sizes against its replica count.
+
+  Raises:
+    ConfigError: from `strategies.create`, or a batch size in `config.data`
+      that the replica count does not divide (both numbers named).
+  """
+  strategy = strategies.create(config.strategy)
+  for field in ("global_batch_size", "eval_global_batch_size"):
+    try:
+      distributed_input.check_global_batch_size(strategy, config.data[field])
+    except ConfigError as e:
+      raise ConfigError(f"config.data.{field}: {e}") from None
+  return strategy
+
+
+def per_replica_batch_sizes(config, num_replicas):
+  """Returns {'train': per-replica train batch, 'eval': per-replica eval batch}."""
+  return {"train": config.data.global_batch_size // num_replicas,
+          "eval": config.data.eval_global_batch_size // num_replicas}
+
+
+def step_plan(config):
+  """Returns one line on what `config.mode` will do: steps, loops, evaluations, checkpoints."""
+  trainer = config.trainer
+  evaluation = f"evaluate {'all of the eval split' if trainer.eval_steps is None else f'{trainer.eval_steps} batches'}"
+  if config.mode in ("eval", "export"):
+    action = evaluation if config.mode == "eval" else f"export a SavedModel to WORKDIR/{EXPORT_DIR}"
+    return f"mode {config.mode}: restore the latest checkpoint, {action}"
+  loops = -(-trainer.train_steps // trainer.steps_per_loop)
+  line = (f"mode {config.mode}: train to step {trainer.train_steps} in {loops} loop(s) of up to "
+          f"{trainer.steps_per_loop} steps")
+  if config.mode == "train_and_eval" and trainer.eval_every and trainer.eval_every < trainer.train_steps:
+    line += f", {evaluation} every {trainer.eval_every} steps"
+  if trainer.checkpoint_every and trainer.checkpoint_every < trainer.train_steps:
+    line += f", checkpoint every {trainer.checkpoint_every} steps"
+  if config.mode == "train_and_eval":
+    line += f"; then {evaluation}"
+  return line
+
+
+def dataset(config, split):
+  """Returns the `split` ('train' or 'eval') of `config.data` as a DatasetProvider.
+
+  Raises:
+    ConfigError: the dataset function returned neither a tf.data.Dataset nor
+      a DatasetProvider.
+  """
+  made = registry.resolve("dataset", config.data.name)(config.data, split)
+  try:
+    return data_lib.as_provider(made)
+  except TypeError:
+    raise ConfigError(
+        f"The dataset {config.data.name!r} returned {type(made).__name__} for split {split!r}; it must "
+        "return an unbatched tf.data.Dataset or a runner.data.DatasetProvider.") from None
+
+
+class _RunTrainer(Trainer):
+  """The Trainer that `config` describes, writing to the workdir.
+
+  Every evaluation, the periodic ones inside `train` included, uses
+  `config.data.eval_global_batch_size` and `config.trainer.eval_steps`, and
+  the last one's results are kept in `last_eval_metrics`.
+  """
+
+  def __init__(self, config, strategy, workdir):
+    task = registry.resolve("task", config.task.name)(config.task)
+    if not isinstance(task, Task):
+      raise ConfigError(f"The task {config.task.name!r} returned {type(task).__name__}, not a runner.Task.")
+    make_model = registry.resolve("model", config.model.name)
+
+    def model_fn():
+      model = make_model(config.model)
+      if not isinstance(model, keras.Model):
+        raise ConfigError(f"The model {config.model.name!r} returned {type(model).__name__}, not a Keras model.")
+      return model
+
+    trainer = config.trainer
+    super().__init__(
+        strategy,
+        model_fn=model_fn,
+        optimizer_fn=lambda: optimizers.create(config.optimizer, trainer.train_steps),
+        task=task,
+        model_dir=workdir,
+        steps_per_loop=trainer.steps_per_loop,
+        checkpoint_every=trainer.checkpoint_every,
+        max_to_keep=trainer.max_to_keep,
+        jit_compile=trainer.jit_compile,
+        precision=trainer.precision,
+        clipnorm=config.optimizer.clipnorm,
+        seed=trainer.seed)
+    self._eval_batch_size = config.data.eval_global_batch_size
+    self._eval_steps = trainer.eval_steps
+    self.last_eval_metrics = None
+
+  def evaluate(self, data, *, global_batch_size=None, steps=None):
+    """Evaluates with the config's eval batch size and steps; keeps the results."""
+    del global_batch_size, steps  # The config decides.
+    self.last_eval_metrics = super().evaluate(data, global_batch_size=self._eval_batch_size, steps=self._eval_steps)
+    return self.last_eval_metrics
+
+  def build_model(self, data):
+    """Builds a model that builds lazily, on zeros shaped like one example of `data`."""
+    if self.model.built:
+      return
+    features = data.get_dataset(tf.distribute.InputContext()).element_spec[0]
+    with self.strategy.scope():
+      self.model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape], s.dtype), features), training=False)

@@ -1,0 +1,56 @@
+"""Export: a SavedModel whose `serving_default` signature gives the model's predictions."""
+
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from runner import loops
+
+
+def export_saved_model(strategy, model, features_spec, path):
+  """Writes `model` as a SavedModel at `path` (on the chief; other workers write to a deleted temporary dir).
+
+  The `serving_default` signature takes the features (one tensor named
+  `features`, or a dict's tensors by key) with any batch size and returns a
+  dict: `{"outputs": tensor}` for a single output, `{"outputs_<i>": ...}` for
+  a list, the model's own keys for a dict. Floating outputs are float32. The
+  SavedModel loads with `tf.saved_model.load` alone, without this package.
+
+  Args:
+    strategy: the `tf.distribute.Strategy` of the model's variables.
+    model: a built Keras model.
+    features_spec: the `tf.TensorSpec` nest of one batch of features.
+    path: the SavedModel directory.
+
+  Returns:
+    `path` on the chief, else the deleted temporary directory.
+  """
+  if isinstance(features_spec, dict):
+    signature = {key: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name=key)
+                 for key, spec in features_spec.items()}
+  else:
+    signature = tf.nest.map_structure(
+        lambda spec: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name="features"), features_spec)
+
+  @tf.function(input_signature=[signature])
+  def serve(features):
+    outputs = loops.float32_outputs(model(features, training=False))
+    if isinstance(outputs, dict):
+      return outputs
+    if isinstance(outputs, (list, tuple)):
+      return {f"outputs_{i}": output for i, output in enumerate(outputs)}
+    return {"outputs": outputs}
+
+  module = tf.Module()
+  module.model = model
+  module.serve = serve
+  if strategy.extended.should_checkpoint:
+    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+    return path
+  scratch = tempfile.mkdtemp(prefix="tf_runner_worker_export_")
+  try:
+    tf.saved_model.save(module, scratch, signatures={"serving_default": serve})
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+  return scratch

@@ -1,0 +1,56 @@
+"""Process-wide settings the Trainer changes only for a while: the dtype policy and the random seeds."""
+
+import contextlib
+import random
+
+import keras
+import numpy as np
+
+from strategies import checks
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def check_precision(precision):
+  """Returns `precision` if it is one of PRECISIONS.
+
+  Raises:
+    ConfigError: naming the valid precisions and the closest one.
+  """
+  return checks.one_of(precision, PRECISIONS, "precision")
+
+
+@contextlib.contextmanager
+def dtype_policy(precision):
+  """Sets the Keras global dtype policy to `precision` inside the block, then restores the previous one.
+
+  Layers take the policy when they are created, so a model made inside the
+  block keeps it afterwards.
+  """
+  previous = keras.mixed_precision.global_policy()
+  keras.mixed_precision.set_global_policy(precision)
+  try:
+    yield
+  finally:
+    keras.mixed_precision.set_global_policy(previous)
+
+
+@contextlib.contextmanager
+def random_seed(seed):
+  """Seeds Python's and NumPy's generators inside the block (if `seed` is not None), then restores their states.
+
+  Keras draws the seeds of initializers and dropout layers from Python's
+  `random` when they are created, so a model made inside the block gets the
+  same initial weights for the same seed.
+  """
+  if seed is None:
+    yield
+    return
+  python_state, numpy_state = random.getstate(), np.random.get_state()
+  random.seed(seed)
+  np.random.seed(seed)
+  try:
+    yield
+  finally:
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)

@@ -1,0 +1,223 @@
+"""The inner loops: per-replica steps and the `tf.function`s that run many of them per call."""
+
+import tensorflow as tf
+
+from strategies.errors import ConfigError
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def float32_outputs(outputs):
+  """Returns the model's outputs with every floating tensor cast to float32 (mixed precision)."""
+  return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
+def _maybe_xla(fn, xla):
+  return tf.function(fn, jit_compile=True) if xla else fn
+
+
+class TrainLoop:
+  """Runs training steps: `steps_per_loop` of them inside one `tf.function` call.
+
+  With `steps_per_loop == 1` the function runs one step, with no loop around
+  it. Otherwise it runs `num_steps` steps (a tensor argument, so a shorter
+  last loop reuses the same trace) in a `tf.range` loop over the distributed
+  iterator, stopping early at a non-finite loss.
+
+  A call also takes this worker's stop request (a SIGTERM was noted) and sums
+  it over workers with the loss, so every worker learns of any request after
+  the same call, at no extra communication.
+
+  A call returns one float32 vector, fetched to the host in one transfer:
+  `[steps_run, mean_loss, stop_requests, learning_rate, *metric_results]`.
+  The metrics are reset at the start of each call, so they describe that
+  call's steps.
+  """
+
+  def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, steps_per_loop,
+               xla, clipnorm, loss_scale):
+    """Args:
+      strategy: the `tf.distribute.Strategy` the variables were made under.
+      model, optimizer: built Keras objects, made in `strategy.scope()`.
+      task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
+      metrics: Keras metrics made in scope, updated per replica.
+      step: the global step variable, advanced by the steps run.
+      global_batch_size: examples per step over all replicas.
+      steps_per_loop: steps per call; 1 builds the loop-free function.
+      xla: compile each replica's forward and backward pass with XLA.
+      clipnorm: None, or the bound on the global norm of the summed gradient.
+      loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`.
+    """
+    self._strategy = strategy
+    self._model = model
+    self._optimizer = optimizer
+    self._task_loss = task_loss
+    self._metrics = metrics
+    self._step = step
+    self._global_batch_size = global_batch_size
+    self._clipnorm = clipnorm
+    self._loss_scale = loss_scale
+    self._gradients = _maybe_xla(self._loss_and_gradients, xla)
+    self.function = tf.function(self._one_step if steps_per_loop == 1 else self._many_steps)
+    self._looping = steps_per_loop > 1
+    self._stop_values = (tf.constant(0.0), tf.constant(1.0))
+
+  def __call__(self, iterator, num_steps, stop_requested):
+    """Runs `num_steps` steps (1 when looping is off) and returns the result vector as numpy."""
+    stop = self._stop_values[bool(stop_requested)]
+    if self._looping:
+      return self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+    return self.function(iterator, stop).numpy()
+
+  def _one_step(self, iterator, stop):
+    for metric in self._metrics:
+      metric.reset_state()
+    loss, stops = self._global_loss_and_stops(iterator, stop)
+    self._step.assign_add(1)
+    return self._results(tf.constant(1.0), loss, stops)
+
+  def _many_steps(self, iterator, num_steps, stop):
+    for metric in self._metrics:
+      metric.reset_state()
+    loss_sum = tf.constant(0.0)
+    stops = tf.constant(0.0)
+    steps_run = tf.constant(0)
+    for _ in tf.range(num_steps):
+      loss, stops = self._global_loss_and_stops(iterator, stop)
+      loss_sum += loss
+      steps_run += 1
+      if not tf.math.is_finite(loss):
+        break
+    self._step.assign_add(tf.cast(steps_run, self._step.dtype))
+    steps_run = tf.cast(steps_run, tf.float32)
+    return self._results(steps_run, loss_sum / steps_run, stops)
+
+  def _global_loss_and_stops(self, iterator, stop):
+    """Runs one step; returns the global loss and the number of replicas asked to stop."""
+    per_replica = self._strategy.run(self._replica_step, args=(next(iterator), stop))
+    sums = self._strategy.reduce(SUM, per_replica, axis=None)
+    return sums[0], sums[1]
+
+  def _results(self, steps_run, loss, stops):
+    learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)
+    values = [steps_run, loss, stops, learning_rate] + [_scalar(metric) for metric in self._metrics]
+    return tf.stack(values)
+
+  def _replica_step(self, batch, stop):
+    features, labels = batch[0], batch[1]
+    sample_weight = batch[2] if len(batch) == 3 else None
+    loss, gradients, outputs = self._gradients(features, labels, sample_weight)
+    variables = self._model.trainable_variables
+    self._optimizer.apply(self._agreed_and_clipped(gradients), variables)
+    for metric in self._metrics:
+      metric.update_state(labels, outputs, sample_weight=sample_weight)
+    return tf.stack([loss, stop])
+
+  def _loss_and_gradients(self, features, labels, sample_weight):
+    with tf.GradientTape() as tape:
+      outputs = float32_outputs(self._model(features, training=True))
+      per_example_loss = self._task_loss(labels, outputs)
+      if sample_weight is not None:
+        sample_weight = tf.cast(sample_weight, per_example_loss.dtype)
+      loss = tf.nn.compute_average_loss(
+          per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size)
+      if self._model.losses:
+        loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in self._model.losses]))
+      objective = self._optimizer.scale_loss(loss) if self._loss_scale else loss
+    return loss, tape.gradient(objective, self._model.trainable_variables), outputs
+
+  def _agreed_and_clipped(self, gradients):
+    """Applies `clipnorm` to the gradient summed over replicas; makes replicas agree on finiteness.
+
+    Each replica scales its own gradient by the same factor, so the sum the
+    optimizer forms is the clipped sum. Under loss scaling, a non-finite
+    gradient on any replica is made non-finite on all of them, so every
+    replica skips the same steps.
+    """
+    clip = self._clipnorm is not None
+    agree = self._loss_scale and self._strategy.num_replicas_in_sync > 1
+    if not (clip or agree):
+      return gradients
+    context = tf.distribute.get_replica_context()
+    present = [g for g in gradients if g is not None]
+    if clip:
+      norm = tf.linalg.global_norm(context.all_reduce(SUM, present))
+      if self._loss_scale:
+        norm /= tf.cast(self._optimizer.dynamic_scale, norm.dtype)
+      factor = self._clipnorm / tf.maximum(norm, self._clipnorm)
+      poison = tf.where(tf.math.is_finite(norm), 0.0, float("nan"))
+    else:
+      local_bad = 1.0 - tf.cast(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present]), tf.float32)
+      factor = 1.0
+      poison = tf.where(context.all_reduce(SUM, local_bad) > 0, float("nan"), 0.0)
+    return [None if g is None else g * tf.cast(factor, g.dtype) + tf.cast(poison, g.dtype) for g in gradients]
+
+
+class EvalLoop:
+  """Evaluates a padded distributed dataset (see `distributed_input.for_evaluation`) in one call.
+
+  The call runs steps until the real examples are used up (or `max_steps`),
+  and returns one float64 vector `[loss, num_examples, *metric_results]`:
+  `loss` is the weighted sum of per-example losses over the number of real
+  examples. Metrics are reset at the start of each call.
+  """
+
+  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla):
+    """Args:
+      strategy, model, task_loss, metrics: as for `TrainLoop`.
+      num_input_pipelines: the dataset's input pipelines; with one, the first
+        step that sees padding is the last one.
+      xla: compile each replica's forward pass with XLA.
+    """
+    self._strategy = strategy
+    self._model = model
+    self._task_loss = task_loss
+    self._metrics = metrics
+    self._single_pipeline = num_input_pipelines == 1
+    self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
+    self.function = tf.function(self._evaluate)
+
+  def __call__(self, iterator, max_steps):
+    return self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
+
+  def _evaluate(self, iterator, max_steps):
+    for metric in self._metrics:
+      metric.reset_state()
+    replicas = float(self._strategy.num_replicas_in_sync)
+    loss_sum = tf.constant(0.0, tf.float64)
+    count = tf.constant(0, tf.int64)
+    steps = tf.constant(0, tf.int64)
+    done = tf.constant(False)
+    while not done and steps < max_steps:
+      # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example]
+      sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
+      loss_sum += tf.cast(sums[0], tf.float64)
+      count += tf.cast(sums[1], tf.int64)
+      steps += 1
+      done = sums[3] == 0.0 or (self._single_pipeline and sums[2] < replicas)
+    loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
+    results = [loss, tf.cast(count, tf.float64)] + [tf.cast(_scalar(metric), tf.float64) for metric in self._metrics]
+    return tf.stack(results)
+
+  def _replica_step(self, batch):
+    features, labels, weight, mask = batch
+    outputs = float32_outputs(self._forward(features))
+    per_example_loss = self._task_loss(labels, outputs)
+    for metric in self._metrics:
+      metric.update_state(labels, outputs, sample_weight=weight)
+    real = tf.reduce_sum(mask)
+    return tf.stack([
+        tf.reduce_sum(tf.cast(per_example_loss, tf.float32) * weight),
+        real,
+        tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
+        tf.cast(real > 0.0, tf.float32),
+    ])
+
+
+def _scalar(metric):
+  result = metric.result()
+  if result.shape.rank != 0:
+    raise ConfigError(
+        f"Metric {metric.name!r} gives a result of shape {result.shape}; the Trainer reports scalar metrics "
+        "only. Return metrics with scalar results from Task.metrics().")
+  return tf.cast(result, tf.float32)

@@ -1,0 +1,74 @@
+"""The optimizer and learning-rate schedule named in `config.optimizer`."""
+
+import keras
+
+from strategies import checks
+from strategies.errors import ConfigError
+
+OPTIMIZERS = {
+    "sgd": keras.optimizers.SGD,
+    "adam": keras.optimizers.Adam,
+    "adamw": keras.optimizers.AdamW,
+}
+SCHEDULES = ("constant", "cosine", "warmup_cosine")
+
+
+def check(config, train_steps):
+  """Raises ConfigError for an optimizer config that cannot work.
+
+  Args:
+    config: `config.optimizer`.
+    train_steps: `config.trainer.train_steps`, the length of the schedules.
+  """
+  checks.one_of(config.name, tuple(OPTIMIZERS), "config.optimizer.name")
+  checks.one_of(config.schedule, SCHEDULES, "config.optimizer.schedule")
+  if not config.learning_rate > 0:
+    raise ConfigError(f"config.optimizer.learning_rate must be > 0, got {config.learning_rate!r}.")
+  if config.weight_decay < 0:
+    raise ConfigError(f"config.optimizer.weight_decay must be >= 0, got {config.weight_decay!r}.")
+  if config.clipnorm is not None and not config.clipnorm > 0:
+    raise ConfigError(f"config.optimizer.clipnorm must be > 0 or None, got {config.clipnorm!r}.")
+  if config.schedule == "warmup_cosine":
+    if not 0 < config.warmup_steps < train_steps:
+      raise ConfigError(
+          f"Schedule 'warmup_cosine' needs 0 < config.optimizer.warmup_steps < "
+          f"config.trainer.train_steps={train_steps}, got warmup_steps={config.warmup_steps}.")
+  elif config.warmup_steps:
+    raise ConfigError(
+        f"config.optimizer.warmup_steps={config.warmup_steps} is used only by schedule 'warmup_cosine', "
+        f"not by {config.schedule!r}. Set schedule='warmup_cosine' or warmup_steps=0.")
+
+
+def learning_rate(config, train_steps):
+  """Returns the learning rate: a float for 'constant', else a Keras schedule.
+
+  'cosine' decays from `learning_rate` to 0 over `train_steps`;
+  'warmup_cosine' rises linearly from 0 to `learning_rate` over
+  `warmup_steps`, then decays to 0 at `train_steps`.
+
+  Args:
+    config: `config.optimizer`, checked by `check`.
+    train_steps: the total number of training steps.
+  """
+  if config.schedule == "constant":
+    return config.learning_rate
+  if config.schedule == "cosine":
+    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=train_steps)
+  return keras.optimizers.schedules.CosineDecay(
+      0.0, decay_steps=train_steps - config.warmup_steps,
+      warmup_target=config.learning_rate, warmup_steps=config.warmup_steps)
+
+
+def create(config, train_steps):
+  """Returns a new Keras optimizer for `config.optimizer`; call it inside the strategy's scope.
+
+  `weight_decay` is Keras's decoupled weight decay, for every optimizer.
+  `clipnorm` is not applied here: the Trainer clips the gradients after their
+  cross-replica reduction.
+
+  Args:
+    config: `config.optimizer`, checked by `check`.
+    train_steps: the total number of training steps, the length of the schedule.
+  """
+  return OPTIMIZERS[config.name](
+      learning_rate=learning_rate(config, train_steps), weight_decay=config.weight_decay)

@@ -1,0 +1,122 @@
+"""Names in the config to functions: built-in names and `package.module:function` paths.
+
+A config names its model, dataset and task as a built-in name (`'mlp'`,
+`'digits'`, `'classification'`, ...) or as an import path
+`'package.module:function'`. A built-in comes with its own config fields and
+their defaults; an imported function reads whatever fields its config section
+has. The functions are called as DESIGN.md says: a model function as
+`fn(config.model)`, a dataset function as `fn(config.data, split)`, a task
+function as `fn(config.task)`.
+"""
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Mapping, Optional
+
+from strategies.checks import did_you_mean
+from strategies.errors import ConfigError
+
+from runner import datasets
+from runner import models
+
+KINDS = ("model", "dataset", "task")
+
+
+@dataclasses.dataclass(frozen=True)
+class Builtin:
+  """A built-in model, dataset or task.
+
+  Attributes:
+    fn: the function, called like an imported one.
+    fields: its own config fields and their defaults.
+    check: `check(section)` raises ConfigError for values that cannot work;
+      it runs before any TensorFlow device work.
+  """
+  fn: Callable
+  fields: Mapping[str, Any]
+  check: Callable = lambda section: None
+
+
+def _classification(config):
+  from runner import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.Classification(from_logits=config.from_logits)
+
+
+def _regression(config):
+  del config  # Regression has no fields.
+  from runner import tasks  # pylint: disable=g-import-not-at-top
+  return tasks.Regression()
+
+
+_BUILTINS = {
+    "model": {name: Builtin(*entry) for name, entry in models.BUILTINS.items()},
+    "dataset": {name: Builtin(*entry) for name, entry in datasets.BUILTINS.items()},
+    "task": {
+        "classification": Builtin(_classification, {"from_logits": True}),
+        "regression": Builtin(_regression, {}),
+    },
+}
+
+
+def builtins(kind):
+  """Returns {name: Builtin} of `kind` ('model', 'dataset' or 'task')."""
+  return dict(_BUILTINS[kind])
+
+
+def names(kind):
+  """Returns the built-in names of `kind`, sorted."""
+  return sorted(_BUILTINS[kind])
+
+
+def is_import_path(name):
+  """Returns whether `name` has the form 'package.module:function'."""
+  return ":" in name
+
+
+def builtin(kind, name) -> Optional[Builtin]:
+  """Returns the built-in `name` of `kind`, or None for an import path.
+
+  Raises:
+    ConfigError: `name` is neither a built-in nor an import path.
+  """
+  if is_import_path(name):
+    return None
+  if name not in _BUILTINS[kind]:
+    raise ConfigError(
+        f"Unknown {kind} {name!r}.{did_you_mean(name, _BUILTINS[kind])} Built-in {kind}s: "
+        f"{', '.join(names(kind))}; or give an import path 'package.module:function'.")
+  return _BUILTINS[kind][name]
+
+
+def resolve(kind, name) -> Callable:
+  """Returns the function that `name` stands for.
+
+  Args:
+    kind: 'model', 'dataset' or 'task'.
+    name: a built-in name of that kind or an import path 'package.module:function'.
+
+  Raises:
+    ConfigError: an unknown built-in, a module that does not import, a missing
+      attribute, or an attribute that is not callable.
+  """
+  found = builtin(kind, name)
+  if found is not None:
+    return found.fn
+  module_name, _, attribute = name.partition(":")
+  if not module_name or not attribute:
+    raise ConfigError(f"The {kind} {name!r} is not an import path of the form 'package.module:function'.")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ConfigError(
+        f"The {kind} {name!r} does not import: {type(e).__name__}: {e}. "
+        "Check the module path and that its package is on PYTHONPATH.") from e
+  fn = getattr(module, attribute, None)
+  if fn is None:
+    public = [a for a in dir(module) if not a.startswith("_")]
+    raise ConfigError(
+        f"The {kind} {name!r}: module {module_name!r} has no attribute {attribute!r}."
+        f"{did_you_mean(attribute, public)}")
+  if not callable(fn):
+    raise ConfigError(f"The {kind} {name!r} is a {type(fn).__name__}, not a function.")
+  return fn

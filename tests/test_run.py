@@ -1,0 +1,194 @@
+"""`runner.run(config)`: the digits example end to end, the modes, and bad input caught before training."""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+import runner
+from strategies import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS = os.path.join(REPO, "configs", "digits.py")
+SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
+SUBPROCESS_TIMEOUT_SECONDS = 300
+
+
+@pytest.fixture(scope="module")
+def digits_default(tmp_path_factory):
+  """Runs `runner.run(runner.load_config('configs/digits.py'))` (strategy auto), workdir None -> a temp dir."""
+  original, tempfile.tempdir = tempfile.tempdir, str(tmp_path_factory.mktemp("tmp"))
+  try:
+    return runner.run(runner.load_config(DIGITS)), tempfile.tempdir
+  finally:
+    tempfile.tempdir = original
+
+
+def _quick(mode="train_and_eval", **sections):
+  """A synthetic config that trains 40 steps in loops of 20 on one device."""
+  config = {"mode": mode, "strategy": {"name": "one_device"},
+            "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256, "num_eval_examples": 100},
+            "model": {"hidden_units": (16,)}, "trainer": {"train_steps": 40, "steps_per_loop": 20}}
+  for section, fields in sections.items():
+    config[section] = {**config.get(section, {}), **fields}
+  return config
+
+
+def test_digits_reaches_095_test_accuracy(digits_default):
+  result, temporary_root = digits_default
+  assert result.eval_metrics["accuracy"] >= 0.95, result.eval_metrics
+  assert result.eval_metrics["num_examples"] == 360
+  assert result.global_step == 1000 and result.num_replicas == result.strategy.num_replicas_in_sync
+  assert os.path.dirname(result.workdir) == temporary_root  # workdir=None made a new temporary directory
+  assert result.checkpoint_path == os.path.join(result.workdir, "checkpoints", "ckpt-1000")
+  with open(os.path.join(result.workdir, "config.json"), encoding="utf-8") as f:
+    written = json.load(f)
+  assert written == json.loads(json.dumps(result.config.to_dict()))
+  assert written["data"]["name"] == "digits" and written["data"]["eval_global_batch_size"] == 64
+  with open(os.path.join(result.workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    evals = [row for row in map(json.loads, f) if row["split"] == "eval"]
+  assert [row["step"] for row in evals] == [500, 1000]  # eval_every=500, and no second final evaluation
+  assert evals[-1]["accuracy"] == pytest.approx(result.eval_metrics["accuracy"])
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    result.global_step = 0
+
+
+def test_readme_command_and_mirrored_over_two_virtual_cpus_agree(digits_default, tmp_path, subprocess_env):
+  """The README's first command (one_device in a fresh process), then with a 2-replica MirroredStrategy."""
+  command = [sys.executable, "-m", "runner", f"--config={DIGITS}"]
+  mirrored = ["--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2"]
+  processes = [subprocess.Popen(command + [f"--workdir={tmp_path / name}"] + extra, env=subprocess_env, cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, extra in (("one_device", []), ("mirrored", mirrored))]
+  outputs = [p.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS) for p in processes]
+  accuracies = []
+  for process, (stdout, stderr), strategy in zip(processes, outputs, ("one_device: 1 replica on CPU:0",
+                                                                       "mirrored: 2 replicas on CPU:0, CPU:1")):
+    assert process.returncode == 0, stderr[-3000:]
+    assert f"strategy: {strategy}" in stdout and "workdir: " in stdout
+    match = re.search(r"^eval: accuracy=([0-9.]+) loss=[0-9.]+ num_examples=360$", stdout, re.M)
+    assert match, stdout
+    accuracies.append(float(match.group(1)))
+  assert min(accuracies) >= 0.95
+  assert abs(accuracies[0] - accuracies[1]) <= 0.01
+  assert abs(accuracies[0] - digits_default[0].eval_metrics["accuracy"]) <= 0.01  # and the in-process run
+
+
+def test_modes_train_eval_export_and_resume(tmp_path):
+  first = runner.run(_quick(mode="train"), str(tmp_path))
+  assert first.global_step == 40 and first.eval_metrics is None and first.export_path is None
+  assert set(first.train_metrics) == {"loss", "accuracy"}
+  evaluated = runner.run(_quick(mode="eval"), str(tmp_path))
+  assert evaluated.global_step == 40 and evaluated.train_metrics is None
+  assert evaluated.eval_metrics["num_examples"] == 100
+  exported = runner.run(_quick(mode="export"), str(tmp_path))
+  assert exported.export_path == os.path.join(str(tmp_path), "export")
+  served = tf.saved_model.load(exported.export_path).signatures["serving_default"]
+  outputs = list(served(tf.zeros([3, 16])).values())[0]
+  assert outputs.shape == (3, 10)
+  resumed = runner.run(_quick(trainer={"train_steps": 60}), str(tmp_path))
+  assert resumed.global_step == 60 and resumed.checkpoint_path.endswith("ckpt-60")
+  assert resumed.eval_metrics["num_examples"] == 100
+
+
+def test_mirrored_in_process_and_separate_eval_batch_size(tmp_path, cpu_devices):
+  config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(2))},
+                  data={"eval_global_batch_size": 50}, trainer={"eval_steps": 1})
+  result = runner.run(config, str(tmp_path))
+  assert result.num_replicas == 2
+  assert result.eval_metrics["num_examples"] == 50  # eval_steps=1 batch of eval_global_batch_size=50
+
+
+def test_import_path_model_dataset_and_task_are_called_as_designed(tmp_path, monkeypatch):
+  (tmp_path / "plugins.py").write_text(textwrap.dedent("""
+      import keras
+      import numpy as np
+      import tensorflow as tf
+      from runner import data, tasks
+
+      CALLS = []
+
+      def line_model(config):
+        CALLS.append(("model", config.units))
+        return keras.Sequential([keras.layers.Dense(config.units)])
+
+      def line_data(config, split):
+        CALLS.append(("data", split, config.slope))
+        x = np.linspace(-1, 1, 64, dtype=np.float32)[:, None]
+        return data.InMemory(x, config.slope * x, shuffle=split == "train", seed=0)
+
+      def mse(config):
+        CALLS.append(("task", config.name))
+        return tasks.Regression()
+      """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  config = {"strategy": {"name": "one_device"},
+            "data": {"name": "plugins:line_data", "global_batch_size": 16, "slope": 3.0},
+            "model": {"name": "plugins:line_model", "units": 1},
+            "task": {"name": "plugins:mse"},
+            "optimizer": {"learning_rate": 0.1},
+            "trainer": {"train_steps": 100, "steps_per_loop": 50}}
+  result = runner.run(config, str(tmp_path / "work"))
+  import plugins  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  assert ("model", 1) in plugins.CALLS and ("task", "plugins:mse") in plugins.CALLS
+  assert ("data", "train", 3.0) in plugins.CALLS and ("data", "eval", 3.0) in plugins.CALLS
+  assert result.eval_metrics["mae"] < 0.1
+  sys.modules.pop("plugins", None)
+
+
+def test_batch_size_not_divisible_by_replicas_fails_before_training(tmp_path, cpu_devices):
+  config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(3))})
+  with pytest.raises(ConfigError, match=r"config.data.global_batch_size: global_batch_size=32 does not split "
+                                        r"over the 3 replicas.*multiple of 3, e.g. 30 or 33"):
+    runner.run(config, str(tmp_path))
+  assert os.listdir(tmp_path) == []  # nothing written, nothing trained
+  config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(2))},
+                  data={"eval_global_batch_size": 25})
+  with pytest.raises(ConfigError, match=r"config.data.eval_global_batch_size: global_batch_size=25 does not "
+                                        r"split over the 2 replicas"):
+    runner.run(config, str(tmp_path))
+
+
+def test_no_tpu_is_a_config_error_before_anything_is_written(tmp_path):
+  with pytest.raises(ConfigError, match=r"strategy 'tpu' with tpu='' found no TPU.*--config.strategy.tpu=local"):
+    runner.run(_quick(strategy={"name": "tpu"}), str(tmp_path / "work"))
+  assert not (tmp_path / "work").exists()
+
+
+def test_bad_workdir_and_missing_checkpoint(tmp_path):
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(ConfigError, match=r"The workdir '.*a_file/run' cannot be written"):
+    runner.run(_quick(), str(tmp_path / "a_file" / "run"))
+  with pytest.raises(ConfigError, match=r"Mode 'eval' needs a checkpoint in .*checkpoints, and there is none"):
+    runner.run(_quick(mode="eval"), str(tmp_path / "empty"))
+
+
+def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeypatch):
+  (tmp_path / "wrongs.py").write_text(textwrap.dedent("""
+      def not_a_model(config):
+        return "model"
+
+      def not_a_dataset(config, split):
+        return [1, 2, 3]
+
+      def not_a_task(config):
+        return 42
+      """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  cases = [({"model": {"name": "wrongs:not_a_model"}}, r"The model 'wrongs:not_a_model' returned str, not a Keras model"),
+           ({"data": {"name": "wrongs:not_a_dataset"}},
+            r"The dataset 'wrongs:not_a_dataset' returned list for split 'train'; it must return an unbatched "
+            r"tf.data.Dataset or a runner.data.DatasetProvider"),
+           ({"task": {"name": "wrongs:not_a_task"}}, r"The task 'wrongs:not_a_task' returned int, not a runner.Task")]
+  for i, (sections, message) in enumerate(cases):
+    config = {**_quick(), **sections}
+    with pytest.raises(ConfigError, match=message):
+      runner.run(config, str(tmp_path / f"work{i}"))
+  sys.modules.pop("wrongs", None)

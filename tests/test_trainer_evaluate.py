@@ -1,0 +1,83 @@
+"""evaluate counts every example exactly once and matches numpy on the same model."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import runner
+import strategies
+import trainer_testlib
+
+
+def _numpy_loss_and_accuracy(trainer, features, labels, weights=None):
+  kernel, bias = trainer.model.get_weights()
+  logits = features @ kernel + bias
+  log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  per_example = -log_probs[np.arange(len(labels)), labels]
+  weights = np.ones(len(labels)) if weights is None else weights
+  correct = logits.argmax(axis=1) == labels
+  return (per_example * weights).sum() / len(labels), (correct * weights).sum() / weights.sum()
+
+
+def _trained(strategy, **options):
+  trainer = trainer_testlib.make_trainer(strategy, **options)
+  trainer.train(trainer_testlib.classification_data(128), global_batch_size=16, steps=3)
+  return trainer
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_1001_examples_on_4_replicas_count_once_and_match_numpy(jit_compile, cpu_devices):
+  trainer = _trained(strategies.MirroredStrategy(cpu_devices(4)), jit_compile=jit_compile)
+  features, labels = trainer_testlib.classification_arrays(1001, seed=3)
+  results = trainer.evaluate(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=64)
+  assert set(results) == {"loss", "accuracy", "num_examples"}
+  assert results["num_examples"] == 1001
+  loss, accuracy = _numpy_loss_and_accuracy(trainer, features, labels)
+  assert results["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+  assert results["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_fewer_examples_than_replicas(cpu_devices):
+  trainer = _trained(strategies.MirroredStrategy(cpu_devices(4)))
+  features, labels = trainer_testlib.classification_arrays(3, seed=4)
+  results = trainer.evaluate(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=8)
+  assert results["num_examples"] == 3
+  assert results["accuracy"] == pytest.approx(_numpy_loss_and_accuracy(trainer, features, labels)[1], abs=1e-6)
+
+
+def test_sample_weights_are_honoured_and_a_weight_0_example_still_counts(cpu_devices):
+  trainer = _trained(strategies.MirroredStrategy(cpu_devices(2)))
+  features, labels = trainer_testlib.classification_arrays(50, seed=5)
+  weights = np.random.default_rng(6).uniform(0.0, 3.0, 50).astype(np.float32)
+  weights[7] = 0.0
+  results = trainer.evaluate(tf.data.Dataset.from_tensor_slices((features, labels, weights)), global_batch_size=8)
+  loss, accuracy = _numpy_loss_and_accuracy(trainer, features, labels, weights)
+  assert results["num_examples"] == 50
+  assert results["loss"] == pytest.approx(loss, rel=1e-5)
+  assert results["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_steps_limits_the_batches_and_allows_infinite_data():
+  trainer = _trained(tf.distribute.OneDeviceStrategy("/cpu:0"))
+  results = trainer.evaluate(trainer_testlib.classification_data(30).repeat(), global_batch_size=8, steps=5)
+  assert results["num_examples"] == 40
+
+
+class EveryThirdExample(runner.data.DatasetProvider):
+  """A provider that shards by itself and keeps only every third example."""
+
+  def __init__(self, dataset):
+    self.dataset = dataset
+    self.contexts = []
+
+  def get_dataset(self, input_context):
+    self.contexts.append(input_context)
+    return self.dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id).shard(3, 0)
+
+
+def test_a_dataset_provider_gets_the_input_context(cpu_devices):
+  trainer = _trained(strategies.MirroredStrategy(cpu_devices(2)))
+  provider = EveryThirdExample(trainer_testlib.classification_data(100))
+  assert trainer.evaluate(provider, global_batch_size=8)["num_examples"] == 34
+  (context,) = provider.contexts
+  assert (context.num_input_pipelines, context.num_replicas_in_sync) == (1, 2)

@@ -1,0 +1,29 @@
+"""One worker of the multi-worker Trainer test (run by tests/test_trainer_multi_worker.py, not by pytest).
+
+`python tests/trainer_multi_worker_main.py OUT_DIR` with TF_CONFIG set trains
+the shared test model with MultiWorkerMirroredStrategy and writes this
+worker's final weights to OUT_DIR/weights_<task index>.npz.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import trainer_testlib  # pylint: disable=g-import-not-at-top
+
+
+def main(out_dir):
+  task_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  trainer = trainer_testlib.make_trainer(strategy, model_dir=os.path.join(out_dir, "model_dir"), checkpoint_every=2)
+  trainer.train(trainer_testlib.classification_data(), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+                steps=trainer_testlib.MULTI_WORKER_STEPS)
+  np.savez(os.path.join(out_dir, f"weights_{task_index}.npz"), *trainer.model.get_weights())
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

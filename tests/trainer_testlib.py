@@ -1,0 +1,46 @@
+"""Small shared pieces of the Trainer tests: a tiny model, its data and a Trainer factory."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import runner
+
+NUM_FEATURES = 8
+NUM_CLASSES = 4
+MULTI_WORKER_BATCH = 16
+MULTI_WORKER_STEPS = 6
+
+
+def classification_arrays(num_examples=256, seed=0):
+  """Returns `(features [n, 8] float32, labels [n] int32)`: Gaussian features, labels from a random linear map."""
+  rng = np.random.default_rng(seed)
+  features = rng.standard_normal((num_examples, NUM_FEATURES)).astype(np.float32)
+  labels = np.argmax(features @ rng.standard_normal((NUM_FEATURES, NUM_CLASSES)), axis=1).astype(np.int32)
+  return features, labels
+
+
+def classification_data(num_examples=256, seed=0):
+  """Returns the unbatched dataset of `classification_arrays`."""
+  return tf.data.Dataset.from_tensor_slices(classification_arrays(num_examples, seed))
+
+
+def model_fn():
+  """A Dense 8 -> 4 logits model with a declared input."""
+  return keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(NUM_CLASSES)])
+
+
+def optimizer_fn():
+  return keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+
+
+def make_trainer(strategy, **options):
+  """Returns a classification Trainer of the tiny model, seeded, with `options` for the rest."""
+  arguments = dict(model_fn=model_fn, optimizer_fn=optimizer_fn, task=runner.tasks.Classification(), seed=0)
+  arguments.update(options)
+  return runner.Trainer(strategy, **arguments)
+
+
+def optimizer_variables(trainer):
+  """Returns the optimizer's variables (slots, iterations, ...) as numpy arrays, in order."""
+  return [np.array(v.numpy()) for v in trainer._optimizer.variables]  # pylint: disable=protected-access
