@@ -87,12 +87,12 @@ class InMemory(DatasetProvider):
       seed: the shuffle seed; None for a random order.
 
     Raises:
-      ValueError: the arrays disagree on the number of examples, or it is 0.
+      ConfigError: the arrays disagree on the number of examples, or it is 0.
     """
     elements = (features, labels) if sample_weight is None else (features, labels, sample_weight)
     counts = {len(a) for a in tf.nest.flatten(elements)}
     if len(counts) != 1 or 0 in counts:
-      raise ValueError(
+      raise ConfigError(
           "InMemory needs arrays with the same, non-zero number of examples on their first axis, got "
           f"{sorted(counts)}.")
     self.elements = elements

@@ -71,8 +71,10 @@ class Trainer:
     """
     _check_strategy(strategy)
     for name, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn)):
-      if not callable(fn):
-        raise ConfigError(f"{name} must be a function with no arguments, got {fn!r}.")
+      if isinstance(fn, (keras.Model, keras.optimizers.Optimizer)) or not callable(fn):
+        raise ConfigError(
+            f"{name} must be a function with no arguments that makes the object inside strategy.scope(), "
+            f"got {type(fn).__name__}.")
     if not isinstance(task, Task):
       raise ConfigError(
           f"task must be a runner.Task (e.g. runner.tasks.Classification(), runner.tasks.Regression()), "

@@ -35,7 +35,7 @@ def test_in_memory_shards_by_example_and_shuffles_with_its_seed():
 
 
 def test_in_memory_rejects_arrays_of_different_lengths():
-  with pytest.raises(ValueError, match=r"same, non-zero number of examples.*got \[3, 4\]"):
+  with pytest.raises(ConfigError, match=r"same, non-zero number of examples.*got \[3, 4\]"):
     data.InMemory(np.zeros((4, 2)), np.zeros(3))
 
 

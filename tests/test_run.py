@@ -182,7 +182,8 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
         return 42
       """))
   monkeypatch.syspath_prepend(str(tmp_path))
-  cases = [({"model": {"name": "wrongs:not_a_model"}}, r"The model 'wrongs:not_a_model' returned str, not a Keras model"),
+  cases = [({"model": {"name": "wrongs:not_a_model"}},
+            r"The model 'wrongs:not_a_model' returned str, not a Keras model"),
            ({"data": {"name": "wrongs:not_a_dataset"}},
             r"The dataset 'wrongs:not_a_dataset' returned list for split 'train'; it must return an unbatched "
             r"tf.data.Dataset or a runner.data.DatasetProvider"),

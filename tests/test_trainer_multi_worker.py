@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import portpicker
+import pytest
 import tensorflow as tf
 
 import trainer_testlib
@@ -43,6 +44,15 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   assert len(per_worker[0]) == len(expected)
   for got, want in zip(per_worker[0], expected):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Evaluation over two input pipelines of 700 and 301 examples (88 and 38 steps) counts each example once.
+  expected_eval = single.evaluate(trainer_testlib.classification_data(1001, seed=2),
+                                  global_batch_size=trainer_testlib.MULTI_WORKER_BATCH)
+  for index in range(2):
+    with open(tmp_path / f"eval_{index}.json", encoding="utf-8") as f:
+      results = json.load(f)
+    assert results["num_examples"] == 1001
+    assert results["accuracy"] == pytest.approx(expected_eval["accuracy"], abs=1e-6)
+    assert results["loss"] == pytest.approx(expected_eval["loss"], rel=1e-5)
   # Only the chief wrote checkpoints: every 2 steps, numbered by step.
   checkpoints = tf.train.get_checkpoint_state(str(tmp_path / "model_dir" / "checkpoints"))
   assert [os.path.basename(p) for p in checkpoints.all_model_checkpoint_paths] == ["ckpt-2", "ckpt-4", "ckpt-6"]

@@ -1,8 +1,10 @@
 """One worker of the multi-worker Trainer test (run by tests/test_trainer_multi_worker.py, not by pytest).
 
 `python tests/trainer_multi_worker_main.py OUT_DIR` with TF_CONFIG set trains
-the shared test model with MultiWorkerMirroredStrategy and writes this
-worker's final weights to OUT_DIR/weights_<task index>.npz.
+the shared test model with MultiWorkerMirroredStrategy, writes this worker's
+final weights to OUT_DIR/weights_<task index>.npz, evaluates 1001 examples
+split unevenly between the workers and writes the results to
+OUT_DIR/eval_<task index>.json.
 """
 
 import json
@@ -23,6 +25,10 @@ def main(out_dir):
   trainer.train(trainer_testlib.classification_data(), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
                 steps=trainer_testlib.MULTI_WORKER_STEPS)
   np.savez(os.path.join(out_dir, f"weights_{task_index}.npz"), *trainer.model.get_weights())
+  results = trainer.evaluate(trainer_testlib.UnevenShards(trainer_testlib.classification_data(1001, seed=2)),
+                             global_batch_size=trainer_testlib.MULTI_WORKER_BATCH)
+  with open(os.path.join(out_dir, f"eval_{task_index}.json"), "w", encoding="utf-8") as f:
+    json.dump(results, f)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,17 @@ def make_trainer(strategy, **options):
 def optimizer_variables(trainer):
   """Returns the optimizer's variables (slots, iterations, ...) as numpy arrays, in order."""
   return [np.array(v.numpy()) for v in trainer._optimizer.variables]  # pylint: disable=protected-access
+
+
+class UnevenShards(runner.data.DatasetProvider):
+  """The first pipeline of two gets 70% of the examples, the second the rest (one pipeline: all)."""
+
+  def __init__(self, dataset):
+    self.dataset = dataset
+
+  def get_dataset(self, input_context):
+    if input_context.num_input_pipelines == 1:
+      return self.dataset
+    assert input_context.num_input_pipelines == 2, input_context.num_input_pipelines
+    first = int(0.7 * int(self.dataset.cardinality()))
+    return self.dataset.take(first) if input_context.input_pipeline_id == 0 else self.dataset.skip(first)

@@ -1,0 +1,130 @@
+"""Bad input gets an early ConfigError naming what was wrong and what is valid; a diverging run stops."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import portpicker
+import pytest
+import tensorflow as tf
+
+import runner
+import strategies
+import trainer_testlib
+from strategies import ConfigError
+
+PARAMETER_SERVER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_parameter_server_main.py")
+
+
+@pytest.fixture(name="one_device")
+def fixture_one_device():
+  return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(steps_per_loop=0), r"steps_per_loop must be a positive int, got 0"),
+    (dict(precision="mixed_float32"), r"precision='mixed_float32' is not valid\. Did you mean 'mixed_float16'\? "
+                                      r"Valid: float32, mixed_bfloat16, mixed_float16"),
+    (dict(checkpoint_every=10), r"checkpoint_every=10 needs a model_dir"),
+    (dict(max_to_keep=0), r"max_to_keep must be a positive int, got 0"),
+    (dict(clipnorm=-1.0), r"clipnorm must be None or a positive number, got -1\.0"),
+    (dict(seed=1.5), r"seed must be None or an int, got 1\.5"),
+    (dict(jit_compile="yes"), r"jit_compile must be True or False, got 'yes'"),
+    (dict(task="classification"), r"task must be a runner\.Task .*got 'classification'"),
+    (dict(model_fn=keras.Sequential()), r"model_fn must be a function with no arguments that makes the object "
+                                        r"inside strategy\.scope\(\), got Sequential"),
+    (dict(optimizer_fn=keras.optimizers.SGD()), r"optimizer_fn must be a function .*got SGD"),
+    (dict(model_fn=lambda: "a model"), r"model_fn must return a keras\.Model, returned str"),
+    (dict(optimizer_fn=lambda: "sgd"), r"optimizer_fn must return a keras\.optimizers\.Optimizer, returned str"),
+])
+def test_bad_constructor_arguments(options, message, one_device):
+  with pytest.raises(ConfigError, match=message):
+    trainer_testlib.make_trainer(one_device, **options)
+
+
+class _MetricNamedLoss(runner.tasks.Classification):
+
+  def metrics(self):
+    return [keras.metrics.SparseCategoricalAccuracy(name="loss")]
+
+
+def test_bad_strategy_and_metric_names(one_device):
+  with pytest.raises(ConfigError, match=r"strategy must be a tf\.distribute\.Strategy .*got str"):
+    trainer_testlib.make_trainer("mirrored")
+  with pytest.raises(ConfigError, match=r"Metric name 'loss' is reserved"):
+    trainer_testlib.make_trainer(one_device, task=_MetricNamedLoss())
+
+
+def test_parameter_server_strategy_is_refused_with_what_to_use_instead(subprocess_env):
+  hosts = [f"localhost:{portpicker.pick_unused_port()}" for _ in range(3)]
+  subprocess_env["TF_CONFIG"] = json.dumps({
+      "cluster": {"chief": hosts[:1], "worker": hosts[1:2], "ps": hosts[2:]}, "task": {"type": "chief", "index": 0}})
+  result = subprocess.run([sys.executable, PARAMETER_SERVER_SCRIPT], env=subprocess_env, capture_output=True,
+                          text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  message = result.stdout.strip().splitlines()[-1]
+  assert message.startswith("The Trainer does not run ParameterServerStrategy")
+  assert "Use multi_worker_mirrored" in message
+
+
+def test_a_global_batch_the_replicas_do_not_divide_fails_before_tracing(cpu_devices):
+  trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(4)))
+  data = trainer_testlib.classification_data(32)
+  message = r"global_batch_size=10 does not split over the 4 replicas .* multiple of 4, e\.g\. 8 or 12"
+  with pytest.raises(ConfigError, match=message):
+    trainer.train(data, global_batch_size=10, steps=1)
+  with pytest.raises(ConfigError, match=message):
+    trainer.evaluate(data, global_batch_size=10)
+  assert not trainer._train_loops and trainer._eval_loop is None  # pylint: disable=protected-access
+  with pytest.raises(ConfigError, match=r"global_batch_size must be a positive int, got 0"):
+    trainer.train(data, global_batch_size=0, steps=1)
+
+
+def test_bad_train_and_evaluate_arguments(one_device):
+  trainer = trainer_testlib.make_trainer(one_device)
+  data = trainer_testlib.classification_data(32)
+  with pytest.raises(ConfigError, match=r"steps \(the global step to train to\) must be an int >= 0, got -1"):
+    trainer.train(data, global_batch_size=8, steps=-1)
+  with pytest.raises(ConfigError, match=r"eval_every=2 needs eval_data"):
+    trainer.train(data, global_batch_size=8, steps=4, eval_every=2)
+  with pytest.raises(ConfigError, match=r"steps must be a positive int, got 0"):
+    trainer.evaluate(data, global_batch_size=8, steps=0)
+  with pytest.raises(ConfigError, match=r"data must be an unbatched tf\.data\.Dataset .* got ndarray"):
+    trainer.train(np.zeros((4, 8)), global_batch_size=8, steps=1)
+
+
+@pytest.mark.parametrize("dataset, message", [
+    (tf.data.Dataset.from_tensor_slices(np.zeros((8, 8), np.float32)),
+     r"The training data must be an unbatched dataset of \(features, labels\) or \(features, labels, "
+     r"sample_weight\); its elements are TensorSpec"),
+    (tf.data.Dataset.from_tensor_slices((np.zeros((8, 8), np.float32), np.zeros(8), np.ones((8, 2)))),
+     r"The sample_weight of the training data must be one scalar per example"),
+])
+def test_elements_not_of_the_contract(dataset, message, one_device):
+  with pytest.raises(ConfigError, match=message):
+    trainer_testlib.make_trainer(one_device).train(dataset, global_batch_size=8, steps=1)
+
+
+def test_evaluating_infinite_data_needs_steps(one_device):
+  with pytest.raises(ConfigError, match=r"The evaluation data is infinite .* evaluate\(\.\.\., steps=N\)"):
+    trainer_testlib.make_trainer(one_device).evaluate(
+        trainer_testlib.classification_data(8).repeat(), global_batch_size=8)
+
+
+def test_a_non_finite_loss_stops_training_naming_the_step_and_no_later_checkpoint_exists(tmp_path, one_device):
+  features, labels = trainer_testlib.classification_arrays(64)
+  features[20] = np.nan  # In the third global batch of 8.
+  trainer = trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), steps_per_loop=2, checkpoint_every=2)
+  with pytest.raises(FloatingPointError, match=r"The training loss became nan at step 3;"):
+    trainer.train(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=8, steps=6)
+  assert trainer.global_step == 3
+  latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
+  assert latest.endswith("ckpt-2")
+  reader = tf.train.load_checkpoint(latest)
+  for name in reader.get_variable_to_shape_map():
+    value = reader.get_tensor(name)
+    if np.issubdtype(np.asarray(value).dtype, np.floating):
+      assert np.all(np.isfinite(value)), name
