@@ -92,11 +92,38 @@ def make_model():
 
 
 def make_optimizer():
+  """Returns the benchmark optimizer: SGD with momentum."""
   return keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=0.9)
 
 
+def timed(train):
+  """Returns `train` timed: a function `steps -> (wall seconds, CPU seconds)` of `train(steps)`."""
+
+  def timed_train(num_steps):
+    wall, cpu = time.perf_counter(), time.process_time()
+    train(num_steps)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+  return timed_train
+
+
+class FitStopwatch(keras.callbacks.Callback):
+  """Times `fit` from `on_train_begin` to `on_train_end`: the steps, not fit's set-up and tear-down.
+
+  The tear-down matters: as `fit` returns, TensorFlow deletes the epoch's
+  dataset iterator, which can block for as long again as the steps took
+  (see the benchmarks section of the README).
+  """
+
+  def on_train_begin(self, logs=None):
+    self.start = time.perf_counter(), time.process_time()
+
+  def on_train_end(self, logs=None):
+    self.seconds = time.perf_counter() - self.start[0], time.process_time() - self.start[1]
+
+
 def warm_loop(strategy, steps_per_call, warmup_steps):
-  """Warms up a hand-written tf.distribute loop; returns `train(steps)` to time.
+  """Warms up a hand-written tf.distribute loop; returns it timed (see `timed`).
 
   Each `tf.function` call runs `steps_per_call` steps (all but the last in a
   `tf.range` loop) and returns the last step's loss, which the host fetches
@@ -136,11 +163,11 @@ def warm_loop(strategy, steps_per_call, warmup_steps):
         raise FloatingPointError("the loss is NaN")
 
   train(warmup_steps)
-  return train
+  return timed(train)
 
 
 def warm_keras_fit(strategy, steps_per_call, warmup_steps):
-  """Warms up Keras `fit` with `steps_per_execution=steps_per_call`; returns `train(steps)` to time."""
+  """Warms up Keras `fit` with `steps_per_execution=steps_per_call`; returns it timed by `FitStopwatch`."""
   with strategy.scope():
     model = make_model()
     model.compile(
@@ -151,15 +178,17 @@ def warm_keras_fit(strategy, steps_per_call, warmup_steps):
         jit_compile=False)
   dataset = make_distributed_dataset(strategy)
 
-  def train(num_steps):
-    model.fit(dataset, steps_per_epoch=num_steps, epochs=1, verbose=0)
+  def timed_train(num_steps):
+    stopwatch = FitStopwatch()
+    model.fit(dataset, steps_per_epoch=num_steps, epochs=1, verbose=0, callbacks=[stopwatch])
+    return stopwatch.seconds
 
-  train(warmup_steps)
-  return train
+  timed_train(warmup_steps)
+  return timed_train
 
 
 def warm_trainer(strategy, steps_per_call, warmup_steps):
-  """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns `train(steps)` to time.
+  """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns it timed (see `timed`).
 
   `Trainer.train` takes a total step count, so each call continues the last.
   """
@@ -175,7 +204,7 @@ def warm_trainer(strategy, steps_per_call, warmup_steps):
     trainer.train(examples, global_batch_size=GLOBAL_BATCH_SIZE, steps=trainer.global_step + num_steps)
 
   train(warmup_steps)
-  return train
+  return timed(train)
 
 
 WARM_UPS = {"trainer": warm_trainer, "loop": warm_loop, "keras_fit": warm_keras_fit}
@@ -207,10 +236,8 @@ def measure(contender, strategy_name, warmup_steps, steps):
     strategy = make_strategy(strategy_name)
     # Progress lines of the contender go to stderr; stdout carries the result only.
     with contextlib.redirect_stdout(sys.stderr):
-      train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps)
-      start, cpu_start = time.perf_counter(), time.process_time()
-      train(steps)
-      seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+      timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps)
+      seconds, cpu_seconds = timed_train(steps)
   except Exception as error:  # pylint: disable=broad-except
     traceback.print_exc()
     return {**row, "error": describe_error(error)}
@@ -232,6 +259,8 @@ def main(argv=None):
   except ValueError as error:
     parser.error(str(error))
   print(json.dumps(row), flush=True)
+  # Skip the interpreter's tear-down: deleting a live, autotuned dataset iterator can block for seconds.
+  os._exit(0)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

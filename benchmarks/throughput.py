@@ -34,6 +34,10 @@ REFERENCES = {
     "keras_fit_100": "loop_100",
 }
 KERAS_FIT = ("keras_fit_1", "keras_fit_100")
+# The targets of the issue: the Trainer against the hand-written loop with as many steps per
+# call, and trainer_100 against Keras fit at its best working setting.
+VERSUS_LOOP = 0.95
+VERSUS_KERAS_FIT = 1.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,12 +80,13 @@ def parse_names(text, valid, flag):
 
 
 def timed_steps(contender, args):
+  """Returns the number of steps to time for `contender`: fewer for the one-step contenders."""
   _, steps_per_call = contenders_lib.CONTENDERS[contender]
   return args.single_step_steps if steps_per_call == 1 else args.steps
 
 
 def run_contender(contender, strategy, args):
-  """Runs one contender in a child process; returns its JSON row, or (error row) {"error": message}."""
+  """Runs one contender in a child process; returns its JSON row, which has "error" if it did not work."""
   command = [
       sys.executable, "-m", "benchmarks.contenders", f"--contender={contender}",
       f"--strategy={strategy}", f"--warmup_steps={args.warmup_steps}",
@@ -135,6 +140,7 @@ def run_all(args):
 
 
 def package_version(*distributions):
+  """Returns the version of the first of `distributions` that is installed."""
   for distribution in distributions:
     try:
       return importlib.metadata.version(distribution)
@@ -194,19 +200,19 @@ def target_rows(results, strategy):
   for trainer, loop in (("trainer_100", "loop_100"), ("trainer_1", "loop_1")):
     if get(trainer) is None or get(loop) is None:
       continue
-    target = f"{trainer} >= 0.95x {loop}"
+    target = f"{trainer} >= {VERSUS_LOOP}x {loop}"
     if not get(loop).works:
       yield target, f"{loop} not working", "n/a"
     elif not get(trainer).works:
       yield target, f"{trainer} not working", "FAIL"
     else:
       ratio = get(trainer).median / get(loop).median
-      yield target, f"{ratio:.2f}x", "PASS" if ratio >= 0.95 else "FAIL"
+      yield target, f"{ratio:.2f}x", "PASS" if ratio >= VERSUS_LOOP else "FAIL"
 
   fits = [get(name) for name in KERAS_FIT if get(name) is not None]
   if get("trainer_100") is None or not fits:
     return
-  target = "trainer_100 >= 1.1x Keras fit at its best working setting"
+  target = f"trainer_100 >= {VERSUS_KERAS_FIT}x Keras fit at its best working setting"
   working = [fit for fit in fits if fit.works]
   if not get("trainer_100").works:
     yield target, "trainer_100 not working", "FAIL"
@@ -215,10 +221,11 @@ def target_rows(results, strategy):
   else:
     best = max(working, key=lambda fit: fit.median)
     ratio = get("trainer_100").median / best.median
-    yield target, f"{ratio:.2f}x {best.contender}", "PASS" if ratio >= 1.1 else "FAIL"
+    yield target, f"{ratio:.2f}x {best.contender}", "PASS" if ratio >= VERSUS_KERAS_FIT else "FAIL"
 
 
 def targets_table(results, args):
+  """Returns the Markdown table of the targets, with PASS, FAIL or n/a (reference not working)."""
   lines = ["| target | strategy | measured | result |", "|---|---|---|---|"]
   for strategy in args.strategies:
     lines += [f"| {target} | {strategy} | {measured} | {verdict} |"

@@ -7,6 +7,8 @@ import tempfile
 from absl import logging
 import tensorflow as tf
 
+from strategies.errors import ConfigError
+
 
 class Checkpoints:
   """A `tf.train.Checkpoint` of `model`, `optimizer` and `step` managed in one directory.
@@ -40,12 +42,17 @@ class Checkpoints:
     """Restores the newest checkpoint, if any, and returns its path (or None).
 
     Raises:
-      AssertionError: the checkpoint does not match the model or optimizer
-        (another architecture or optimizer wrote it).
+      ConfigError: the checkpoint does not match the model or optimizer
+        (another architecture, optimizer or precision wrote it).
     """
     path = self.latest
     if path:
-      self.checkpoint.restore(path).assert_existing_objects_matched()
+      try:
+        self.checkpoint.restore(path).assert_existing_objects_matched()
+      except (AssertionError, ValueError) as error:
+        raise ConfigError(
+            f"The checkpoint {path} does not match this model and optimizer ({str(error).splitlines()[0]}). "
+            f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
       logging.info("Restored %s.", path)
     return path
 

@@ -22,7 +22,9 @@ class TrainLoop:
   With `steps_per_loop == 1` the function runs one step, with no loop around
   it. Otherwise it runs `num_steps` steps (a tensor argument, so a shorter
   last loop reuses the same trace) in a `tf.range` loop over the distributed
-  iterator, stopping early at a non-finite loss.
+  iterator, stopping early at a non-finite loss. The function captures the
+  iterator instead of taking it as an argument, which saves flattening it on
+  every call (hundreds of microseconds); a new iterator gets a new function.
 
   A call also takes this worker's stop request (a SIGTERM was noted) and sums
   it over workers with the loss, so every worker learns of any request after
@@ -58,16 +60,29 @@ class TrainLoop:
     self._clipnorm = clipnorm
     self._loss_scale = loss_scale
     self._gradients = _maybe_xla(self._loss_and_gradients, xla)
-    self.function = tf.function(self._one_step if steps_per_loop == 1 else self._many_steps)
     self._looping = steps_per_loop > 1
     self._stop_values = (tf.constant(0.0), tf.constant(1.0))
+    self._iterator = None
+    self.function = None
 
   def __call__(self, iterator, num_steps, stop_requested):
-    """Runs `num_steps` steps (1 when looping is off) and returns the result vector as numpy."""
+    """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns the result vector as numpy."""
+    if iterator is not self._iterator:
+      self._iterator, self.function = iterator, self._function_over(iterator)
     stop = self._stop_values[bool(stop_requested)]
     if self._looping:
-      return self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
-    return self.function(iterator, stop).numpy()
+      return self.function(tf.constant(num_steps, tf.int32), stop).numpy()
+    return self.function(stop).numpy()
+
+  def _function_over(self, iterator):
+    if self._looping:
+      def many_steps(num_steps, stop):
+        return self._many_steps(iterator, num_steps, stop)
+      return tf.function(many_steps)
+
+    def one_step(stop):
+      return self._one_step(iterator, stop)
+    return tf.function(one_step)
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:

@@ -128,3 +128,11 @@ def test_a_non_finite_loss_stops_training_naming_the_step_and_no_later_checkpoin
     value = reader.get_tensor(name)
     if np.issubdtype(np.asarray(value).dtype, np.floating):
       assert np.all(np.isfinite(value)), name
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path, one_device):
+  data = trainer_testlib.classification_data(16)
+  trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path)).train(data, global_batch_size=8, steps=1)
+  with pytest.raises(ConfigError, match=r"The checkpoint .*ckpt-1 does not match this model and optimizer .*"
+                                        r"Use a new model_dir"):
+    trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), optimizer_fn=lambda: keras.optimizers.Adam())
