@@ -99,7 +99,7 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
     dataset = dataset.map(_weighted_and_masked)
     dataset = dataset.concatenate(_padding(dataset))
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
     specs.append(dataset.element_spec)
     pipelines.append(input_context.num_input_pipelines)
     return dataset

@@ -22,9 +22,10 @@ class TrainLoop:
   With `steps_per_loop == 1` the function runs one step, with no loop around
   it. Otherwise it runs `num_steps` steps (a tensor argument, so a shorter
   last loop reuses the same trace) in a `tf.range` loop over the distributed
-  iterator, stopping early at a non-finite loss. The function captures the
-  iterator instead of taking it as an argument, which saves flattening it on
-  every call (hundreds of microseconds); a new iterator gets a new function.
+  iterator, stopping early at a non-finite loss. The iterator is an argument,
+  not a capture: a function that captures an iterator and applies a Keras
+  optimizer is never freed (TF 2.21), which would leak the iterator's threads
+  with every Trainer.
 
   A call also takes this worker's stop request (a SIGTERM was noted) and sums
   it over workers with the loss, so every worker learns of any request after
@@ -62,27 +63,14 @@ class TrainLoop:
     self._gradients = _maybe_xla(self._loss_and_gradients, xla)
     self._looping = steps_per_loop > 1
     self._stop_values = (tf.constant(0.0), tf.constant(1.0))
-    self._iterator = None
-    self.function = None
+    self.function = tf.function(self._many_steps if self._looping else self._one_step)
 
   def __call__(self, iterator, num_steps, stop_requested):
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns the result vector as numpy."""
-    if iterator is not self._iterator:
-      self._iterator, self.function = iterator, self._function_over(iterator)
     stop = self._stop_values[bool(stop_requested)]
     if self._looping:
-      return self.function(tf.constant(num_steps, tf.int32), stop).numpy()
-    return self.function(stop).numpy()
-
-  def _function_over(self, iterator):
-    if self._looping:
-      def many_steps(num_steps, stop):
-        return self._many_steps(iterator, num_steps, stop)
-      return tf.function(many_steps)
-
-    def one_step(stop):
-      return self._one_step(iterator, stop)
-    return tf.function(one_step)
+      return self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+    return self.function(iterator, stop).numpy()
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:

@@ -5,6 +5,7 @@ here, when pytest imports this file, before any test module is collected.
 Tests pick 1, 2 or all of these devices for their strategies.
 """
 
+import gc
 import os
 import sys
 
@@ -16,6 +17,7 @@ if REPO_ROOT not in sys.path:
 
 import strategies  # pylint: disable=g-import-not-at-top
 
+_EXIT_STATUS = pytest.StashKey[int]()
 NUM_LOGICAL_CPUS = 4
 LOGICAL_CPUS = strategies.virtual_cpus(NUM_LOGICAL_CPUS)
 
@@ -36,3 +38,26 @@ def subprocess_env():
   env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   return env
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """Frees the session's tf.data iterators while TensorFlow's runtime is still whole.
+
+  TensorFlow 2.21 can deadlock deleting a distributed dataset iterator during
+  interpreter shutdown (its autotune thread is never woken), so a finished
+  suite would never exit. Collecting here deletes them normally.
+  """
+  session.config.stash[_EXIT_STATUS] = int(exitstatus)
+  gc.collect()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+  """Exits with pytest's status once its report is out, skipping interpreter teardown.
+
+  The guard for the same TensorFlow shutdown deadlock: whatever still holds
+  an iterator (a traced function's closure, a module global) is not deleted.
+  """
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(config.stash.get(_EXIT_STATUS, 0))

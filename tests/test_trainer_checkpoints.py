@@ -37,7 +37,9 @@ def test_a_mirrored_2_checkpoint_restores_weights_and_slots_on_one_device_and_mi
 
 
 def test_a_lazily_built_model_is_restored_before_its_first_evaluate(tmp_path):
-  lazy = lambda: keras.Sequential([keras.layers.Dense(trainer_testlib.NUM_CLASSES)])  # pylint: disable=unnecessary-lambda-assignment
+  def lazy():
+    return keras.Sequential([keras.layers.Dense(trainer_testlib.NUM_CLASSES)])
+
   writer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lazy,
                                         model_dir=str(tmp_path))
   writer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=2)

@@ -36,7 +36,7 @@ def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
   trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=7)  # Loops of 3, 3 and 1 steps.
   assert trainer.global_step == 7
   assert task.traces == 1
-  trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=9)
+  trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=9)  # A new iterator.
   assert trainer.global_step == 9
   assert task.traces == 1
   assert [row["step"] for row in _rows(tmp_path, "train")] == [3, 6, 7, 9]
@@ -45,9 +45,9 @@ def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
 def test_steps_per_loop_one_traces_no_loop_and_many_steps_trace_one():
   def while_ops(trainer, steps_per_loop):
     loop = trainer._train_loops[GLOBAL_BATCH]  # pylint: disable=protected-access
-    arguments = [tf.constant(0.0)]
+    arguments = [trainer._train_input[2], tf.constant(0.0)]  # pylint: disable=protected-access
     if steps_per_loop > 1:
-      arguments.insert(0, tf.constant(1))
+      arguments.insert(1, tf.constant(1))
     assert loop.function.experimental_get_tracing_count() == 1
     graph = loop.function.get_concrete_function(*arguments).graph
     assert loop.function.experimental_get_tracing_count() == 1  # The trace that ran, not a new one.

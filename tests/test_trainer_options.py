@@ -25,7 +25,8 @@ def test_mixed_precision_trains_with_float32_weights_and_leaves_the_global_polic
   assert np.isfinite(results["loss"])
   assert not np.allclose(trainer.model.get_weights()[0], initial[0])
   # mixed_float16 scales the loss; the optimizer that does it is the one checkpointed.
-  assert isinstance(trainer._optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "mixed_float16")  # pylint: disable=protected-access
+  optimizer = trainer._optimizer  # pylint: disable=protected-access
+  assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "mixed_float16")
   assert trainer.evaluate(trainer_testlib.classification_data(20), global_batch_size=GLOBAL_BATCH)["num_examples"] == 20
 
 
