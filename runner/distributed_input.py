@@ -144,3 +144,16 @@ def _padding(dataset):
     return tf.data.Dataset.from_tensors(zeros).repeat()
   # Shapes known only from the data: copy the first element, with weight and mask 0.
   return dataset.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
+
+
+def features_spec(data):
+  """Returns the spec of a batch of `data`'s features, batch dimension None.
+
+  Args:
+    data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`.
+
+  Raises:
+    ConfigError: the elements are not of the contract's form.
+  """
+  dataset = _checked(_provider(data).get_dataset(tf.distribute.InputContext()), "export")
+  return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), dataset.element_spec[0])

@@ -94,21 +94,22 @@ def run(config, workdir=None) -> RunResult:
   if strategy.extended.should_checkpoint:
     with tf.io.gfile.GFile(os.path.join(workdir, CONFIG_FILE), "w") as f:
       f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
-  trainer = _RunTrainer(config, strategy, workdir)
+  trainer = create_trainer(config, strategy, workdir)
+  evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
   train_metrics = export_path = None
   if config.mode in ("train", "train_and_eval"):
     evaluating = config.mode == "train_and_eval"
     train_metrics = trainer.train(
         dataset(config, "train"), global_batch_size=config.data.global_batch_size,
         steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
-        eval_every=config.trainer.eval_every if evaluating else None)
+        eval_every=config.trainer.eval_every if evaluating else None,
+        eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
     if evaluating and trainer.last_eval_metrics is None:  # Trained before; nothing left to train.
-      trainer.evaluate(dataset(config, "eval"))
+      trainer.evaluate(dataset(config, "eval"), **evaluation)
   if config.mode == "eval":
-    trainer.evaluate(dataset(config, "eval"))
+    trainer.evaluate(dataset(config, "eval"), **evaluation)
   if config.mode == "export":
-    trainer.build_model(dataset(config, "eval"))
-    export_path = trainer.export(os.path.join(workdir, EXPORT_DIR))
+    export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
   return RunResult(
       workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
       global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=trainer.last_eval_metrics,
@@ -198,54 +199,34 @@ def dataset(config, split):
         "return an unbatched tf.data.Dataset or a runner.data.DatasetProvider.") from None
 
 
-class _RunTrainer(Trainer):
-  """The Trainer that `config` describes, writing to the workdir.
+def create_trainer(config, strategy, workdir):
+  """Returns the Trainer that `config` describes, writing to `workdir`.
 
-  Every evaluation, the periodic ones inside `train` included, uses
-  `config.data.eval_global_batch_size` and `config.trainer.eval_steps`, and
-  the last one's results are kept in `last_eval_metrics`.
+  Raises:
+    ConfigError: the task or model function returned the wrong kind of object.
   """
+  task = registry.resolve("task", config.task.name)(config.task)
+  if not isinstance(task, Task):
+    raise ConfigError(f"The task {config.task.name!r} returned {type(task).__name__}, not a runner.Task.")
+  make_model = registry.resolve("model", config.model.name)
 
-  def __init__(self, config, strategy, workdir):
-    task = registry.resolve("task", config.task.name)(config.task)
-    if not isinstance(task, Task):
-      raise ConfigError(f"The task {config.task.name!r} returned {type(task).__name__}, not a runner.Task.")
-    make_model = registry.resolve("model", config.model.name)
+  def model_fn():
+    model = make_model(config.model)
+    if not isinstance(model, keras.Model):
+      raise ConfigError(f"The model {config.model.name!r} returned {type(model).__name__}, not a Keras model.")
+    return model
 
-    def model_fn():
-      model = make_model(config.model)
-      if not isinstance(model, keras.Model):
-        raise ConfigError(f"The model {config.model.name!r} returned {type(model).__name__}, not a Keras model.")
-      return model
-
-    trainer = config.trainer
-    super().__init__(
-        strategy,
-        model_fn=model_fn,
-        optimizer_fn=lambda: optimizers.create(config.optimizer, trainer.train_steps),
-        task=task,
-        model_dir=workdir,
-        steps_per_loop=trainer.steps_per_loop,
-        checkpoint_every=trainer.checkpoint_every,
-        max_to_keep=trainer.max_to_keep,
-        jit_compile=trainer.jit_compile,
-        precision=trainer.precision,
-        clipnorm=config.optimizer.clipnorm,
-        seed=trainer.seed)
-    self._eval_batch_size = config.data.eval_global_batch_size
-    self._eval_steps = trainer.eval_steps
-    self.last_eval_metrics = None
-
-  def evaluate(self, data, *, global_batch_size=None, steps=None):
-    """Evaluates with the config's eval batch size and steps; keeps the results."""
-    del global_batch_size, steps  # The config decides.
-    self.last_eval_metrics = super().evaluate(data, global_batch_size=self._eval_batch_size, steps=self._eval_steps)
-    return self.last_eval_metrics
-
-  def build_model(self, data):
-    """Builds a model that builds lazily, on zeros shaped like one example of `data`."""
-    if self.model.built:
-      return
-    features = data.get_dataset(tf.distribute.InputContext()).element_spec[0]
-    with self.strategy.scope():
-      self.model(tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape], s.dtype), features), training=False)
+  trainer = config.trainer
+  return Trainer(
+      strategy,
+      model_fn=model_fn,
+      optimizer_fn=lambda: optimizers.create(config.optimizer, trainer.train_steps),
+      task=task,
+      model_dir=workdir,
+      steps_per_loop=trainer.steps_per_loop,
+      checkpoint_every=trainer.checkpoint_every,
+      max_to_keep=trainer.max_to_keep,
+      jit_compile=trainer.jit_compile,
+      precision=trainer.precision,
+      clipnorm=config.optimizer.clipnorm,
+      seed=trainer.seed)

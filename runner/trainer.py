@@ -131,6 +131,7 @@ class Trainer:
     self._eval_loop = None
     self._weights_finite = None
     self._last_train_results = {}
+    self._last_eval_results = None
     self._prepare(None)
 
   @property
@@ -144,11 +145,17 @@ class Trainer:
     return self._model
 
   @property
+  def last_eval_metrics(self):
+    """The results of the latest evaluation (those inside `train` included), or None."""
+    return None if self._last_eval_results is None else dict(self._last_eval_results)
+
+  @property
   def global_step(self):
     """The number of training steps taken so far, restored checkpoints included (an int)."""
     return self._global_step
 
-  def train(self, data, *, global_batch_size, steps, eval_data=None, eval_every=None):
+  def train(self, data, *, global_batch_size, steps, eval_data=None, eval_every=None,
+            eval_global_batch_size=None, eval_steps=None):
     """Trains until the global step reaches `steps`.
 
     `steps` is a total, so calling `train` again with the same arguments (in
@@ -169,6 +176,10 @@ class Trainer:
       eval_data: like `data` but finite: evaluated every `eval_every` steps
         and at the end.
       eval_every: None (evaluate at the end only) or a positive int.
+      eval_global_batch_size: the evaluations' global batch size; None means
+        `global_batch_size`.
+      eval_steps: None to evaluate all of `eval_data`, or at most this many
+        global batches per evaluation.
 
     Returns:
       The last loop's `loss` and metrics, a dict of floats (the previous
@@ -185,6 +196,7 @@ class Trainer:
     checks.positive_int(eval_every, "eval_every", optional=True)
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
+    evaluation = {"global_batch_size": eval_global_batch_size or global_batch_size, "steps": eval_steps}
     iterator = self._train_iterator(data, global_batch_size)
     if self._global_step >= steps:
       logging.info("The global step is %d, already at steps=%d: nothing to train.", self._global_step, steps)
@@ -213,13 +225,13 @@ class Trainer:
           if values[2] > 0:
             self._save_and_exit()
           if eval_every is not None and self._global_step % eval_every == 0:
-            self.evaluate(eval_data, global_batch_size=global_batch_size)
+            self.evaluate(eval_data, **evaluation)
             evaluated_step = self._global_step
           if self._checkpoint_every is not None and self._global_step % self._checkpoint_every == 0:
             self._save()
           loop_start = time.perf_counter()
         if eval_data is not None and evaluated_step != self._global_step:
-          self.evaluate(eval_data, global_batch_size=global_batch_size)
+          self.evaluate(eval_data, **evaluation)
         if self._checkpoints is not None and self._saved_step != self._global_step:
           self._save()
       finally:
@@ -264,24 +276,30 @@ class Trainer:
                "num_examples": int(values[1])}
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
-    return results
+    self._last_eval_results = results
+    return dict(results)
 
-  def export(self, path):
+  def export(self, path, *, data=None):
     """Writes the model as a SavedModel with a `serving_default` signature (see `exporting`).
+
+    Args:
+      path: the SavedModel directory.
+      data: optional, as for `evaluate`: its features give the input shape
+        of a model that builds lazily and has not seen a batch yet.
 
     Returns:
       `path`.
 
     Raises:
       ConfigError: the model's input shape is unknown (a model that builds
-        lazily, before any train or evaluate).
+        lazily, before any train or evaluate, and no `data`).
     """
-    self._prepare(None)
+    self._prepare(None if data is None else distributed_input.features_spec(data))
     features_spec = self._features_spec or _input_spec(self._model)
     if not self._ready or features_spec is None:
       raise ConfigError(
           "export needs the model's input shape, which this model does not know yet: call train or evaluate "
-          "first, or give the model an input in model_fn (keras.Input).")
+          "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input).")
     exporting.export_saved_model(self._strategy, self._model, features_spec, path)
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path

@@ -81,3 +81,15 @@ def test_a_dataset_provider_gets_the_input_context(cpu_devices):
   assert trainer.evaluate(provider, global_batch_size=8)["num_examples"] == 34
   (context,) = provider.contexts
   assert (context.num_input_pipelines, context.num_replicas_in_sync) == (1, 2)
+
+
+def test_evaluations_inside_train_use_their_own_batch_size_and_steps(cpu_devices):
+  trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), steps_per_loop=2)
+  assert trainer.last_eval_metrics is None
+  eval_data = trainer_testlib.classification_data(100, seed=1)
+  trainer.train(trainer_testlib.classification_data(128), global_batch_size=16, steps=4, eval_data=eval_data,
+                eval_every=2, eval_global_batch_size=8, eval_steps=3)
+  assert trainer.last_eval_metrics["num_examples"] == 3 * 8
+  assert trainer.evaluate(eval_data, global_batch_size=8, steps=3) == trainer.last_eval_metrics
+  assert trainer.evaluate(eval_data, global_batch_size=20)["num_examples"] == 100
+  assert trainer.last_eval_metrics["num_examples"] == 100

@@ -44,3 +44,14 @@ def test_export_of_a_lazily_built_model_before_any_data_says_what_to_do(tmp_path
       tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lambda: keras.Sequential([keras.layers.Dense(4)]))
   with pytest.raises(strategies.ConfigError, match=r"export needs the model's input shape.*keras\.Input"):
     trainer.export(str(tmp_path / "saved_model"))
+
+
+def test_export_of_a_lazily_built_model_with_data_builds_it_and_serves(tmp_path):
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lambda: keras.Sequential([keras.layers.Dense(4)]))
+  path = trainer.export(str(tmp_path / "saved_model"), data=trainer_testlib.classification_data(8))
+  features, _ = trainer_testlib.classification_arrays(5)
+  served = tf.saved_model.load(path).signatures["serving_default"]
+  (outputs,) = served(tf.constant(features)).values()
+  np.testing.assert_allclose(outputs.numpy(), trainer.model(features).numpy(), rtol=1e-6)
+  assert trainer.model.layers[0].kernel.shape == (trainer_testlib.NUM_FEATURES, 4)
