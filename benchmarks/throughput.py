@@ -11,7 +11,6 @@ A contender that crashes in any round counts as not working.
 
 import argparse
 import dataclasses
-import difflib
 import importlib.metadata
 import json
 import os
@@ -22,6 +21,7 @@ import sys
 import time
 
 from benchmarks import contenders as contenders_lib
+from strategies import checks
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,9 +73,8 @@ def parse_names(text, valid, flag):
     raise ValueError(f"--{flag} is empty; valid names: {', '.join(valid)}.")
   for name in names:
     if name not in valid:
-      close = difflib.get_close_matches(name, valid, n=1)
-      hint = f" Did you mean {close[0]!r}?" if close else ""
-      raise ValueError(f"--{flag}: unknown name {name!r}.{hint} Valid names: {', '.join(valid)}.")
+      raise ValueError(
+          f"--{flag}: unknown name {name!r}.{checks.did_you_mean(name, valid)} Valid names: {', '.join(valid)}.")
   return names
 
 

@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from strategies.errors import ConfigError
 
+DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.
+
 
 class Checkpoints:
   """A `tf.train.Checkpoint` of `model`, `optimizer` and `step` managed in one directory.

@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from runner import data as data_lib
+from strategies import checks
 from strategies.errors import ConfigError
 
 ELEMENT_CONTRACT = "(features, labels) or (features, labels, sample_weight)"
@@ -15,8 +16,7 @@ def check_global_batch_size(strategy, global_batch_size):
     ConfigError: it is not a positive int, or the replica count does not
       divide it (the message names both numbers and the nearest valid sizes).
   """
-  if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
-    raise ConfigError(f"global_batch_size must be a positive int, got {global_batch_size!r}.")
+  checks.positive_int(global_batch_size, "global_batch_size")
   replicas = strategy.num_replicas_in_sync
   if global_batch_size % replicas:
     lower = global_batch_size // replicas * replicas

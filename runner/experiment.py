@@ -17,6 +17,7 @@ import tensorflow as tf
 import strategies
 from strategies.errors import ConfigError
 
+from runner import checkpointing
 from runner import config as config_lib
 from runner import data as data_lib
 from runner import distributed_input
@@ -26,7 +27,6 @@ from runner.tasks import Task
 from runner.trainer import Trainer
 
 CONFIG_FILE = "config.json"
-CHECKPOINT_DIR = "checkpoints"
 EXPORT_DIR = "export"
 
 
@@ -89,7 +89,7 @@ def run(config, workdir=None) -> RunResult:
   workdir = prepare_workdir(workdir)
   if config.mode in ("eval", "export") and latest_checkpoint(workdir) is None:
     raise ConfigError(
-        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, CHECKPOINT_DIR)}, and there is "
+        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpointing.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
   if strategy.extended.should_checkpoint:
     with tf.io.gfile.GFile(os.path.join(workdir, CONFIG_FILE), "w") as f:
@@ -139,7 +139,7 @@ def prepare_workdir(workdir):
 
 def latest_checkpoint(workdir):
   """Returns the path of the latest checkpoint the Trainer wrote in `workdir`, or None."""
-  return tf.train.latest_checkpoint(os.path.join(workdir, CHECKPOINT_DIR))
+  return tf.train.latest_checkpoint(os.path.join(workdir, checkpointing.DIRECTORY))
 
 
 def create_strategy(config):

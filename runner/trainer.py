@@ -119,7 +119,7 @@ class Trainer:
     self._checkpoints = None
     if model_dir is not None:
       self._checkpoints = checkpointing.Checkpoints(
-          strategy, os.path.join(model_dir, "checkpoints"), model=self._model, optimizer=self._optimizer,
+          strategy, os.path.join(model_dir, checkpointing.DIRECTORY), model=self._model, optimizer=self._optimizer,
           step=self._step, max_to_keep=max_to_keep)
     self._reporter = reporting.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._features_spec = None
