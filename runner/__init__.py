@@ -1,8 +1,33 @@
-"""tf-runner: one ml-collections config to a distributed TensorFlow training run."""
+"""tf-runner: one ml-collections config to a distributed TensorFlow training run.
 
-from runner import data
-from runner.config import load_config
-from runner import tasks
-from runner.tasks import Task
-from runner.trainer import Trainer
-from runner.experiment import RunResult, run
+The public names load on first use (PEP 562), so that `python -m runner` can
+quiet TensorFlow's start-up before anything imports it.
+"""
+
+import importlib
+
+# Public name -> the module that defines it (a module's own name: the module itself).
+_PUBLIC = {
+    "actions": "runner.actions",
+    "data": "runner.data",
+    "tasks": "runner.tasks",
+    "Task": "runner.tasks",
+    "Trainer": "runner.trainer",
+    "load_config": "runner.config",
+    "run": "runner.run_lib",
+    "RunResult": "runner.run_lib",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name):
+  if name not in _PUBLIC:
+    raise AttributeError(f"module 'runner' has no attribute {name!r}")
+  module = importlib.import_module(_PUBLIC[name])
+  value = module if _PUBLIC[name] == f"runner.{name}" else getattr(module, name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_PUBLIC))

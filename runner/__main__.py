@@ -12,9 +12,15 @@ Flags:
 
 A user error (bad config, override, name, batch size, workdir, no TPU) prints
 one line `error: ...` on stderr and exits with status 2; any other error is a
-bug and keeps its traceback (status 1).
+bug and keeps its traceback (status 1). TensorFlow's C++ start-up chatter is
+hidden unless TF_CPP_MIN_LOG_LEVEL is set (see `tensorflow_logs`).
 """
 
+from runner import tensorflow_logs
+
+tensorflow_logs.quiet_start()  # Before anything below imports TensorFlow.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
 import re
 import sys
@@ -27,7 +33,7 @@ import strategies
 from strategies.errors import ConfigError
 
 from runner import config as config_lib
-from runner import experiment
+from runner import run_lib
 
 USER_ERROR_EXIT_CODE = 2
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
@@ -108,16 +114,16 @@ def _run(command_line):
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
   config = config_lib.load_config(_CONFIG.value, overrides)
   if _DRY_RUN.value:
-    strategy = experiment.create_strategy(config)
-    batch_sizes = experiment.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
+    strategy = run_lib.create_strategy(config)
+    batch_sizes = run_lib.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
     print(f"config:\n{config}")
     print(f"strategy: {strategies.describe(strategy)}")
     print(f"replicas: {strategy.num_replicas_in_sync}")
     print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
-    print(f"plan: {experiment.step_plan(config)}")
+    print(f"plan: {run_lib.step_plan(config)}")
     print("dry run: nothing trained or written.")
     return
-  result = experiment.run(config, _WORKDIR.value)
+  result = run_lib.run(config, _WORKDIR.value)
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")

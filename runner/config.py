@@ -18,7 +18,6 @@ from ml_collections import config_flags
 from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
-import strategies
 
 from runner import global_state
 from runner import optimizers
@@ -35,7 +34,7 @@ def _common_config():
   """Returns the schema without the own fields of the named dataset, model and task."""
   config = ml_collections.ConfigDict()
   config.mode = "train_and_eval"
-  config.strategy = strategies.default_config()
+  config.strategy = strategy_schema.default_config()
   config.data = ml_collections.ConfigDict({
       "name": "synthetic",
       "global_batch_size": 64,

@@ -49,21 +49,23 @@ class DatasetShards(DatasetProvider):
     return self.dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
 
 
-def as_provider(data) -> DatasetProvider:
+def as_provider(data, *, source="data") -> DatasetProvider:
   """Returns `data` as a DatasetProvider.
 
   Args:
     data: an unbatched `tf.data.Dataset` or a `DatasetProvider`.
+    source: what `data` is, for the message, e.g. "data" or
+      "what the dataset 'x' returned".
 
   Raises:
-    TypeError: `data` is neither.
+    ConfigError: `data` is neither.
   """
   if isinstance(data, DatasetProvider):
     return data
   if isinstance(data, tf.data.Dataset):
     return DatasetShards(data)
-  raise TypeError(
-      "data must be an unbatched tf.data.Dataset of (features, labels[, sample_weight]) "
+  raise ConfigError(
+      f"{source} must be an unbatched tf.data.Dataset of (features, labels[, sample_weight]) "
       f"or a runner.data.DatasetProvider, got {type(data).__name__}.")
 
 

@@ -1,11 +1,9 @@
 """Export: a SavedModel whose `serving_default` signature gives the model's predictions."""
 
-import shutil
-import tempfile
-
 import tensorflow as tf
 
 from runner import loops
+from runner import worker_files
 
 
 def export_saved_model(strategy, model, features_spec, path):
@@ -45,12 +43,6 @@ def export_saved_model(strategy, model, features_spec, path):
   module = tf.Module()
   module.model = model
   module.serve = serve
-  if strategy.extended.should_checkpoint:
-    tf.saved_model.save(module, path, signatures={"serving_default": serve})
-    return path
-  scratch = tempfile.mkdtemp(prefix="tf_runner_worker_export_")
-  try:
-    tf.saved_model.save(module, scratch, signatures={"serving_default": serve})
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
-  return scratch
+  with worker_files.destination(strategy, path) as written:
+    tf.saved_model.save(module, written, signatures={"serving_default": serve})
+  return written

@@ -1,4 +1,11 @@
-"""The inner loops: per-replica steps and the `tf.function`s that run many of them per call."""
+"""The inner loops: per-replica steps and the `tf.function`s that run many of them per call.
+
+Each loop returns one vector per call (a single host transfer); its layout is
+defined, and decoded into a named result, here and nowhere else.
+"""
+
+import dataclasses
+from typing import Dict
 
 import tensorflow as tf
 
@@ -10,6 +17,29 @@ SUM = tf.distribute.ReduceOp.SUM
 def float32_outputs(outputs):
   """Returns the model's outputs with every floating tensor cast to float32 (mixed precision)."""
   return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLoopResult:
+  """What one call of a `TrainLoop` did.
+
+  Attributes:
+    steps_run: the steps taken (fewer than asked only at a non-finite loss).
+    loss: the mean global loss over those steps.
+    stop_requested: some worker asked to stop (a SIGTERM was noted there).
+    learning_rate: the optimizer's learning rate after the steps.
+    metrics: every metric's result over those steps, by name.
+  """
+  steps_run: int
+  loss: float
+  stop_requested: bool
+  learning_rate: float
+  metrics: Dict[str, float]
+
+  @property
+  def results(self):
+    """`{"loss": loss, <metric>: value, ...}`, what reports and actions see."""
+    return {"loss": self.loss, **self.metrics}
 
 
 def _maybe_xla(fn, xla):
@@ -32,9 +62,9 @@ class TrainLoop:
   the same call, at no extra communication.
 
   A call returns one float32 vector, fetched to the host in one transfer:
-  `[steps_run, mean_loss, stop_requests, learning_rate, *metric_results]`.
-  The metrics are reset at the start of each call, so they describe that
-  call's steps.
+  `[steps_run, mean_loss, stop_requests, learning_rate, *metric_results]`,
+  decoded into a `TrainLoopResult`. The metrics are reset at the start of
+  each call, so they describe that call's steps.
   """
 
   def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, steps_per_loop,
@@ -66,11 +96,16 @@ class TrainLoop:
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
 
   def __call__(self, iterator, num_steps, stop_requested):
-    """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns the result vector as numpy."""
+    """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`."""
     stop = self._stop_values[bool(stop_requested)]
     if self._looping:
-      return self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
-    return self.function(iterator, stop).numpy()
+      values = self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+    else:
+      values = self.function(iterator, stop).numpy()
+    return TrainLoopResult(
+        steps_run=int(values[0]), loss=float(values[1]), stop_requested=bool(values[2] > 0),
+        learning_rate=float(values[3]),
+        metrics={metric.name: float(value) for metric, value in zip(self._metrics, values[4:])})
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
@@ -157,12 +192,13 @@ class TrainLoop:
 
 
 class EvalLoop:
-  """Evaluates a padded distributed dataset (see `distributed_input.for_evaluation`) in one call.
+  """Evaluates a padded distributed dataset (see `input_pipeline.for_evaluation`) in one call.
 
   The call runs steps until the real examples are used up (or `max_steps`),
-  and returns one float64 vector `[loss, num_examples, *metric_results]`:
+  and returns `{"loss": float, <metric>: float, ..., "num_examples": int}`:
   `loss` is the weighted sum of per-example losses over the number of real
-  examples. Metrics are reset at the start of each call.
+  examples. It is fetched as one float64 vector `[loss, num_examples,
+  *metric_results]`. Metrics are reset at the start of each call.
   """
 
   def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla):
@@ -181,7 +217,9 @@ class EvalLoop:
     self.function = tf.function(self._evaluate)
 
   def __call__(self, iterator, max_steps):
-    return self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
+    values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
+    return {"loss": float(values[0]), **{metric.name: float(value) for metric, value in zip(self._metrics, values[2:])},
+            "num_examples": int(values[1])}
 
   def _evaluate(self, iterator, max_steps):
     for metric in self._metrics:

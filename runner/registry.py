@@ -16,11 +16,8 @@ from typing import Any, Callable, Mapping, Optional
 from strategies.checks import did_you_mean
 from strategies.errors import ConfigError
 
-from runner import datasets
-from runner import models
-
-KINDS = ("model", "dataset", "task")
-
+from runner import builtin_datasets
+from runner import builtin_models
 
 @dataclasses.dataclass(frozen=True)
 class Builtin:
@@ -49,8 +46,8 @@ def _regression(config):
 
 
 _BUILTINS = {
-    "model": {name: Builtin(*entry) for name, entry in models.BUILTINS.items()},
-    "dataset": {name: Builtin(*entry) for name, entry in datasets.BUILTINS.items()},
+    "model": {name: Builtin(*entry) for name, entry in builtin_models.BUILTINS.items()},
+    "dataset": {name: Builtin(*entry) for name, entry in builtin_datasets.BUILTINS.items()},
     "task": {
         "classification": Builtin(_classification, {"from_logits": True}),
         "regression": Builtin(_regression, {}),

@@ -1,6 +1,8 @@
 """Argument checks shared by the wrappers and the schema; each raises ConfigError."""
 
 import difflib
+import math
+import numbers
 
 from strategies.errors import ConfigError
 
@@ -24,6 +26,11 @@ def one_of(value, valid, what):
   return value
 
 
+def is_int(value):
+  """Returns whether `value` is an int and not a bool (to Python, True and False are ints)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def positive_int(value, what, *, optional=False):
   """Returns `value` if it is an int >= 1 (or None when `optional`).
 
@@ -32,8 +39,34 @@ def positive_int(value, what, *, optional=False):
   """
   if value is None and optional:
     return None
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+  if not is_int(value) or value < 1:
     raise ConfigError(f"{what} must be a positive int, got {value!r}.")
+  return value
+
+
+def positive_number(value, what, *, optional=False, allow_zero=False):
+  """Returns `value` if it is a finite int or float > 0 (>= 0 with `allow_zero`; None when `optional`).
+
+  Raises:
+    ConfigError: `value` is not such a number.
+  """
+  if value is None and optional:
+    return None
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value < math.inf
+      or not (value >= 0 if allow_zero else value > 0)):
+    kind = "a number >= 0" if allow_zero else "a positive number"
+    raise ConfigError(f"{what} must be {'None or ' if optional else ''}{kind}, got {value!r}.")
+  return value
+
+
+def boolean(value, what):
+  """Returns `value` if it is True or False.
+
+  Raises:
+    ConfigError: `value` is not a bool.
+  """
+  if not isinstance(value, bool):
+    raise ConfigError(f"{what} must be True or False, got {value!r}.")
   return value
 
 

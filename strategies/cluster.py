@@ -49,7 +49,7 @@ def from_worker_hosts(worker_hosts, task_index):
       raise ConfigError(f"worker_hosts entry {host!r} is not 'host:port', e.g. 'localhost:12345'.")
   if task_index is None:
     raise ConfigError(f"worker_hosts needs task_index, this worker's position in it: 0 to {len(hosts) - 1}.")
-  if isinstance(task_index, bool) or not isinstance(task_index, int) or not 0 <= task_index < len(hosts):
+  if not checks.is_int(task_index) or not 0 <= task_index < len(hosts):
     raise ConfigError(
         f"task_index={task_index!r} is outside worker_hosts ({len(hosts)} hosts: {', '.join(hosts)}); "
         f"valid: 0 to {len(hosts) - 1}.")

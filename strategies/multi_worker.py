@@ -45,9 +45,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     implementation = COMMUNICATIONS[checks.one_of(communication, tuple(COMMUNICATIONS), "communication")]
     if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
       raise ConfigError("communication='nccl' needs GPUs and this machine has none; use 'auto' or 'ring'.")
-    if timeout_seconds is not None and (
-        isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)) or timeout_seconds <= 0):
-      raise ConfigError(f"timeout_seconds must be a positive number of seconds or None, got {timeout_seconds!r}.")
+    checks.positive_number(timeout_seconds, "timeout_seconds", optional=True)
     if worker_hosts is not None or task_index is not None:
       if cluster_resolver is not None:
         raise ConfigError("Pass either cluster_resolver or worker_hosts + task_index, not both.")

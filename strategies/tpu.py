@@ -89,8 +89,7 @@ class TPUStrategy(tf.distribute.TPUStrategy):
     if computation_shape is not None:
       computation_shape = _checked_shape(computation_shape)
     checks.positive_int(num_replicas, "num_replicas", optional=True)
-    if not isinstance(spmd_xla_partitioning, bool):
-      raise ConfigError(f"spmd_xla_partitioning must be True or False, got {spmd_xla_partitioning!r}.")
+    checks.boolean(spmd_xla_partitioning, "spmd_xla_partitioning")
     tpu = _tpu_identity(tpu, zone, project)
     resolver = _resolver(tpu, zone, project)
     topology = _initialize_once(tpu, resolver)
@@ -105,7 +104,7 @@ class TPUStrategy(tf.distribute.TPUStrategy):
 def _checked_shape(computation_shape):
   """Returns `computation_shape` as a list of positive ints, or raises ConfigError."""
   if (not isinstance(computation_shape, (list, tuple)) or not computation_shape or not all(
-      isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in computation_shape)):
+      checks.is_int(n) and n >= 1 for n in computation_shape)):
     raise ConfigError(
         f"computation_shape must be a list of positive ints, one per TPU mesh axis, such as "
         f"[1, 1, 1, 2]; got {computation_shape!r}.")

@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from strategies import checks
+
 
 def virtual_cpus(n):
   """Splits the first physical CPU into `n` logical CPU devices.
@@ -23,7 +25,7 @@ def virtual_cpus(n):
       number of logical CPUs (this must run before any TensorFlow op, strategy
       or device listing).
   """
-  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+  if not checks.is_int(n) or n < 1:
     raise ValueError(f"virtual_cpus needs a positive int number of logical CPUs, got {n!r}.")
   cpu = tf.config.list_physical_devices("CPU")[0]
   try:

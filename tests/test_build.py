@@ -3,9 +3,14 @@
 BUILD is Starlark, a Python subset, so it is read with `ast`. Checked: every
 Python file of the project is in exactly one target; every test file has a
 py_test; every label names a defined target; every `requirement(...)` names a
-distribution that setup.py declares; and every project import in a target's
-sources is satisfied by that target or one of its direct deps. setup.py is read
-through `egg_info`, the metadata pip installs from.
+distribution that setup.py declares; a target's project deps are exactly the
+targets its sources import (a py_test also gets the conftest); and the deps
+have no cycle, which Bazel refuses. setup.py is read through `egg_info`, the
+metadata pip installs from.
+
+A package face (`runner/__init__.py`) depends on its modules, never the
+reverse: modules import each other directly (`from runner import loops`),
+not through the face, so the graph stays acyclic.
 """
 
 import ast
@@ -19,6 +24,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROJECT_DIRS = ("runner", "strategies", "configs", "tests", "benchmarks")
 RULES = ("py_library", "py_binary", "py_test")
+CONFTEST = "tests_conftest"
 
 
 def _targets():
@@ -64,9 +70,10 @@ def _module_file(module):
 
 
 def _imported_files(src):
+  """The project files `src` imports: by import statements, and a package face's lazy `_PUBLIC` modules."""
   with open(os.path.join(REPO, src), encoding="utf-8") as f:
     tree = ast.parse(f.read(), src)
-  files = set()
+  files = {_module_file(module) for module in _lazy_modules(tree)}
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       files |= {_module_file(alias.name) for alias in node.names}
@@ -74,6 +81,14 @@ def _imported_files(src):
       submodules = {_module_file(f"{node.module}.{alias.name}") for alias in node.names}
       files |= submodules if None not in submodules else submodules | {_module_file(node.module)}
   return files - {None}
+
+
+def _lazy_modules(tree):
+  """The module names of a module-level `_PUBLIC = {name: "package.module", ...}` (see runner/__init__.py)."""
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["_PUBLIC"]:
+      return set(ast.literal_eval(node.value).values())
+  return set()
 
 
 TARGETS = _targets()
@@ -142,11 +157,53 @@ def test_a_tpu_vm_install_does_not_pull_the_cpu_wheel(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
-def test_project_imports_are_direct_deps(name):
+def test_project_deps_are_exactly_the_imported_targets(name):
   owner = {src: t for t, target in TARGETS.items() for src in target["srcs"]}
   target = TARGETS[name]
-  allowed = {name} | {label[1:] for label in target["deps"]}
-  for src in target["srcs"]:
-    for imported in _imported_files(src):
-      assert owner.get(imported) in allowed, (
-          f"{src} imports {imported}, whose target {owner.get(imported)!r} is not a dep of {name}")
+  imported = {owner.get(f) for src in target["srcs"] for f in _imported_files(src)} - {name}
+  if target["rule"] == "py_test":
+    imported.add(CONFTEST)  # pytest loads it; no test imports it.
+  declared = {label[1:] for label in target["deps"]}
+  assert declared == imported, (
+      f"{name}: deps lack {sorted(imported - declared)} and need not list {sorted(declared - imported)}")
+
+
+def find_cycle(targets):
+  """Returns one dependency cycle of `targets` as a list of names (first == last), or None."""
+  graph = {name: [label[1:] for label in target["deps"]] for name, target in targets.items()}
+  visiting, done = [], set()
+
+  def visit(name):
+    if name in visiting:
+      return visiting[visiting.index(name):] + [name]
+    if name in done:
+      return None
+    visiting.append(name)
+    for dep in graph.get(name, ()):
+      cycle = visit(dep)
+      if cycle:
+        return cycle
+    visiting.pop()
+    done.add(name)
+    return None
+
+  for name in sorted(graph):
+    cycle = visit(name)
+    if cycle:
+      return cycle
+  return None
+
+
+def test_the_deps_have_no_cycle():
+  cycle = find_cycle(TARGETS)
+  assert cycle is None, f"BUILD has a dependency cycle, which Bazel refuses: {' -> '.join(cycle)}"
+
+
+def test_a_planted_cycle_is_found():
+  planted = {name: dict(target, deps=list(target["deps"])) for name, target in TARGETS.items()}
+  planted["runner_checkpointing"]["deps"].append(":runner")  # runner -> ... -> checkpointing -> runner
+  cycle = find_cycle(planted)
+  assert cycle is not None and cycle[0] == cycle[-1]
+  assert {"runner", "runner_checkpointing"} <= set(cycle)
+  assert find_cycle({"a": {"deps": [":b"]}, "b": {"deps": [":a"]}}) in (["a", "b", "a"], ["b", "a", "b"])
+  assert find_cycle({"a": {"deps": [":b"]}, "b": {"deps": []}}) is None

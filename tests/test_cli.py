@@ -6,6 +6,7 @@ cases run side by side. The digits example through the CLI is in test_run.py.
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -13,11 +14,15 @@ import textwrap
 import portpicker
 import pytest
 
+from runner import tensorflow_logs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = os.path.join(REPO, "configs", "digits.py")
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
 SUBPROCESS_TIMEOUT_SECONDS = 300
 USER_ERROR_EXIT_CODE = 2
+_OWN_FILES = {os.path.basename(f) for d in ("runner", "strategies") for f in os.listdir(os.path.join(REPO, d))
+              if f.endswith(".py")}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +44,11 @@ def cli_runs(tmp_path_factory):
       "internal_error": [f"--config={DIGITS}", "--config.model.name=explode:model", "--config.trainer.train_steps=10",
                          "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
   }
+  # TensorFlow's log level as a user leaves it (unset: start-up chatter hidden) or sets it (0: everything).
+  cases["quiet"] = [f"--config={SYNTHETIC}", "--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2",
+                    "--config.trainer.train_steps=40", "--config.trainer.steps_per_loop=20"]
+  cases["verbose"] = [f"--config={SYNTHETIC}", "--dry_run"]
+  log_levels = {"quiet": None, "verbose": "0"}
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
     cases[f"worker_{index}"] = [
@@ -46,7 +56,8 @@ def cli_runs(tmp_path_factory):
         f"--config.strategy.worker_hosts={hosts!r}", f"--config.strategy.task_index={index}"]
   workdirs = {case: tmp / ("workers" if case.startswith("worker_") else case) for case in cases}  # one shared
   processes = {
-      case: subprocess.Popen([sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args, env=env,
+      case: subprocess.Popen([sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args,
+                             env=_with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for case, args in cases.items()}
   results = {}
@@ -54,6 +65,11 @@ def cli_runs(tmp_path_factory):
     stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     results[case] = (process.returncode, stdout, stderr, workdirs[case])
   return results
+
+
+def _with_log_level(env, level):
+  env = {k: v for k, v in env.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  return env if level is None else dict(env, TF_CPP_MIN_LOG_LEVEL=level)
 
 
 def _error_lines(stderr):
@@ -101,3 +117,34 @@ def test_the_same_command_trains_on_two_workers(cli_runs):
   assert len(eval_lines) == 2 and eval_lines[0] == eval_lines[1]  # the workers agree
   assert eval_lines[0].endswith(" num_examples=512")  # every eval example counted once over both workers
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl", "summaries"]
+
+
+# An absl log line: level, date, time, thread, file:line] message.
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ (?P<file>[\w.]+):\d+\] ")
+
+
+def test_a_successful_run_prints_only_the_projects_own_lines_on_stderr(cli_runs):
+  returncode, stdout, stderr, _ = cli_runs["quiet"]
+  assert returncode == 0, stderr[-3000:]
+  assert "global step: 40" in stdout
+  lines = stderr.splitlines()
+  foreign = [line for line in lines if not (_LOG_LINE.match(line) and _LOG_LINE.match(line)["file"] in _OWN_FILES)]
+  assert not foreign, "\n".join(foreign)
+  assert sum(bool(re.search(r"reporting.py:\d+\] step \d+/40: ", line)) for line in lines) == 2  # One per loop.
+
+
+def test_a_user_who_sets_the_log_level_sees_tensorflows_output(cli_runs):
+  returncode, stdout, stderr, _ = cli_runs["verbose"]
+  assert returncode == 0, stderr[-3000:]
+  assert "dry run: nothing trained or written." in stdout
+  assert "cpu_feature_guard" in stderr or "oneDNN" in stderr or "cudart_stub" in stderr
+
+
+def test_lines_other_than_the_start_up_chatter_are_kept(capfd):
+  chatter = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+             "I0000 00:00:1795419967.489718    8804 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+             "GPU will not be used.\n")
+  real = "E0000 00:00:1795419967.5 8804 some_op.cc:12] a real error\nTraceback (most recent call last):\n"
+  with tensorflow_logs._filtered_stderr(tensorflow_logs._is_chatter):  # pylint: disable=protected-access
+    os.write(2, (chatter + real).encode())
+  assert capfd.readouterr().err == real

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from runner import data
-from runner import datasets
+from runner import builtin_datasets
 from strategies import ConfigError
 
 
@@ -101,8 +101,8 @@ def test_tfrecord_files_need_a_matching_file(tmp_path):
 
 def test_builtin_datasets_split_once_and_keep_eval_in_order():
   config = ml_collections.ConfigDict({"test_fraction": 0.2, "seed": 0})
-  train = data.as_provider(datasets.digits(config, "train"))
-  test = data.as_provider(datasets.digits(config, "eval"))
+  train = data.as_provider(builtin_datasets.digits(config, "train"))
+  test = data.as_provider(builtin_datasets.digits(config, "eval"))
   assert (train.num_examples, test.num_examples) == (1437, 360)
   train_features = {f.tobytes() for f, _ in train.get_dataset(_context(0, 1)).as_numpy_iterator()}
   test_batch = list(test.get_dataset(_context(0, 1)).as_numpy_iterator())
@@ -114,10 +114,10 @@ def test_builtin_datasets_split_once_and_keep_eval_in_order():
 def test_synthetic_is_deterministic_with_distinct_splits():
   config = ml_collections.ConfigDict({"num_examples": 64, "num_eval_examples": 32, "num_features": 5,
                                       "num_classes": 3, "noise": 0.0, "regression": False, "seed": 4})
-  train, test = datasets.synthetic(config, "train"), datasets.synthetic(config, "eval")
+  train, test = builtin_datasets.synthetic(config, "train"), builtin_datasets.synthetic(config, "eval")
   features, labels = train.elements
   assert features.shape == (64, 5) and set(np.unique(labels)) <= {0, 1, 2}
-  assert np.array_equal(datasets.synthetic(config, "train").elements[0], features)
+  assert np.array_equal(builtin_datasets.synthetic(config, "train").elements[0], features)
   assert test.num_examples == 32 and not np.array_equal(test.elements[0][:32], features[:32])
   config.regression = True
-  assert datasets.synthetic(config, "eval").elements[1].shape == (32, 1)
+  assert builtin_datasets.synthetic(config, "eval").elements[1].shape == (32, 1)

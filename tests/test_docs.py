@@ -1,6 +1,8 @@
-"""Keeps the README true: its quickstart is what CI runs, and every public name is documented."""
+"""Keeps the docs true: README.md and docs/*.md document every public name, their links lead
+somewhere, and the README's quickstart is what CI runs."""
 
 import functools
+import glob
 import os
 import re
 
@@ -9,6 +11,14 @@ from runner import config as config_lib
 import strategies
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README_MAX_LINES = 300
+DOCS_PAGES = ("config", "strategies", "trainer", "cli", "benchmarks", "development")  # the README links each
+PUBLIC_NAMES = (
+    "runner.Trainer", "runner.run", "runner.RunResult", "runner.load_config", "runner.Task",
+    "runner.tasks.Classification", "runner.tasks.Regression", "runner.data.DatasetProvider",
+    "runner.actions.Action", "runner.actions.EarlyStopping",
+    "strategies.create", "strategies.default_config", "strategies.names", "strategies.describe",
+    "strategies.virtual_cpus", "strategies.flags.define_flags", "strategies.flags.create_from_flags")
 
 
 def _read(path):
@@ -16,13 +26,24 @@ def _read(path):
     return f.read()
 
 
+DOC_FILES = ["README.md"] + sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))
 README = _read("README.md")
+ALL_DOCS = "\n".join(_read(path) for path in DOC_FILES)
 
 
 def _quickstart_commands():
   section = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
   block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
   return [line for line in block.splitlines() if line.strip()]
+
+
+def _relative_links(path):
+  """Yields the targets of `path`'s relative Markdown links, without '#anchor', relative to the repository."""
+  text = re.sub(r"```.*?```", "", _read(path), flags=re.S)  # code is not Markdown
+  for target in re.findall(r"\]\(([^)\s]+)\)", text):
+    target = target.split("#", 1)[0]
+    if target and "://" not in target and not target.startswith("mailto:"):
+      yield os.path.normpath(os.path.join(os.path.dirname(path), target))
 
 
 def _leaf_fields(config, prefix=""):
@@ -44,26 +65,43 @@ def test_ci_runs_the_readmes_test_command():
   assert _quickstart_commands()[1] in ci_commands
 
 
+def test_readme_is_short_and_links_every_docs_page():
+  assert len(README.splitlines()) <= README_MAX_LINES
+  linked = set(_relative_links("README.md"))
+  missing = [page for page in DOCS_PAGES
+             if not os.path.isfile(os.path.join(REPO, "docs", f"{page}.md")) or f"docs/{page}.md" not in linked]
+  assert not missing, f"docs pages missing or not linked from the README: {missing}"
+
+
+def test_every_relative_link_points_at_a_file():
+  broken = [(path, target) for path in DOC_FILES for target in _relative_links(path)
+            if not os.path.exists(os.path.join(REPO, target))]
+  assert not broken, f"links to nothing: {broken}"
+
+
 def test_every_config_field_is_documented():
   undocumented = [path for path in _leaf_fields(config_lib.default_config())
-                  if f"`{path.rsplit('.', 1)[-1]}`" not in README and f"`config.{path}`" not in README]
-  assert not undocumented, f"README has no row for {undocumented}"
+                  if f"`{path.rsplit('.', 1)[-1]}`" not in ALL_DOCS and f"`config.{path}`" not in ALL_DOCS]
+  assert not undocumented, f"the docs have no row for {undocumented}"
 
 
 def test_every_strategy_name_and_public_name_is_documented():
-  names = list(strategies.names()) + [
-      "runner.Trainer", "runner.run", "runner.RunResult", "runner.load_config", "runner.Task",
-      "runner.tasks.Classification", "runner.tasks.Regression", "runner.data.DatasetProvider",
-      "strategies.create", "strategies.default_config", "strategies.names", "strategies.describe",
-      "strategies.virtual_cpus", "strategies.flags.define_flags", "strategies.flags.create_from_flags"]
-  missing = [name for name in names if f"`{name}" not in README]
-  assert not missing, f"README does not mention {missing}"
+  missing = [name for name in list(strategies.names()) + list(PUBLIC_NAMES) if f"`{name}" not in ALL_DOCS]
+  assert not missing, f"the docs do not mention {missing}"
+
+
+def test_every_public_name_exists():
   packages = {"runner": runner, "strategies": strategies}
-  for name in names[len(strategies.names()):]:
+  missing = []
+  for name in PUBLIC_NAMES:
     top, *attributes = name.split(".")
-    assert functools.reduce(getattr, attributes, packages[top]), name
+    try:
+      functools.reduce(getattr, attributes, packages[top])
+    except AttributeError:
+      missing.append(name)
+  assert not missing, f"documented but not importable: {missing}"
 
 
-def test_every_example_config_is_in_the_readme():
+def test_every_example_config_is_documented():
   configs = sorted(f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".py") and f != "__init__.py")
-  assert configs and [f for f in configs if f"configs/{f}" not in README] == []
+  assert configs and [f for f in configs if f"configs/{f}" not in ALL_DOCS] == []

@@ -183,11 +183,12 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
       """))
   monkeypatch.syspath_prepend(str(tmp_path))
   cases = [({"model": {"name": "wrongs:not_a_model"}},
-            r"The model 'wrongs:not_a_model' returned str, not a Keras model"),
+            r"model_fn wrongs:not_a_model returned str; it must return a keras\.Model\."),
            ({"data": {"name": "wrongs:not_a_dataset"}},
-            r"The dataset 'wrongs:not_a_dataset' returned list for split 'train'; it must return an unbatched "
-            r"tf.data.Dataset or a runner.data.DatasetProvider"),
-           ({"task": {"name": "wrongs:not_a_task"}}, r"The task 'wrongs:not_a_task' returned int, not a runner.Task")]
+            r"What the dataset 'wrongs:not_a_dataset' returned for split 'train' must be an unbatched "
+            r"tf\.data\.Dataset .* or a runner\.data\.DatasetProvider, got list\."),
+           ({"task": {"name": "wrongs:not_a_task"}},
+            r"the task function wrongs:not_a_task returned int; it must return a runner\.Task\.")]
   for i, (sections, message) in enumerate(cases):
     config = {**_quick(), **sections}
     with pytest.raises(ConfigError, match=message):

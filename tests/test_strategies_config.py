@@ -133,7 +133,8 @@ def test_describe_names_a_plain_tensorflow_strategy():
     ({"name": "multi_worker_mirrored", "communication": "rings"},
      r"communication='rings' is not valid. Did you mean 'ring'\? Valid: auto, ring, nccl."),
     ({"name": "multi_worker_mirrored", "communication": "nccl"}, r"communication='nccl' needs GPUs"),
-    ({"name": "multi_worker_mirrored", "timeout_seconds": -5.0}, r"timeout_seconds must be a positive number"),
+    ({"name": "multi_worker_mirrored", "timeout_seconds": -5.0},
+     r"timeout_seconds must be None or a positive number, got -5\.0\."),
     ({"name": "parameter_server", "min_shard_bytes": 0}, r"min_shard_bytes must be a positive int, got 0."),
 ])
 def test_bad_config_message(config, message):

@@ -37,8 +37,10 @@ def fixture_one_device():
     (dict(model_fn=keras.Sequential()), r"model_fn must be a function with no arguments that makes the object "
                                         r"inside strategy\.scope\(\), got Sequential"),
     (dict(optimizer_fn=keras.optimizers.SGD()), r"optimizer_fn must be a function .*got SGD"),
-    (dict(model_fn=lambda: "a model"), r"model_fn must return a keras\.Model, returned str"),
-    (dict(optimizer_fn=lambda: "sgd"), r"optimizer_fn must return a keras\.optimizers\.Optimizer, returned str"),
+    (dict(model_fn=lambda: "a model"), r"model_fn test_trainer_errors:<lambda> returned str; it must return a "
+                                       r"keras\.Model\."),
+    (dict(optimizer_fn=lambda: "sgd"), r"optimizer_fn test_trainer_errors:<lambda> returned str; it must return "
+                                      r"a keras\.optimizers\.Optimizer\."),
 ])
 def test_bad_constructor_arguments(options, message, one_device):
   with pytest.raises(ConfigError, match=message):

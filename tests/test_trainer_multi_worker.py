@@ -44,6 +44,11 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   assert len(per_worker[0]) == len(expected)
   for got, want in zip(per_worker[0], expected):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Actions run on every worker, after the same loops, with the same (reduced) results; one is the chief.
+  seen = [json.loads((tmp_path / f"actions_{index}.json").read_text()) for index in range(2)]
+  assert [row[0] for row in seen[0]] == list(range(1, trainer_testlib.MULTI_WORKER_STEPS + 1))
+  assert [row[1] for row in seen[0]] == [True] * 6 and [row[1] for row in seen[1]] == [False] * 6
+  assert [row[2] for row in seen[0]] == [row[2] for row in seen[1]]
   # Evaluation over two input pipelines of 700 and 301 examples (88 and 38 steps) counts each example once.
   expected_eval = single.evaluate(trainer_testlib.classification_data(1001, seed=2),
                                   global_batch_size=trainer_testlib.MULTI_WORKER_BATCH)

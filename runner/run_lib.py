@@ -1,28 +1,26 @@
-"""`run(config)`: one config to a training run, and what it returns, `RunResult`.
-
-(`runner.run` is this module's function, hence the module's other name.)
-"""
+"""`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
 import dataclasses
+import functools
 import json
 import os
 import tempfile
 from typing import Mapping, Optional
 
 from absl import logging
-import keras
 import ml_collections
 import tensorflow as tf
 
-import strategies
+from strategies import factory as strategy_factory
 from strategies.errors import ConfigError
 
 from runner import checkpointing
 from runner import config as config_lib
 from runner import data as data_lib
-from runner import distributed_input
+from runner import input_pipeline
 from runner import optimizers
 from runner import registry
+from runner import trainer_options
 from runner.tasks import Task
 from runner.trainer import Trainer
 
@@ -87,7 +85,7 @@ def run(config, workdir=None) -> RunResult:
   config = config_lib.validate(config)
   strategy = create_strategy(config)
   workdir = prepare_workdir(workdir)
-  if config.mode in ("eval", "export") and latest_checkpoint(workdir) is None:
+  if config.mode in ("eval", "export") and checkpointing.latest(workdir) is None:
     raise ConfigError(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpointing.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
@@ -113,7 +111,7 @@ def run(config, workdir=None) -> RunResult:
   return RunResult(
       workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
       global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=trainer.last_eval_metrics,
-      checkpoint_path=latest_checkpoint(workdir), export_path=export_path)
+      checkpoint_path=checkpointing.latest(workdir), export_path=export_path)
 
 
 def prepare_workdir(workdir):
@@ -137,11 +135,6 @@ def prepare_workdir(workdir):
   return workdir
 
 
-def latest_checkpoint(workdir):
-  """Returns the path of the latest checkpoint the Trainer wrote in `workdir`, or None."""
-  return tf.train.latest_checkpoint(os.path.join(workdir, checkpointing.DIRECTORY))
-
-
 def create_strategy(config):
   """Builds `config.strategy` and checks both batch sizes against its replica count.
 
@@ -149,10 +142,10 @@ def create_strategy(config):
     ConfigError: from `strategies.create`, or a batch size in `config.data`
       that the replica count does not divide (both numbers named).
   """
-  strategy = strategies.create(config.strategy)
+  strategy = strategy_factory.create(config.strategy)
   for field in ("global_batch_size", "eval_global_batch_size"):
     try:
-      distributed_input.check_global_batch_size(strategy, config.data[field])
+      input_pipeline.check_global_batch_size(strategy, config.data[field])
     except ConfigError as e:
       raise ConfigError(f"config.data.{field}: {e}") from None
   return strategy
@@ -191,12 +184,7 @@ def dataset(config, split):
       a DatasetProvider.
   """
   made = registry.resolve("dataset", config.data.name)(config.data, split)
-  try:
-    return data_lib.as_provider(made)
-  except TypeError:
-    raise ConfigError(
-        f"The dataset {config.data.name!r} returned {type(made).__name__} for split {split!r}; it must "
-        "return an unbatched tf.data.Dataset or a runner.data.DatasetProvider.") from None
+  return data_lib.as_provider(made, source=f"What the dataset {config.data.name!r} returned for split {split!r}")
 
 
 def create_trainer(config, strategy, workdir):
@@ -205,16 +193,10 @@ def create_trainer(config, strategy, workdir):
   Raises:
     ConfigError: the task or model function returned the wrong kind of object.
   """
-  task = registry.resolve("task", config.task.name)(config.task)
-  if not isinstance(task, Task):
-    raise ConfigError(f"The task {config.task.name!r} returned {type(task).__name__}, not a runner.Task.")
-  make_model = registry.resolve("model", config.model.name)
-
-  def model_fn():
-    model = make_model(config.model)
-    if not isinstance(model, keras.Model):
-      raise ConfigError(f"The model {config.model.name!r} returned {type(model).__name__}, not a Keras model.")
-    return model
+  make_task = registry.resolve("task", config.task.name)
+  task = trainer_options.made(make_task(config.task), Task, role="the task function", fn=make_task,
+                              expected="a runner.Task")
+  model_fn = functools.partial(registry.resolve("model", config.model.name), config.model)
 
   trainer = config.trainer
   return Trainer(

@@ -48,7 +48,7 @@ def for_training(strategy, data, global_batch_size):
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  provider = _provider(data)
+  provider = data_lib.as_provider(data)
   specs = []
 
   def dataset_fn(input_context):
@@ -87,7 +87,7 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
     ConfigError: the elements are not of the contract's form, or `data` is
       infinite and not `bounded`.
   """
-  provider = _provider(data)
+  provider = data_lib.as_provider(data)
   specs, pipelines = [], []
 
   def dataset_fn(input_context):
@@ -106,13 +106,6 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
   return distributed, specs[0], pipelines[0]
-
-
-def _provider(data):
-  try:
-    return data_lib.as_provider(data)
-  except TypeError as error:
-    raise ConfigError(str(error)) from None
 
 
 def _checked(dataset, purpose):
@@ -155,5 +148,5 @@ def features_spec(data):
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  dataset = _checked(_provider(data).get_dataset(tf.distribute.InputContext()), "export")
+  dataset = _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), "export")
   return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), dataset.element_spec[0])

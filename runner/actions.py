@@ -1,0 +1,179 @@
+"""Periodic work after each train loop: the `Action` interface, what an action sees, and the built-in actions.
+
+After every call of the inner loop, the Trainer's controller runs a list of
+actions, in order, on every worker: report progress, handle a stop request
+(SIGTERM), evaluate when due, the user's own actions, checkpoint when due.
+"""
+
+import abc
+import dataclasses
+import math
+from typing import Callable, Mapping, Optional
+
+from absl import logging
+
+from strategies import checks
+from strategies.errors import ConfigError
+
+
+@dataclasses.dataclass
+class LoopEnd:
+  """What an action sees after a train loop; the same on every worker.
+
+  Attributes:
+    step: the global step after the loop.
+    total_steps: the step `train` runs to.
+    train_results: `loss` and every metric over this loop's steps (reduced
+      over all replicas, so equal on every worker).
+    eval_results: the evaluation run at this step (by the built-in
+      evaluation action, which runs before the user's actions), else None.
+    steps_per_sec, examples_per_sec: the loop's throughput (this worker's clock).
+    learning_rate: the optimizer's learning rate after the loop.
+    stop_requested: a SIGTERM reached some worker during the loop.
+    is_chief: this worker writes the run's files.
+  """
+  step: int
+  total_steps: int
+  train_results: Mapping[str, float]
+  steps_per_sec: float
+  examples_per_sec: float
+  learning_rate: float
+  stop_requested: bool
+  is_chief: bool
+  eval_results: Optional[Mapping[str, float]] = None
+  stop_at: Optional[int] = dataclasses.field(default=None, init=False)
+
+  def stop(self, at_step=None):
+    """Asks training to end once the global step reaches `at_step` (None: now, after this loop).
+
+    The end is a normal one: the final evaluation and checkpoint still
+    happen. Ask the same on every worker (decide from this object's values,
+    which are equal everywhere), or workers would stop at different steps.
+    """
+    at_step = self.step if at_step is None else checks.positive_int(at_step, "at_step")
+    self.stop_at = at_step if self.stop_at is None else min(self.stop_at, at_step)
+
+
+class Action(abc.ABC):
+  """Work the Trainer does after train loops, on every worker, with the loop's `LoopEnd`.
+
+  Attributes:
+    every_steps: None (the default) runs the action after every loop; an int
+      N makes loops end at multiples of N and runs the action only there.
+  """
+
+  every_steps: Optional[int] = None
+
+  @abc.abstractmethod
+  def __call__(self, loop: LoopEnd) -> None:
+    """Does the work for the loop that just ended; may call `loop.stop(...)`.
+
+    Runs on every worker. Write files only where `loop.is_chief`.
+    """
+
+
+def is_due(action, step):
+  """Returns whether `action` runs after the loop that ended at `step`."""
+  return action.every_steps is None or step % action.every_steps == 0
+
+
+class ReportProgress(Action):
+  """The progress line, TensorBoard scalars and metrics.jsonl row of every loop (see `reporting.Reporter`)."""
+
+  def __init__(self, reporter):
+    self._reporter = reporter
+
+  def __call__(self, loop):
+    self._reporter.train_loop(
+        step=loop.step, total_steps=loop.total_steps, results=loop.train_results,
+        learning_rate=loop.learning_rate, steps_per_sec=loop.steps_per_sec,
+        examples_per_sec=loop.examples_per_sec)
+
+
+class ExitOnStopRequest(Action):
+  """Ends the process after a loop in which a SIGTERM reached any worker: save first, then exit.
+
+  Every worker sees the request after the same loop (it is reduced with the
+  loss), so all save at the same step.
+  """
+
+  def __init__(self, *, save: Callable[[], None], exit_code: int):
+    """Args:
+      save: writes a checkpoint at the current step (and flushes reports).
+      exit_code: the process's exit status.
+    """
+    self._save = save
+    self._exit_code = exit_code
+
+  def __call__(self, loop):
+    if loop.stop_requested:
+      logging.warning("SIGTERM received: saving a checkpoint at step %d and exiting.", loop.step)
+      self._save()
+      raise SystemExit(self._exit_code)
+
+
+class Evaluate(Action):
+  """Evaluates every `every_steps` steps and puts the results in `loop.eval_results`."""
+
+  def __init__(self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int):
+    self._evaluate = evaluate
+    self.every_steps = every_steps
+
+  def __call__(self, loop):
+    loop.eval_results = self._evaluate()
+
+
+class SaveCheckpoint(Action):
+  """Writes a checkpoint every `every_steps` steps."""
+
+  def __init__(self, save: Callable[[], None], *, every_steps: int):
+    self._save = save
+    self.every_steps = every_steps
+
+  def __call__(self, loop):
+    self._save()
+
+
+class EarlyStopping(Action):
+  """Stops training when an evaluation metric has stopped improving.
+
+  It watches `eval_results[metric]` of the evaluations during training
+  (`train(..., eval_data=..., eval_every=N)`) and stops after `patience`
+  evaluations in a row without an improvement of more than `min_delta`.
+  Loops without an evaluation are ignored.
+  """
+
+  def __init__(self, *, metric="loss", mode="min", patience=3, min_delta=0.0):
+    """Args:
+      metric: the name of an evaluation result: 'loss' or a task metric.
+      mode: 'min' (lower is better) or 'max'.
+      patience: evaluations without improvement before stopping.
+      min_delta: the least change that counts as an improvement.
+
+    Raises:
+      ConfigError: an invalid argument.
+    """
+    self.metric = metric
+    self.mode = checks.one_of(mode, ("min", "max"), "mode")
+    self.patience = checks.positive_int(patience, "patience")
+    self.min_delta = float(checks.positive_number(min_delta, "min_delta", allow_zero=True))
+    self.best = None
+    self.evaluations_without_improvement = 0
+
+  def __call__(self, loop):
+    if loop.eval_results is None:
+      return
+    if self.metric not in loop.eval_results:
+      raise ConfigError(
+          f"EarlyStopping watches {self.metric!r}, which the evaluation does not report."
+          f"{checks.did_you_mean(self.metric, loop.eval_results)} It reports: {', '.join(loop.eval_results)}.")
+    value = loop.eval_results[self.metric]
+    gain = (self.best - value if self.mode == "min" else value - self.best) if self.best is not None else math.inf
+    if gain > self.min_delta:
+      self.best, self.evaluations_without_improvement = value, 0
+      return
+    self.evaluations_without_improvement += 1
+    if self.evaluations_without_improvement >= self.patience:
+      logging.info("Early stopping at step %d: %s has not improved on %.4g for %d evaluations.",
+                   loop.step, self.metric, self.best, self.patience)
+      loop.stop()

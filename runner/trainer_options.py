@@ -1,0 +1,133 @@
+"""The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
+
+import dataclasses
+from typing import Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from runner import actions as actions_lib
+from runner import global_state
+from runner.tasks import Task
+from strategies import checks
+from strategies.errors import ConfigError
+
+# Names a metric may not take: they are keys of the Trainer's own results and reports.
+RESERVED_NAMES = ("loss", "num_examples", "steps_per_sec", "examples_per_sec", "learning_rate", "split", "step")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerOptions:
+  """How a Trainer trains; each field is the `runner.Trainer` keyword argument of the same name.
+
+  Attributes:
+    model_dir: where checkpoints, summaries and metrics.jsonl go; None keeps
+      nothing on disk.
+    steps_per_loop: steps per `tf.function` call (and per report).
+    checkpoint_every: save every this many steps (needs `model_dir`); a
+      checkpoint is also always written at the end of `train`.
+    max_to_keep: how many recent checkpoints to keep (None: all).
+    jit_compile: compile each replica's forward and backward pass with XLA.
+    precision: 'float32', 'mixed_bfloat16' or 'mixed_float16'.
+    clipnorm: None, or the bound on the global norm of the summed gradient.
+    seed: None, or an int that fixes the initial weights.
+    actions: `runner.actions.Action`s run after every train loop.
+
+  Raises:
+    ConfigError: from the constructor, naming the first invalid option.
+  """
+  model_dir: Optional[str] = None
+  steps_per_loop: int = 1
+  checkpoint_every: Optional[int] = None
+  max_to_keep: Optional[int] = 3
+  jit_compile: bool = False
+  precision: str = "float32"
+  clipnorm: Optional[float] = None
+  seed: Optional[int] = None
+  actions: Sequence[actions_lib.Action] = ()
+
+  def __post_init__(self):
+    checks.positive_int(self.steps_per_loop, "steps_per_loop")
+    checks.positive_int(self.checkpoint_every, "checkpoint_every", optional=True)
+    checks.positive_int(self.max_to_keep, "max_to_keep", optional=True)
+    if self.checkpoint_every is not None and self.model_dir is None:
+      raise ConfigError(f"checkpoint_every={self.checkpoint_every} needs a model_dir to write checkpoints to.")
+    checks.boolean(self.jit_compile, "jit_compile")
+    global_state.check_precision(self.precision)
+    checks.positive_number(self.clipnorm, "clipnorm", optional=True)
+    if self.seed is not None and not checks.is_int(self.seed):
+      raise ConfigError(f"seed must be None or an int, got {self.seed!r}.")
+    if isinstance(self.actions, actions_lib.Action) or not all(
+        isinstance(a, actions_lib.Action) for a in self.actions):
+      raise ConfigError(f"actions must be a list of runner.actions.Action objects, got {self.actions!r}.")
+    for action in self.actions:
+      checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
+    object.__setattr__(self, "actions", tuple(self.actions))
+
+
+def check_components(*, strategy, model_fn, optimizer_fn, task):
+  """Checks what the Trainer is handed besides its options.
+
+  Raises:
+    ConfigError: the strategy is not a `tf.distribute.Strategy` (or is a
+      ParameterServerStrategy), a function is not a callable, or `task` is not
+      a `runner.Task`.
+  """
+  if not isinstance(strategy, tf.distribute.Strategy):
+    raise ConfigError(
+        f"strategy must be a tf.distribute.Strategy (e.g. from strategies.create), got {type(strategy).__name__}.")
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    raise ConfigError(
+        "The Trainer does not run ParameterServerStrategy: its steps are scheduled onto workers by a "
+        "tf.distribute.experimental.coordinator.ClusterCoordinator, not run by one synchronous loop. "
+        "Use multi_worker_mirrored to train on several workers, or Keras model.fit, which supports "
+        "ParameterServerStrategy.")
+  for name, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn)):
+    if isinstance(fn, (keras.Model, keras.optimizers.Optimizer)) or not callable(fn):
+      raise ConfigError(
+          f"{name} must be a function with no arguments that makes the object inside strategy.scope(), "
+          f"got {type(fn).__name__}.")
+  if not isinstance(task, Task):
+    raise ConfigError(
+        f"task must be a runner.Task (e.g. runner.tasks.Classification(), runner.tasks.Regression()), "
+        f"got {task!r}.")
+
+
+def made(value, expected_type, *, role, fn, expected):
+  """Returns `value` if the function `fn` made an `expected_type`.
+
+  Args:
+    value: what `fn` returned.
+    expected_type: the type it must have.
+    role: what `fn` is, e.g. 'model_fn' or 'the task function'.
+    fn: the function (named in the message by module and name).
+    expected: the type's name for the message, e.g. 'a keras.Model'.
+
+  Raises:
+    ConfigError: naming the function, what it returned and what it must return.
+  """
+  if not isinstance(value, expected_type):
+    while hasattr(fn, "func"):  # functools.partial
+      fn = fn.func
+    name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+    raise ConfigError(f"{role} {name} returned {type(value).__name__}; it must return {expected}.")
+  return value
+
+
+def metric_names(metrics):
+  """Returns the names of `metrics`, checked to be Keras metrics with unique, unreserved names.
+
+  Raises:
+    ConfigError: a metric is not a `keras.metrics.Metric`, or its name is
+      reserved or used twice.
+  """
+  names = []
+  for metric in metrics:
+    if not isinstance(metric, keras.metrics.Metric):
+      raise ConfigError(f"Task.metrics() must return keras.metrics.Metric objects, got {metric!r}.")
+    if metric.name in RESERVED_NAMES or metric.name in names:
+      raise ConfigError(
+          f"Metric name {metric.name!r} is {'reserved' if metric.name in RESERVED_NAMES else 'used twice'}; "
+          f"give each metric a unique name other than {', '.join(RESERVED_NAMES)}.")
+    names.append(metric.name)
+  return names
