@@ -26,19 +26,27 @@ def check_global_batch_size(strategy, global_batch_size):
         f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}.")
 
 
-def for_training(strategy, data, global_batch_size):
-  """Distributes `data` for training: repeated, in full per-replica batches.
+def for_training(strategy, data, global_batch_size, *, start_step=0):
+  """Distributes `data` for training: repeated, in full per-replica batches, from `start_step` on.
 
   Each input pipeline repeats its share and batches it by
   `input_context.get_per_replica_batch_size(global_batch_size)` with
   `drop_remainder=True`, so shapes are static and a step always sees a full
   global batch.
 
+  The order of the batches is a function of the step: a pipeline whose data
+  is deterministic (a seeded shuffle, or none) gives the batches of step `s`
+  whether the run started at 0 or resumed at `start_step <= s`. To get
+  there, a pipeline skips the examples of the first `start_step` steps
+  (`start_step * per-replica batch * its replicas`), which costs reading
+  them once.
+
   Args:
     strategy: the `tf.distribute.Strategy`.
     data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`,
       of `(features, labels)` or `(features, labels, sample_weight)`.
     global_batch_size: examples per step over all replicas.
+    start_step: the global step the first batch is for.
 
   Returns:
     `(distributed_dataset, batch_spec)`: the dataset from
@@ -54,7 +62,11 @@ def for_training(strategy, data, global_batch_size):
   def dataset_fn(input_context):
     dataset = _checked(provider.get_dataset(input_context), "training")
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = dataset.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.repeat()
+    if start_step:
+      replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+      dataset = dataset.skip(start_step * replicas * batch_size)
+    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     specs.append(dataset.element_spec)
     return dataset
 
@@ -139,14 +151,15 @@ def _padding(dataset):
   return dataset.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
 
 
-def features_spec(data):
+def features_spec(data, purpose):
   """Returns the spec of a batch of `data`'s features, batch dimension None.
 
   Args:
     data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`.
+    purpose: what the data is for, named in messages (e.g. "training").
 
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  dataset = _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), "export")
+  dataset = _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), purpose)
   return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), dataset.element_spec[0])

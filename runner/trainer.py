@@ -167,6 +167,7 @@ class Trainer:
     checks.positive_int(eval_every, "eval_every", optional=True)
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
+    self._prepare(None if self._ready else input_pipeline.features_spec(data, "training"))
     iterator = self._train_iterator(data, global_batch_size)
     if self._global_step >= steps:
       logging.info("The global step is %d, already at steps=%d: nothing to train.", self._global_step, steps)
@@ -226,6 +227,31 @@ class Trainer:
     self._evaluated_step = self._global_step
     return dict(results)
 
+  def restore(self, *, data=None):
+    """Builds the variables and restores the latest checkpoint of `model_dir`, once; returns the global step.
+
+    The Trainer does this by itself before its first train, evaluate or
+    export. Call it to learn the step a run resumes from, or to find a
+    checkpoint that does not match before any work.
+
+    Args:
+      data: optional, as for `train`: its features give the input shape of
+        a model that builds lazily.
+
+    Returns:
+      The global step: the restored checkpoint's, or 0 without one.
+
+    Raises:
+      ConfigError: the model builds lazily and no `data` was given, or the
+        checkpoint does not match the model and optimizer.
+    """
+    self._prepare(None if self._ready or data is None else input_pipeline.features_spec(data, "restore"))
+    if not self._ready:
+      raise ConfigError(
+          "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
+          "or give the model an input in model_fn (keras.Input).")
+    return self._global_step
+
   def export(self, path, *, data=None):
     """Writes the model as a SavedModel with a `serving_default` signature (see `exporting`).
 
@@ -241,7 +267,7 @@ class Trainer:
       ConfigError: the model's input shape is unknown (a model that builds
         lazily, before any train or evaluate, and no `data`).
     """
-    self._prepare(None if data is None else input_pipeline.features_spec(data))
+    self._prepare(None if data is None else input_pipeline.features_spec(data, "export"))
     features_spec = self._features_spec or _input_spec(self._model)
     if not self._ready or features_spec is None:
       raise ConfigError(
@@ -278,12 +304,18 @@ class Trainer:
     """Returns the distributed iterator over `data`; the same one again when `train` gets the same data.
 
     So consecutive `train` calls in one process continue the data stream
-    where the last one stopped (and skip rebuilding the input pipeline).
+    where the last one stopped (and skip rebuilding the input pipeline). A
+    new iterator starts where an uninterrupted run would be at the current
+    global step (see `input_pipeline.for_training`), so a resumed run trains
+    on the same batches.
     """
     key = (id(data), global_batch_size)
     if self._train_input is None or self._train_input[0] != key:
-      dataset, batch_spec = input_pipeline.for_training(self._strategy, data, global_batch_size)
-      self._prepare(batch_spec[0])
+      if self._global_step:
+        logging.info("Resuming at step %d: each input pipeline first skips the examples it gave to the first %d "
+                     "steps, so this run sees the batches of an uninterrupted one.",
+                     self._global_step, self._global_step)
+      dataset, _ = input_pipeline.for_training(self._strategy, data, global_batch_size, start_step=self._global_step)
       self._train_input = (key, data, iter(dataset))
     return self._train_input[2]
 
