@@ -1,8 +1,9 @@
 """Periodic work after each train loop: the `Action` interface, what an action sees, and the built-in actions.
 
 After every call of the inner loop, the Trainer's controller runs a list of
-actions, in order, on every worker: report progress, handle a stop request
-(SIGTERM), evaluate when due, the user's own actions, checkpoint when due.
+actions, in order, on every worker: report progress, save and exit on a stop
+signal (SIGTERM, Ctrl-C), evaluate when due, the user's own actions,
+checkpoint when due.
 """
 
 import abc
@@ -12,6 +13,7 @@ from typing import Callable, Mapping, Optional
 
 from absl import logging
 
+from runner import preemption
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -29,7 +31,9 @@ class LoopEnd:
       evaluation action, which runs before the user's actions), else None.
     steps_per_sec, examples_per_sec: the loop's throughput (this worker's clock).
     learning_rate: the optimizer's learning rate after the loop.
-    stop_requested: a SIGTERM reached some worker during the loop.
+    stop_signal: None, or the signal (`signal.SIGTERM`, `signal.SIGINT`)
+      that asked training to stop; the built-in stop action then saves and
+      exits, before the user's actions run.
     is_chief: this worker writes the run's files.
   """
   step: int
@@ -38,7 +42,7 @@ class LoopEnd:
   steps_per_sec: float
   examples_per_sec: float
   learning_rate: float
-  stop_requested: bool
+  stop_signal: Optional[int]
   is_chief: bool
   eval_results: Optional[Mapping[str, float]] = None
   stop_at: Optional[int] = dataclasses.field(default=None, init=False)
@@ -90,26 +94,29 @@ class ReportProgress(Action):
         examples_per_sec=loop.examples_per_sec)
 
 
-class ExitOnStopRequest(Action):
-  """Ends the process after a loop in which a SIGTERM reached any worker: save first, then exit.
+class ExitOnStopSignal(Action):
+  """Ends the process after a loop in which SIGTERM or SIGINT reached any worker: save, say so, exit.
 
-  Every worker sees the request after the same loop (it is reduced with the
-  loss), so all save at the same step.
+  Every worker sees the signal after the same loop (it is reduced with the
+  loss), so all save at the same step; all exit with the signal's status
+  (143 for SIGTERM, 130 for SIGINT).
   """
 
-  def __init__(self, *, save: Callable[[], None], exit_code: int):
+  def __init__(self, *, save: Callable[[], Optional[str]]):
     """Args:
-      save: writes a checkpoint at the current step (and flushes reports).
-      exit_code: the process's exit status.
+      save: writes a checkpoint at the current step (if there is a model_dir),
+        flushes the reports, and returns the latest checkpoint's path or None.
     """
     self._save = save
-    self._exit_code = exit_code
 
   def __call__(self, loop):
-    if loop.stop_requested:
-      logging.warning("SIGTERM received: saving a checkpoint at step %d and exiting.", loop.step)
-      self._save()
-      raise SystemExit(self._exit_code)
+    if loop.stop_signal is None:
+      return
+    path = self._save()
+    where = (f"saved a checkpoint at step {loop.step} ({path}); run the same command again to resume from there"
+             if path else f"nothing saved at step {loop.step} (no model_dir)")
+    logging.warning("Stopped by %s: %s.", preemption.NAMES[loop.stop_signal], where)
+    raise SystemExit(preemption.EXIT_CODES[loop.stop_signal])
 
 
 class Evaluate(Action):

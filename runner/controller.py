@@ -1,11 +1,17 @@
 """The outer loop: calls the inner train loop until the target step, and runs the actions after each call."""
 
-import math
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from runner import actions as actions_lib
 from runner import loops
+
+
+_ADVICE = {
+    "data": "Check the data for NaN or inf values (e.g. with tf.debugging.check_numerics in the dataset).",
+    "diverged": "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
+                "(config.optimizer.clipnorm), or use float32 precision.",
+}
 
 
 class Controller:
@@ -17,21 +23,25 @@ class Controller:
   """
 
   def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[actions_lib.Action], steps_per_loop: int,
-               global_batch_size: int, is_chief: bool):
+               global_batch_size: int, is_chief: bool, single_worker: bool):
     """Args:
       train_loop: the inner loop.
       actions: run after every call, in order, when due.
       steps_per_loop: the most steps per call.
       global_batch_size: examples per step, for the throughput.
       is_chief: this worker writes the run's files (passed on to actions).
+      single_worker: no other worker takes part, so a signal noted during a
+        call stops training after that call; with several workers it stops
+        after the next call, which tells every worker.
     """
     self._train_loop = train_loop
     self._actions = tuple(actions)
     self._steps_per_loop = steps_per_loop
     self._global_batch_size = global_batch_size
     self._is_chief = is_chief
+    self._single_worker = single_worker
 
-  def run(self, iterator, *, step: int, total_steps: int, stop_requested: Callable[[], bool],
+  def run(self, iterator, *, step: int, total_steps: int, stop_signal: Callable[[], Optional[int]],
           advance: Callable[[int, dict], None]) -> None:
     """Trains from global step `step` until `total_steps`, or until an action stops training.
 
@@ -39,31 +49,33 @@ class Controller:
       iterator: the distributed training iterator.
       step: the global step now.
       total_steps: the step to train to.
-      stop_requested: whether this worker was asked to stop (read before each call).
+      stop_signal: the signal this worker noted (SIGTERM or SIGINT), or None.
       advance: `advance(step, train_results)` records the new global step
         and the loop's results; called after each call, before the
         finiteness check and the actions.
 
     Raises:
-      FloatingPointError: the loss became non-finite (the message names the step).
+      FloatingPointError: a step's loss or gradients were not finite; the
+        message names the step and what its batch held.
     """
     end = total_steps
     loop_start = time.perf_counter()
     while step < end:
-      result = self._train_loop(iterator, self._loop_size(step, end), stop_requested())
+      result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
       seconds = time.perf_counter() - loop_start
       step += result.steps_run
       advance(step, result.results)
-      if not math.isfinite(result.loss):
+      if result.non_finite:
         raise FloatingPointError(
-            f"The training loss became {result.loss} at step {step}; training stopped there and no "
-            f"checkpoint holds weights from that step on. Lower the learning rate, set clipnorm, or check "
-            f"the data for NaN or inf values.")
+            f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
+            f"on. {_ADVICE['data' if 'hold NaN' in result.non_finite else 'diverged']}")
       loop = actions_lib.LoopEnd(
           step=step, total_steps=total_steps, train_results=result.results,
           steps_per_sec=result.steps_run / seconds,
           examples_per_sec=result.steps_run * self._global_batch_size / seconds,
-          learning_rate=result.learning_rate, stop_requested=result.stop_requested, is_chief=self._is_chief)
+          learning_rate=result.learning_rate,
+          stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
+          is_chief=self._is_chief)
       for action in self._actions:
         if actions_lib.is_due(action, step):
           action(loop)

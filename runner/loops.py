@@ -5,7 +5,9 @@ defined, and decoded into a named result, here and nowhere else.
 """
 
 import dataclasses
-from typing import Dict
+import math
+import signal
+from typing import Dict, Optional
 
 import tensorflow as tf
 
@@ -24,22 +26,36 @@ class TrainLoopResult:
   """What one call of a `TrainLoop` did.
 
   Attributes:
-    steps_run: the steps taken (fewer than asked only at a non-finite loss).
+    steps_run: the steps taken (fewer than asked only when a step was not finite).
     loss: the mean global loss over those steps.
-    stop_requested: some worker asked to stop (a SIGTERM was noted there).
     learning_rate: the optimizer's learning rate after the steps.
     metrics: every metric's result over those steps, by name.
+    stop_signal: None, or `signal.SIGINT` or `signal.SIGTERM` when some
+      worker noted that signal (SIGINT wins when both were).
+    non_finite: None, or what was not finite at the last step and what its
+      batch held, e.g. "the loss became nan; the batch's features hold NaN
+      or inf values".
   """
   steps_run: int
   loss: float
-  stop_requested: bool
   learning_rate: float
   metrics: Dict[str, float]
+  stop_signal: Optional[int] = None
+  non_finite: Optional[str] = None
 
   @property
   def results(self):
     """`{"loss": loss, <metric>: value, ...}`, what reports and actions see."""
     return {"loss": self.loss, **self.metrics}
+
+
+# What every step sums over replicas, in this order (one all-reduce with the loss):
+# the loss, replicas whose worker noted SIGTERM / SIGINT, replicas whose gradients are not
+# finite, and, only on a replica whose loss or gradients are not finite, whether its batch's
+# features / labels hold non-finite values.
+_STEP_SUMS = ("loss", "sigterm", "sigint", "bad_gradients", "bad_features", "bad_labels")
+# The vector one call returns: the call's totals, then the last step's sums but the loss.
+_RESULT = ("steps_run", "mean_loss", "learning_rate") + _STEP_SUMS
 
 
 def _maybe_xla(fn, xla):
@@ -52,19 +68,19 @@ class TrainLoop:
   With `steps_per_loop == 1` the function runs one step, with no loop around
   it. Otherwise it runs `num_steps` steps (a tensor argument, so a shorter
   last loop reuses the same trace) in a `tf.range` loop over the distributed
-  iterator, stopping early at a non-finite loss. The iterator is an argument,
-  not a capture: a function that captures an iterator and applies a Keras
-  optimizer is never freed (TF 2.21), which would leak the iterator's threads
-  with every Trainer.
+  iterator, stopping early at the first step whose loss or gradients are not
+  finite. The iterator is an argument, not a capture: a function that
+  captures an iterator and applies a Keras optimizer is never freed (TF
+  2.21), which would leak the iterator's threads with every Trainer.
 
-  A call also takes this worker's stop request (a SIGTERM was noted) and sums
-  it over workers with the loss, so every worker learns of any request after
-  the same call, at no extra communication.
+  A call also takes this worker's stop request (a SIGTERM or SIGINT was
+  noted) and sums it over workers with the loss, so every worker learns of
+  any request after the same call, at no extra communication.
 
-  A call returns one float32 vector, fetched to the host in one transfer:
-  `[steps_run, mean_loss, stop_requests, learning_rate, *metric_results]`,
-  decoded into a `TrainLoopResult`. The metrics are reset at the start of
-  each call, so they describe that call's steps.
+  A call returns one float32 vector, fetched to the host in one transfer
+  (layout `_RESULT`, then the metrics), decoded into a `TrainLoopResult`. The
+  metrics are reset at the start of each call, so they describe that call's
+  steps.
   """
 
   def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, steps_per_loop,
@@ -79,7 +95,9 @@ class TrainLoop:
       steps_per_loop: steps per call; 1 builds the loop-free function.
       xla: compile each replica's forward and backward pass with XLA.
       clipnorm: None, or the bound on the global norm of the summed gradient.
-      loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`.
+      loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
+        (which skips steps with non-finite gradients by itself, so those do
+        not stop training).
     """
     self._strategy = strategy
     self._model = model
@@ -92,53 +110,61 @@ class TrainLoop:
     self._loss_scale = loss_scale
     self._gradients = _maybe_xla(self._loss_and_gradients, xla)
     self._looping = steps_per_loop > 1
-    self._stop_values = (tf.constant(0.0), tf.constant(1.0))
+    self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
+                         signal.SIGINT: tf.constant([0.0, 1.0])}
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
 
-  def __call__(self, iterator, num_steps, stop_requested):
-    """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`."""
-    stop = self._stop_values[bool(stop_requested)]
+  def __call__(self, iterator, num_steps, stop_signal):
+    """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
+
+    Args:
+      iterator: the distributed training iterator.
+      num_steps: the steps to run.
+      stop_signal: None, or the signal this worker noted (SIGTERM or SIGINT).
+    """
+    stop = self._stop_values[stop_signal]
     if self._looping:
-      values = self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+      vector = self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
     else:
-      values = self.function(iterator, stop).numpy()
+      vector = self.function(iterator, stop).numpy()
+    values = dict(zip(_RESULT, vector.tolist()))
     return TrainLoopResult(
-        steps_run=int(values[0]), loss=float(values[1]), stop_requested=bool(values[2] > 0),
-        learning_rate=float(values[3]),
-        metrics={metric.name: float(value) for metric, value in zip(self._metrics, values[4:])})
+        steps_run=int(values["steps_run"]), loss=values["mean_loss"], learning_rate=values["learning_rate"],
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[len(_RESULT):].tolist())},
+        stop_signal=(signal.SIGINT if values["sigint"] > 0 else signal.SIGTERM if values["sigterm"] > 0 else None),
+        non_finite=_non_finite(values))
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
       metric.reset_state()
-    loss, stops = self._global_loss_and_stops(iterator, stop)
+    sums = self._step_sums(iterator, stop)
     self._step.assign_add(1)
-    return self._results(tf.constant(1.0), loss, stops)
+    return self._results(tf.constant(1.0), sums[0], sums)
 
   def _many_steps(self, iterator, num_steps, stop):
     for metric in self._metrics:
       metric.reset_state()
     loss_sum = tf.constant(0.0)
-    stops = tf.constant(0.0)
+    sums = tf.zeros([len(_STEP_SUMS)])
     steps_run = tf.constant(0)
     for _ in tf.range(num_steps):
-      loss, stops = self._global_loss_and_stops(iterator, stop)
-      loss_sum += loss
+      sums = self._step_sums(iterator, stop)
+      loss_sum += sums[0]
       steps_run += 1
-      if not tf.math.is_finite(loss):
+      if not tf.math.is_finite(sums[0]) or sums[3] > 0:
         break
     self._step.assign_add(tf.cast(steps_run, self._step.dtype))
     steps_run = tf.cast(steps_run, tf.float32)
-    return self._results(steps_run, loss_sum / steps_run, stops)
+    return self._results(steps_run, loss_sum / steps_run, sums)
 
-  def _global_loss_and_stops(self, iterator, stop):
-    """Runs one step; returns the global loss and the number of replicas asked to stop."""
+  def _step_sums(self, iterator, stop):
+    """Runs one step; returns its `_STEP_SUMS`, summed over replicas."""
     per_replica = self._strategy.run(self._replica_step, args=(next(iterator), stop))
-    sums = self._strategy.reduce(SUM, per_replica, axis=None)
-    return sums[0], sums[1]
+    return self._strategy.reduce(SUM, per_replica, axis=None)
 
-  def _results(self, steps_run, loss, stops):
+  def _results(self, steps_run, mean_loss, sums):
     learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)
-    values = [steps_run, loss, stops, learning_rate] + [_scalar(metric) for metric in self._metrics]
+    values = [steps_run, mean_loss, learning_rate] + tf.unstack(sums) + [_scalar(m) for m in self._metrics]
     return tf.stack(values)
 
   def _replica_step(self, batch, stop):
@@ -146,10 +172,17 @@ class TrainLoop:
     sample_weight = batch[2] if len(batch) == 3 else None
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
     variables = self._model.trainable_variables
+    if self._loss_scale:
+      bad_gradients = tf.constant(0.0)
+    else:
+      bad_gradients = 1.0 - tf.cast(_all_finite([g for g in gradients if g is not None]), tf.float32)
     self._optimizer.apply(self._agreed_and_clipped(gradients), variables)
     for metric in self._metrics:
       metric.update_state(labels, outputs, sample_weight=sample_weight)
-    return tf.stack([loss, stop])
+    bad_data = tf.cond(
+        tf.math.is_finite(loss) & (bad_gradients == 0.0), lambda: tf.zeros([2]),
+        lambda: 1.0 - tf.cast(tf.stack([_all_finite(tf.nest.flatten(features)), _all_finite([labels])]), tf.float32))
+    return tf.concat([tf.reshape(loss, [1]), stop, tf.reshape(bad_gradients, [1]), bad_data], axis=0)
 
   def _loss_and_gradients(self, features, labels, sample_weight):
     with tf.GradientTape() as tape:
@@ -253,6 +286,24 @@ class EvalLoop:
         tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
         tf.cast(real > 0.0, tf.float32),
     ])
+
+
+def _all_finite(tensors):
+  """Whether every floating tensor of `tensors` holds only finite values (True when there is none)."""
+  floating = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors if t.dtype.is_floating]
+  return tf.reduce_all(tf.stack(floating)) if floating else tf.constant(True)
+
+
+def _non_finite(values):
+  """Says what was not finite at a loop's last step, from its decoded `_RESULT` values; None if all was."""
+  if math.isfinite(values["loss"]) and values["bad_gradients"] == 0:
+    return None
+  what = (f"the loss became {values['loss']}" if not math.isfinite(values["loss"])
+          else f"the gradients became non-finite (the loss was {values['loss']:.4g})")
+  holders = [part for part in ("features", "labels") if values[f"bad_{part}"] > 0]
+  if holders:
+    return f"{what}; the batch's {' and '.join(holders)} hold NaN or inf values"
+  return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 
 def _scalar(metric):

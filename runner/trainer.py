@@ -131,11 +131,14 @@ class Trainer:
 
     `steps` is a total, so calling `train` again with the same arguments (in
     this or a new process with the same `model_dir`) resumes where the run
-    stopped. Each loop of `steps_per_loop` steps is reported (progress line,
-    summaries, metrics.jsonl); loops end early at evaluation and checkpoint
-    boundaries, and a checkpoint is always written at the end. On SIGTERM the
-    Trainer finishes the current loop, saves a checkpoint and exits the
-    process with code 143.
+    stopped, on the batches an uninterrupted run would see (for data whose
+    order is deterministic: unshuffled or a seeded shuffle). After each loop
+    of `steps_per_loop` steps the actions run (report, stop signal,
+    evaluation, the user's actions, checkpoint); loops end early where an
+    action is due, and a checkpoint is always written at the end. On SIGTERM
+    or a first Ctrl-C (SIGINT) the Trainer finishes the current loop, saves a
+    checkpoint and exits the process with status 143 or 130; a second Ctrl-C
+    exits at once with 130, without saving.
 
     Args:
       data: an unbatched `tf.data.Dataset` of `(features, labels)` or
@@ -158,8 +161,9 @@ class Trainer:
 
     Raises:
       ConfigError: an argument or the data is invalid.
-      FloatingPointError: the loss or the weights became non-finite (the
-        message names the step); no checkpoint is written with such weights.
+      FloatingPointError: a step's loss or gradients were not finite (the
+        message names the step and whether its batch held NaN or inf); no
+        checkpoint is written with non-finite weights.
     """
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     if not checks.is_int(steps) or steps < 0:
@@ -174,10 +178,10 @@ class Trainer:
       return dict(self._last_train_results)
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
-    with preemption.SigtermWatch() as sigterm:
+    with preemption.StopSignals() as signals:
       try:
         self._controller(global_batch_size, evaluate, eval_every).run(
-            iterator, step=self._global_step, total_steps=steps, stop_requested=lambda: sigterm.received,
+            iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
             advance=self._advance)
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
@@ -325,8 +329,7 @@ class Trainer:
     Order: report, exit on a stop request, evaluate (when due), the user's
     actions, checkpoint (when due).
     """
-    builtin_before = [actions_lib.ReportProgress(self._reporter),
-                      actions_lib.ExitOnStopRequest(save=self._save_for_exit, exit_code=preemption.EXIT_CODE)]
+    builtin_before = [actions_lib.ReportProgress(self._reporter), actions_lib.ExitOnStopSignal(save=self._save_for_exit)]
     if eval_every is not None:
       builtin_before.append(actions_lib.Evaluate(evaluate, every_steps=eval_every))
     builtin_after = []
@@ -335,7 +338,8 @@ class Trainer:
     return controller_lib.Controller(
         train_loop=self._train_loop(global_batch_size), steps_per_loop=self._options.steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
-        global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint)
+        global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
+        single_worker=len(self._strategy.extended.worker_devices) == self._strategy.num_replicas_in_sync)
 
   def _train_loop(self, global_batch_size):
     loop = self._train_loops.get(global_batch_size)
@@ -357,10 +361,11 @@ class Trainer:
     self._saved_step = self._global_step
 
   def _save_for_exit(self):
-    """Saves (if there is a model_dir and the step is not saved yet) and flushes the reports."""
+    """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
     if self._checkpoints is not None and self._saved_step != self._global_step:
       self._save()
     self._reporter.flush()
+    return None if self._checkpoints is None else checkpointing.latest(self._checkpoints.model_dir)
 
 
 def _is_tpu(strategy):

@@ -143,7 +143,7 @@ def test_bad_actions_are_refused_when_the_trainer_is_made(actions, message):
 
 def test_loop_end_stop_refuses_a_bad_step():
   loop = runner.actions.LoopEnd(step=4, total_steps=10, train_results={"loss": 1.0}, steps_per_sec=1.0,
-                                examples_per_sec=1.0, learning_rate=0.1, stop_requested=False, is_chief=True)
+                                examples_per_sec=1.0, learning_rate=0.1, stop_signal=None, is_chief=True)
   with pytest.raises(ConfigError, match=r"at_step must be a positive int, got 'soon'\."):
     loop.stop("soon")
   loop.stop(8)

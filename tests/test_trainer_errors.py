@@ -120,7 +120,8 @@ def test_a_non_finite_loss_stops_training_naming_the_step_and_no_later_checkpoin
   features, labels = trainer_testlib.classification_arrays(64)
   features[20] = np.nan  # In the third global batch of 8.
   trainer = trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), steps_per_loop=2, checkpoint_every=2)
-  with pytest.raises(FloatingPointError, match=r"The training loss became nan at step 3;"):
+  with pytest.raises(FloatingPointError, match=r"^Training stopped at step 3: the loss became nan; the batch's "
+                                                r"features hold NaN or inf values\. No checkpoint holds weights"):
     trainer.train(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=8, steps=6)
   assert trainer.global_step == 3
   latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
@@ -130,6 +131,42 @@ def test_a_non_finite_loss_stops_training_naming_the_step_and_no_later_checkpoin
     value = reader.get_tensor(name)
     if np.issubdtype(np.asarray(value).dtype, np.floating):
       assert np.all(np.isfinite(value)), name
+
+
+def test_non_finite_labels_are_named_as_the_cause(one_device):
+  features, _ = trainer_testlib.classification_arrays(64)
+  targets = features[:, :1].copy()
+  targets[42] = np.inf  # In the sixth global batch of 8.
+  trainer = trainer_testlib.make_trainer(one_device, task=runner.tasks.Regression(), steps_per_loop=4,
+                                         model_fn=lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]))
+  with pytest.raises(FloatingPointError, match=r"^Training stopped at step 6: the loss became inf; the batch's "
+                                                r"labels hold NaN or inf values\."):
+    trainer.train(tf.data.Dataset.from_tensor_slices((features, targets)), global_batch_size=8, steps=8)
+  assert trainer.global_step == 6
+
+
+def test_a_diverging_run_is_told_to_lower_the_learning_rate(one_device):
+  features, _ = trainer_testlib.classification_arrays(64)
+  trainer = trainer_testlib.make_trainer(one_device, task=runner.tasks.Regression(), steps_per_loop=50,
+                                         model_fn=lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]),
+                                         optimizer_fn=lambda: keras.optimizers.SGD(learning_rate=100.0))
+  with pytest.raises(FloatingPointError, match=r"^Training stopped at step \d+: the (loss|gradients) became .*"
+                                                r"the batch's features and labels are finite, so the training "
+                                                r"diverged\. .* Lower the learning rate"):
+    trainer.train(tf.data.Dataset.from_tensor_slices((features, features[:, :1])), global_batch_size=8, steps=50)
+  assert 1 < trainer.global_step < 50
+
+
+def test_non_finite_gradients_stop_training_even_when_the_loss_is_finite(one_device):
+  def sqrt_of_zero():  # d/dx sqrt(|x|) at x = 0 is not finite; the loss is.
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, kernel_initializer="zeros"),
+                             keras.layers.Lambda(lambda x: tf.sqrt(tf.abs(x))), keras.layers.Dense(4)])
+  trainer = trainer_testlib.make_trainer(one_device, model_fn=sqrt_of_zero, steps_per_loop=4)
+  with pytest.raises(FloatingPointError, match=r"^Training stopped at step 1: the gradients became non-finite "
+                                                r"\(the loss was \d\.\d+\); the batch's features and labels are "
+                                                r"finite"):
+    trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=8)
+  assert trainer.global_step == 1
 
 
 def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path, one_device):

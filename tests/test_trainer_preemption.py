@@ -38,7 +38,7 @@ def test_sigterm_saves_a_checkpoint_at_the_step_reached_and_exits(tmp_path, subp
   assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
   last_step = _train_rows(model_dir / "metrics.jsonl")[-1]["step"]
   assert tf.train.latest_checkpoint(str(model_dir / "checkpoints")).endswith(f"ckpt-{last_step}")
-  assert f"SIGTERM received: saving a checkpoint at step {last_step} and exiting." in stderr
+  assert f"Stopped by SIGTERM: saved a checkpoint at step {last_step} (" in stderr
 
 
 def test_train_puts_the_previous_sigterm_handler_back():
