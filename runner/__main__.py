@@ -10,9 +10,12 @@ Flags:
   --dry_run               prints the resolved config, the strategy, the replicas, the
                           per-replica batch sizes and the step plan, then exits.
 
-A user error (bad config, override, name, batch size, workdir, no TPU) prints
-one line `error: ...` on stderr and exits with status 2; any other error is a
-bug and keeps its traceback (status 1). TensorFlow's C++ start-up chatter is
+Exit status: 0 done; 2 a user error (bad config, override, name, batch size,
+workdir, no TPU, a checkpoint that does not match or cannot be written), as
+one line `error: ...` on stderr; 3 a step whose loss or gradients were not
+finite, as one `error:` line; 143 after SIGTERM and 130 after Ctrl-C (a
+checkpoint saved at the end of the current loop; a second Ctrl-C aborts); 1
+any other error, a bug, with its traceback. TensorFlow's C++ start-up chatter is
 hidden unless TF_CPP_MIN_LOG_LEVEL is set (see `tensorflow_logs`).
 """
 
@@ -22,12 +25,15 @@ tensorflow_logs.quiet_start()  # Before anything below imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
+import os
 import re
 import sys
+import traceback
 from typing import List
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 
 import strategies
 from strategies.errors import ConfigError
@@ -36,6 +42,8 @@ from runner import config as config_lib
 from runner import run_lib
 
 USER_ERROR_EXIT_CODE = 2
+NON_FINITE_EXIT_CODE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (SIGINT) outside the training loop.
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
 
 _CONFIG = flags.DEFINE_string(
@@ -87,10 +95,10 @@ def parse_flags(argv):
   return CommandLine(arguments=arguments, overrides=overrides)
 
 
-def exit_with_user_error(error):
-  """Prints `error` as one line `error: ...` on stderr and exits with USER_ERROR_EXIT_CODE."""
+def exit_with_user_error(error, status=USER_ERROR_EXIT_CODE):
+  """Prints `error` as one line `error: ...` on stderr and exits with `status`."""
   print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-  sys.exit(USER_ERROR_EXIT_CODE)
+  sys.exit(status)
 
 
 def format_metrics(metrics):
@@ -100,11 +108,13 @@ def format_metrics(metrics):
 
 
 def main(command_line):
-  """Runs the command line; a ConfigError becomes one line on stderr and exit status 2."""
+  """Runs the command line; a ConfigError or a non-finite step becomes one `error:` line and its exit status."""
   try:
     _run(command_line)
   except ConfigError as e:
     exit_with_user_error(e)
+  except FloatingPointError as e:
+    exit_with_user_error(e, NON_FINITE_EXIT_CODE)
 
 
 def _run(command_line):
@@ -136,8 +146,32 @@ def _run(command_line):
 
 
 def run_main():
-  """The `tf-runner` console script and `python -m runner`."""
-  app.run(main, flags_parser=parse_flags)
+  """The `tf-runner` console script and `python -m runner`: every way out ends the process at once.
+
+  Logs and output are flushed, then the process exits with `os._exit`,
+  skipping interpreter teardown, where TensorFlow's tf.data can deadlock
+  deleting a live iterator (a finished or failed run would then never end,
+  and on a cluster would block every restart). Files are already complete:
+  checkpoints are written synchronously and the reports are flushed by the
+  Trainer.
+  """
+  status = 1
+  try:
+    app.run(main, flags_parser=parse_flags)
+    status = 0
+  except SystemExit as e:
+    status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  except KeyboardInterrupt:
+    print("error: interrupted by Ctrl-C before training or after it; a rerun resumes from the last checkpoint.",
+          file=sys.stderr)
+    status = INTERRUPTED_EXIT_CODE
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()  # A bug: keep its traceback.
+  finally:
+    absl_logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

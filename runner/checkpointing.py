@@ -17,13 +17,30 @@ def latest(model_dir):
   return tf.train.latest_checkpoint(os.path.join(model_dir, DIRECTORY))
 
 
+class CheckpointWriteError(ConfigError):
+  """A checkpoint could not be written (disk full, no permission, ...); the previous ones are intact."""
+
+
 class Checkpoints:
   """A `tf.train.Checkpoint` of `model`, `optimizer` and `step`, kept in `model_dir/checkpoints`.
 
   Under multi-worker strategies every worker takes part in a save, but only
   the chief keeps what it writes (see `worker_files`). All workers restore
-  from the chief's directory. No checkpoint is written with non-finite
-  weights.
+  from the chief's directory.
+
+  What can go wrong on disk is handled so that no work is lost silently:
+  - a checkpoint is listed in the directory's `checkpoint` state file only
+    once it is completely written, so a process killed while writing leaves
+    the previous one as the latest;
+  - a latest checkpoint that cannot be read (truncated, corrupt) is skipped
+    for the one before it, with a warning naming it; if none can be read,
+    restoring fails with an error naming each;
+  - a checkpoint of another model or optimizer is an error, and restores
+    nothing: the variables keep their values;
+  - a save that fails (disk full, no permission) raises CheckpointWriteError
+    naming the previous checkpoint, which stays (rotation by `max_to_keep`
+    only happens after a new checkpoint is complete);
+  - no checkpoint is written with non-finite weights.
   """
 
   def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep):
@@ -36,6 +53,8 @@ class Checkpoints:
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
     self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    self._optimizer = optimizer
+    self._step = step
     self._strategy = strategy
     self._model = model
     self._max_to_keep = max_to_keep
@@ -43,28 +62,39 @@ class Checkpoints:
     self._weights_finite = None
 
   def restore_latest(self):
-    """Restores the newest checkpoint, if any, and returns its path (or None).
+    """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
 
     Raises:
       ConfigError: the checkpoint does not match the model or optimizer
-        (another architecture, optimizer or precision wrote it).
+        (another architecture, optimizer or precision wrote it), or no
+        listed checkpoint can be read. Either way no variable changed.
     """
-    path = latest(self.model_dir)
-    if path:
+    candidates = self._listed_newest_first()
+    unreadable = []
+    for path in candidates:
       try:
-        self.checkpoint.restore(path).assert_existing_objects_matched()
-      except (AssertionError, ValueError) as error:
-        raise ConfigError(
-            f"The checkpoint {path} does not match this model and optimizer ({str(error).splitlines()[0]}). "
-            f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
+        self._restore_all_or_nothing(path)
+      except tf.errors.OpError as error:
+        unreadable.append(f"{os.path.basename(path)} ({type(error).__name__}: {_first_line(error.message)})")
+        continue
+      if unreadable:
+        logging.warning(
+            "Skipped the newest checkpoint(s) of %s, which cannot be read: %s. Resumed from %s instead; the next "
+            "save replaces them.", self.directory, "; ".join(unreadable), os.path.basename(path))
       logging.info("Restored %s.", path)
-    return path
+      return path
+    if unreadable:
+      raise ConfigError(
+          f"No checkpoint in {self.directory} can be read: {'; '.join(unreadable)}. Restore them from a copy, or "
+          f"move them away to train from scratch.")
+    return None
 
   def save(self, step):
     """Writes a checkpoint numbered `step`; returns its path (a deleted scratch path off the chief).
 
     Raises:
       FloatingPointError: the model's weights are not finite (nothing is written).
+      CheckpointWriteError: the checkpoint could not be written.
     """
     if not self._finite():
       raise FloatingPointError(
@@ -74,12 +104,68 @@ class Checkpoints:
       if directory not in self._managers:
         self._managers[directory] = tf.train.CheckpointManager(
             self.checkpoint, directory, max_to_keep=self._max_to_keep)
-      path = self._managers[directory].save(checkpoint_number=step)
+      try:
+        path = self._managers[directory].save(checkpoint_number=step)
+      except (tf.errors.OpError, OSError) as error:
+        self._remove_unlisted(os.path.join(directory, f"ckpt-{step}"))
+        previous = latest(self.model_dir)
+        reason = _first_line(getattr(error, "message", None) or str(error))
+        raise CheckpointWriteError(
+            f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
+            + (f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
+               f"again to resume from it." if previous else "There is no earlier checkpoint.")) from None
     if directory == self.directory:
       logging.info("Saved checkpoint %s.", path)
     else:
       del self._managers[directory]
     return path
+
+  def _listed_newest_first(self):
+    try:
+      state = tf.train.get_checkpoint_state(self.directory)
+    except Exception as error:  # pylint: disable=broad-except  # A damaged state file: text_format errors.
+      raise ConfigError(
+          f"The checkpoint list {os.path.join(self.directory, 'checkpoint')} cannot be read ({_first_line(error)}); "
+          f"repair or remove it.") from None
+    if state is None or not state.model_checkpoint_path:
+      return []
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    if state.model_checkpoint_path not in paths:
+      paths.append(state.model_checkpoint_path)
+    return [p if os.path.isabs(p) or "://" in p else os.path.join(self.directory, p) for p in reversed(paths)]
+
+  def _restore_all_or_nothing(self, path):
+    """Restores `path`; if that fails part-way, puts every variable back as it was, then raises."""
+    variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
+    before = [(v, v.numpy()) for v in variables]
+    try:
+      self.checkpoint.restore(path).assert_existing_objects_matched()
+    except (AssertionError, ValueError) as error:
+      self._put_back(before)
+      raise ConfigError(
+          f"The checkpoint {path} does not match this model and optimizer ({_first_line(error)}). "
+          f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
+    except tf.errors.OpError:
+      self._put_back(before)
+      raise
+
+  def _put_back(self, values):
+    with self._strategy.scope():
+      for variable, value in values:
+        variable.assign(value)
+
+  def _remove_unlisted(self, prefix):
+    """Deletes what a failed save of `prefix` left, unless the state file lists it."""
+    if prefix in self._listed_newest_first():
+      return
+    for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
+      try:
+        if tf.io.gfile.isdir(leftover):
+          tf.io.gfile.rmtree(leftover)
+        else:
+          tf.io.gfile.remove(leftover)
+      except (tf.errors.OpError, OSError):
+        pass
 
   def _finite(self):
     if self._weights_finite is None:
@@ -88,3 +174,7 @@ class Checkpoints:
       self._weights_finite = tf.function(
           lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
     return bool(self._weights_finite())
+
+
+def _first_line(error):
+  return (str(error).strip().splitlines() or [""])[0]

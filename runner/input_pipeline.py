@@ -151,15 +151,20 @@ def _padding(dataset):
   return dataset.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
 
 
-def features_spec(data, purpose):
-  """Returns the spec of a batch of `data`'s features, batch dimension None.
+def element_spec(data, purpose):
+  """Returns the element spec of `data` (one example), checked against the contract.
 
   Args:
-    data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`.
+    data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`
+      (asked for the dataset of a single input pipeline).
     purpose: what the data is for, named in messages (e.g. "training").
 
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  dataset = _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), purpose)
-  return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), dataset.element_spec[0])
+  return _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), purpose).element_spec
+
+
+def features_spec(data, purpose):
+  """Returns the spec of a batch of `data`'s features, batch dimension None (see `element_spec`)."""
+  return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), element_spec(data, purpose)[0])

@@ -2,7 +2,6 @@
 
 import dataclasses
 import functools
-import json
 import os
 import tempfile
 from typing import Mapping, Optional
@@ -16,6 +15,7 @@ from strategies.errors import ConfigError
 
 from runner import checkpointing
 from runner import config as config_lib
+from runner import config_history
 from runner import data as data_lib
 from runner import input_pipeline
 from runner import optimizers
@@ -24,7 +24,6 @@ from runner import trainer_options
 from runner.tasks import Task
 from runner.trainer import Trainer
 
-CONFIG_FILE = "config.json"
 EXPORT_DIR = "export"
 
 
@@ -33,8 +32,8 @@ class RunResult:
   """What a run did.
 
   Attributes:
-    workdir: the directory with config.json, checkpoints, summaries,
-      metrics.jsonl and the export.
+    workdir: the directory with config.json, config_history.jsonl,
+      checkpoints, summaries, metrics.jsonl and the export.
     config: the resolved config (as written to `workdir/config.json`).
     strategy: the `tf.distribute.Strategy` it ran under.
     num_replicas: the strategy's replicas in sync.
@@ -63,16 +62,20 @@ def run(config, workdir=None) -> RunResult:
 
   The config is validated before any TensorFlow device work; then the
   strategy is built and the batch sizes are checked against its replica
-  count; then the workdir is checked and `config.json` written; then data,
-  model, task and optimizer are built and the mode runs. A
-  workdir with checkpoints resumes the run ('train' continues to
-  `config.trainer.train_steps`); 'eval' and 'export' need a checkpoint there.
+  count; then the workdir is checked; then data, model, task and optimizer
+  are built and the latest checkpoint restored, and only then is the config
+  recorded (`config.json`, `config_history.jsonl`; see `config_history`) and
+  the mode run. A workdir with checkpoints resumes the run ('train'
+  continues to `config.trainer.train_steps`), refusing a config that
+  changes what the checkpoint holds; 'eval' and 'export' need a checkpoint
+  there. A run that fails before training leaves the workdir as it was (one
+  it created is removed).
 
   Args:
     config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
       the rest takes its defaults.
-    workdir: where checkpoints, summaries, metrics.jsonl, config.json and
-      the export go (a local path or e.g. `gs://`); None makes a new
+    workdir: where checkpoints, summaries, metrics.jsonl, the config files
+      and the export go (a local path or e.g. `gs://`); None makes a new
       temporary directory.
 
   Returns:
@@ -80,25 +83,25 @@ def run(config, workdir=None) -> RunResult:
 
   Raises:
     ConfigError: a bad config, a workdir that cannot be written, a batch size
-      the replica count does not divide, no checkpoint to evaluate or export.
+      the replica count does not divide, no checkpoint to evaluate or export,
+      a checkpoint the config does not match, or one that cannot be written.
+    FloatingPointError: a step's loss or gradients were not finite.
   """
   config = config_lib.validate(config)
   strategy = create_strategy(config)
-  workdir = prepare_workdir(workdir)
-  if config.mode in ("eval", "export") and checkpointing.latest(workdir) is None:
-    raise ConfigError(
-        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpointing.DIRECTORY)}, and there is "
-        "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
-  if strategy.extended.should_checkpoint:
-    with tf.io.gfile.GFile(os.path.join(workdir, CONFIG_FILE), "w") as f:
-      f.write(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
-  trainer = create_trainer(config, strategy, workdir)
+  workdir, created = prepare_workdir(workdir)
+  try:
+    trainer, train_data = _restored_trainer(config, strategy, workdir)
+  except BaseException:
+    if created and not tf.io.gfile.listdir(workdir):
+      tf.io.gfile.rmtree(workdir)
+    raise
   evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
   train_metrics = export_path = None
   if config.mode in ("train", "train_and_eval"):
     evaluating = config.mode == "train_and_eval"
     train_metrics = trainer.train(
-        dataset(config, "train"), global_batch_size=config.data.global_batch_size,
+        train_data, global_batch_size=config.data.global_batch_size,
         steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
         eval_every=config.trainer.eval_every if evaluating else None,
         eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
@@ -114,8 +117,32 @@ def run(config, workdir=None) -> RunResult:
       checkpoint_path=checkpointing.latest(workdir), export_path=export_path)
 
 
+def _restored_trainer(config, strategy, workdir):
+  """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
+
+  Returns:
+    `(trainer, train_data)`.
+  """
+  checkpoint = checkpointing.latest(workdir)
+  if config.mode in ("eval", "export") and checkpoint is None:
+    raise ConfigError(
+        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpointing.DIRECTORY)}, and there is "
+        "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
+  train_data = dataset(config, "train")
+  data_spec = str(input_pipeline.element_spec(train_data, "training"))
+  previous = config_history.latest(workdir)
+  config_history.check_resumable(previous, config, data_spec, checkpoint)
+  trainer = create_trainer(config, strategy, workdir)
+  step = trainer.restore(data=train_data)
+  if strategy.extended.should_checkpoint:
+    config_history.record(workdir, config, step=step, data_spec=data_spec, previous=previous)
+  return trainer, train_data
+
+
 def prepare_workdir(workdir):
-  """Returns the workdir, created and known to be writable; None makes a temporary one.
+  """Returns `(workdir, created)`: the workdir, known to be writable, and whether this call created it.
+
+  None makes a new temporary directory.
 
   Raises:
     ConfigError: it cannot be created or written.
@@ -123,6 +150,7 @@ def prepare_workdir(workdir):
   if workdir is None:
     workdir = tempfile.mkdtemp(prefix="tf-runner-")
     logging.info("No workdir given; using the new directory %s.", workdir)
+  created = not tf.io.gfile.exists(workdir)
   probe = os.path.join(workdir, f".write-test-{os.getpid()}")
   try:
     tf.io.gfile.makedirs(workdir)
@@ -132,7 +160,7 @@ def prepare_workdir(workdir):
   except (tf.errors.OpError, OSError) as e:
     reason = getattr(e, "message", None) or str(e)
     raise ConfigError(f"The workdir {workdir!r} cannot be written ({reason}); choose another --workdir.") from None
-  return workdir
+  return workdir, created
 
 
 def create_strategy(config):

@@ -116,7 +116,8 @@ def test_the_same_command_trains_on_two_workers(cli_runs):
     eval_lines += [line for line in stdout.splitlines() if line.startswith("eval: ")]
   assert len(eval_lines) == 2 and eval_lines[0] == eval_lines[1]  # the workers agree
   assert eval_lines[0].endswith(" num_examples=512")  # every eval example counted once over both workers
-  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl", "summaries"]
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "config_history.jsonl", "metrics.jsonl",
+                                        "summaries"]
 
 
 # An absl log line: level, date, time, thread, file:line] message.

@@ -1,0 +1,123 @@
+"""The run's config in its workdir: the latest one, every one with the step it started at, and what a rerun may change.
+
+`config.json` holds the latest resolved config; `config_history.jsonl` one
+JSON object per run: `{"step": the global step it started at, "mode": ...,
+"changed": {field: [old, new], ...}, "data_spec": ..., "config": {...}}`.
+Both are written only once a run's config is valid and its checkpoint
+restored, so a run that fails before that leaves them as they were.
+
+A rerun on a workdir with checkpoints may change how training goes on
+(learning rate, steps, evaluation cadence, ...), but not what the checkpoint
+holds: the fields in `CHECKPOINT_FIELDS` and the shapes of the training data.
+"""
+
+import json
+import os
+
+from absl import logging
+import tensorflow as tf
+
+from strategies.errors import ConfigError
+
+CONFIG_FILE = "config.json"
+HISTORY_FILE = "config_history.jsonl"
+# A checkpoint depends on these: a whole section, or one field. Changing them on a workdir with a checkpoint fails.
+CHECKPOINT_FIELDS = ("model", "task", "data.name", "optimizer.name", "trainer.precision")
+
+
+def latest(workdir):
+  """Returns the latest recorded run of `workdir` (a history entry as a dict), or None."""
+  history = os.path.join(workdir, HISTORY_FILE)
+  if tf.io.gfile.exists(history):
+    with tf.io.gfile.GFile(history) as f:
+      lines = [line for line in f.read().splitlines() if line.strip()]
+    if lines:
+      return json.loads(lines[-1])
+  config_file = os.path.join(workdir, CONFIG_FILE)  # A workdir from before the history was kept.
+  if tf.io.gfile.exists(config_file):
+    with tf.io.gfile.GFile(config_file) as f:
+      return {"config": json.load(f), "data_spec": None}
+  return None
+
+
+def changes(before, after):
+  """Returns `{dotted field: [old, new]}` for every leaf field that differs between two config dicts."""
+  old, new = _flat(_plain(before)), _flat(_plain(after))
+  return {field: [old.get(field), new.get(field)] for field in sorted(set(old) | set(new))
+          if old.get(field) != new.get(field)}
+
+
+def check_resumable(previous, config, data_spec, checkpoint):
+  """Fails when `config` would resume `checkpoint` with something the checkpoint depends on changed.
+
+  Args:
+    previous: the workdir's latest recorded run (`latest`), or None.
+    config: this run's resolved config (a ConfigDict).
+    data_spec: the element spec of this run's training data, as a string.
+    checkpoint: the workdir's latest checkpoint path, or None (then any change is fine).
+
+  Raises:
+    ConfigError: naming each changed field, its old and new value, and the
+      way out (the old values, or a new workdir).
+  """
+  if previous is None or checkpoint is None:
+    return
+  blocked = {field: values for field, values in changes(previous["config"], config.to_dict()).items()
+             if any(field == f or field.startswith(f + ".") for f in CHECKPOINT_FIELDS)}
+  if previous.get("data_spec") not in (None, data_spec):
+    blocked["training data elements"] = [previous["data_spec"], data_spec]
+  if blocked:
+    listed = "; ".join(f"{field}: {old!r} -> {new!r}" for field, (old, new) in blocked.items())
+    raise ConfigError(
+        f"The workdir's checkpoint {os.path.basename(checkpoint)} was trained with another model, task, optimizer, "
+        f"precision or data ({listed}). Rerun with the values it was trained with, or use a new --workdir.")
+
+
+def record(workdir, config, *, step, data_spec, previous):
+  """Writes `config.json` and appends this run to `config_history.jsonl`; logs what changed in one line.
+
+  Call it on the chief only.
+
+  Args:
+    workdir: the run's directory.
+    config: the resolved config (a ConfigDict).
+    step: the global step the run starts at.
+    data_spec: the element spec of the training data, as a string (or None).
+    previous: the workdir's latest recorded run, or None.
+  """
+  values = _plain(config.to_dict())
+  changed = changes(previous["config"], values) if previous else {}
+  if changed:
+    logging.info("Resuming at step %d with a changed config: %s.", step,
+                 ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items()))
+  entry = {"step": step, "mode": values.get("mode"), "changed": changed, "data_spec": data_spec, "config": values}
+  history = os.path.join(workdir, HISTORY_FILE)
+  earlier = ""
+  if tf.io.gfile.exists(history):
+    with tf.io.gfile.GFile(history) as f:
+      earlier = f.read()
+  _write_atomically(history, earlier + json.dumps(entry, sort_keys=True) + "\n")
+  _write_atomically(os.path.join(workdir, CONFIG_FILE), json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
+def _write_atomically(path, text):
+  """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
+  temporary = f"{path}.tmp-{os.getpid()}"
+  with tf.io.gfile.GFile(temporary, "w") as f:
+    f.write(text)
+  tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+def _plain(values):
+  """The config dict as JSON has it (tuples become lists), so that old and new compare alike."""
+  return json.loads(json.dumps(values))
+
+
+def _flat(values, prefix=""):
+  flat = {}
+  for key, value in values.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
