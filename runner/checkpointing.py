@@ -74,8 +74,8 @@ class Checkpoints:
     for path in candidates:
       try:
         self._restore_all_or_nothing(path)
-      except tf.errors.OpError as error:
-        unreadable.append(f"{os.path.basename(path)} ({type(error).__name__}: {_first_line(error.message)})")
+      except UnreadableCheckpoint as damage:
+        unreadable.append(f"{os.path.basename(path)} ({damage})")
         continue
       if unreadable:
         logging.warning(
@@ -135,19 +135,24 @@ class Checkpoints:
     return [p if os.path.isabs(p) or "://" in p else os.path.join(self.directory, p) for p in reversed(paths)]
 
   def _restore_all_or_nothing(self, path):
-    """Restores `path`; if that fails part-way, puts every variable back as it was, then raises."""
+    """Restores `path`; if that fails part-way, puts every variable back as it was, then raises.
+
+    Raises:
+      ConfigError: `path` can be read but does not match the model and optimizer.
+      UnreadableCheckpoint: `path` cannot be read (truncated, corrupt, missing files).
+    """
     variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
     before = [(v, v.numpy()) for v in variables]
     try:
       self.checkpoint.restore(path).assert_existing_objects_matched()
-    except (AssertionError, ValueError) as error:
+    except Exception as error:  # pylint: disable=broad-except  # Corrupt files fail in many ways; sorted below.
       self._put_back(before)
+      damage = _damage(path)
+      if damage:
+        raise UnreadableCheckpoint(damage) from None
       raise ConfigError(
           f"The checkpoint {path} does not match this model and optimizer ({_first_line(error)}). "
           f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
-    except tf.errors.OpError:
-      self._put_back(before)
-      raise
 
   def _put_back(self, values):
     with self._strategy.scope():
@@ -174,6 +179,21 @@ class Checkpoints:
       self._weights_finite = tf.function(
           lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
     return bool(self._weights_finite())
+
+
+class UnreadableCheckpoint(Exception):
+  """A checkpoint's files cannot be read; the message says how."""
+
+
+def _damage(path):
+  """Returns how the checkpoint at `path` cannot be read (reading every tensor), or None if it can."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except Exception as error:  # pylint: disable=broad-except
+    return f"{type(error).__name__}: {_first_line(error)}"
+  return None
 
 
 def _first_line(error):

@@ -73,6 +73,10 @@ class TrainLoop:
   captures an iterator and applies a Keras optimizer is never freed (TF
   2.21), which would leak the iterator's threads with every Trainer.
 
+  The step variable advances with every step, so when the data runs out
+  part-way (the call raises `tf.errors.OutOfRangeError`) it still counts the
+  steps whose updates were applied.
+
   A call also takes this worker's stop request (a SIGTERM or SIGINT was
   noted) and sums it over workers with the loss, so every worker learns of
   any request after the same call, at no extra communication.
@@ -149,11 +153,12 @@ class TrainLoop:
     steps_run = tf.constant(0)
     for _ in tf.range(num_steps):
       sums = self._step_sums(iterator, stop)
+      with tf.control_dependencies([sums]):  # Counted once its batch was read: true when the data runs out.
+        self._step.assign_add(1)
       loss_sum += sums[0]
       steps_run += 1
       if not tf.math.is_finite(sums[0]) or sums[3] > 0:
         break
-    self._step.assign_add(tf.cast(steps_run, self._step.dtype))
     steps_run = tf.cast(steps_run, tf.float32)
     return self._results(steps_run, loss_sum / steps_run, sums)
 

@@ -160,7 +160,8 @@ class Trainer:
       results, or {} if none, when the global step is already at `steps`).
 
     Raises:
-      ConfigError: an argument or the data is invalid.
+      ConfigError: an argument or the data is invalid, or the data ran out
+        (the steps taken are checkpointed first).
       FloatingPointError: a step's loss or gradients were not finite (the
         message names the step and whether its batch held NaN or inf); no
         checkpoint is written with non-finite weights.
@@ -178,11 +179,15 @@ class Trainer:
       return dict(self._last_train_results)
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
+    first_step = self._global_step
     with preemption.StopSignals() as signals:
       try:
-        self._controller(global_batch_size, evaluate, eval_every).run(
-            iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
-            advance=self._advance)
+        try:
+          self._controller(global_batch_size, evaluate, eval_every).run(
+              iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
+              advance=self._advance)
+        except tf.errors.OutOfRangeError:
+          raise self._data_ran_out(global_batch_size, steps, first_step) from None
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
         if self._checkpoints is not None and self._saved_step != self._global_step:
@@ -354,6 +359,19 @@ class Trainer:
   def _advance(self, step, train_results):
     self._global_step = step
     self._last_train_results = train_results
+
+  def _data_ran_out(self, global_batch_size, steps, first_step):
+    """Saves the steps taken before the training data ran out; returns the error that says so."""
+    self._global_step = int(self._step.numpy())
+    saved = ""
+    if self._checkpoints is not None and self._global_step > (self._saved_step or 0):
+      self._save()
+      saved = f" Those steps are saved in a checkpoint at step {self._global_step}."
+    return ConfigError(
+        f"The training data ran out at step {self._global_step} of {steps} ({self._global_step - first_step} step(s) in "
+        f"this call): it gave no further full batch of {global_batch_size} examples although the Trainer repeats "
+        f"it. It is empty, or it cannot be iterated twice (e.g. a one-shot Python generator); make it "
+        f"repeatable.{saved}")
 
   def _save(self):
     """Writes a checkpoint at the current step (see `checkpointing.Checkpoints.save`)."""

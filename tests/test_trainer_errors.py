@@ -175,3 +175,29 @@ def test_a_checkpoint_of_another_optimizer_is_refused(tmp_path, one_device):
   with pytest.raises(ConfigError, match=r"The checkpoint .*ckpt-1 does not match this model and optimizer .*"
                                         r"Use a new model_dir"):
     trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), optimizer_fn=lambda: keras.optimizers.Adam())
+
+
+def test_data_that_runs_out_is_one_message_with_the_steps_done_and_they_are_saved(tmp_path, one_device):
+  features, labels = trainer_testlib.classification_arrays(44)
+  passes = []
+
+  def one_pass():  # A one-shot generator: the second pass (the Trainer's repeat) gives nothing.
+    if not passes:
+      passes.append(1)
+      yield from zip(features, labels)
+
+  data = tf.data.Dataset.from_generator(one_pass, output_signature=(
+      tf.TensorSpec([trainer_testlib.NUM_FEATURES], tf.float32), tf.TensorSpec([], tf.int32)))
+  trainer = trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), steps_per_loop=4)
+  with pytest.raises(ConfigError, match=r"^The training data ran out at step 5 of 20 \(5 step\(s\) in this call\): "
+                                        r"it gave no further full batch of 8 examples although the Trainer repeats "
+                                        r"it\. .* Those steps are saved in a checkpoint at step 5\.$"):
+    trainer.train(data, global_batch_size=8, steps=20)
+  assert trainer.global_step == 5
+  assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-5")
+
+
+def test_empty_training_data_is_one_message(one_device):
+  empty = trainer_testlib.classification_data(8).take(0)
+  with pytest.raises(ConfigError, match=r"^The training data ran out at step 0 of 4 \(0 step\(s\) in this call\)"):
+    trainer_testlib.make_trainer(one_device, steps_per_loop=2).train(empty, global_batch_size=8, steps=4)
