@@ -194,3 +194,57 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
     with pytest.raises(ConfigError, match=message):
       runner.run(config, str(tmp_path / f"work{i}"))
   sys.modules.pop("wrongs", None)
+
+
+def _snapshot(directory):
+  """{relative path: bytes} of every file under `directory`."""
+  found = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, directory)] = f.read()
+  return found
+
+
+def _history(workdir):
+  with open(os.path.join(workdir, "config_history.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothing(tmp_path):
+  workdir = str(tmp_path / "work")
+  runner.run(_quick(mode="train"), workdir)
+  before = _snapshot(workdir)
+  changed_model = _quick(mode="train", model={"hidden_units": (8,)}, trainer={"train_steps": 80})
+  with pytest.raises(ConfigError, match=r"The workdir's checkpoint ckpt-40 was trained with another model, task, "
+                                        r"optimizer, precision or data \(model\.hidden_units: \[16\] -> \[8\]\)\. "
+                                        r"Rerun with the values it was trained with, or use a new --workdir\."):
+    runner.run(changed_model, workdir)
+  changed_data = _quick(mode="train", data={"num_features": 8})
+  with pytest.raises(ConfigError, match=r"\(training data elements: .*shape=\(16,\).* -> .*shape=\(8,\).*\)"):
+    runner.run(changed_data, workdir)
+  assert _snapshot(workdir) == before
+
+
+def test_a_rerun_that_changes_how_training_goes_on_resumes_and_keeps_the_history(tmp_path, caplog):
+  workdir = str(tmp_path / "work")
+  runner.run(_quick(mode="train"), workdir)
+  with caplog.at_level("INFO"):
+    result = runner.run(_quick(mode="train", optimizer={"learning_rate": 5e-4}, trainer={"train_steps": 60}), workdir)
+  assert result.global_step == 60
+  assert ("Resuming at step 40 with a changed config: optimizer.learning_rate 0.001 -> 0.0005, "
+          "trainer.train_steps 40 -> 60.") in caplog.text
+  history = _history(workdir)
+  assert [(entry["step"], entry["changed"]) for entry in history] == [
+      (0, {}), (40, {"optimizer.learning_rate": [0.001, 0.0005], "trainer.train_steps": [40, 60]})]
+  assert history[1]["config"]["optimizer"]["learning_rate"] == 0.0005
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f) == history[1]["config"]
+
+
+def test_a_run_that_fails_before_training_leaves_no_new_workdir(tmp_path):
+  workdir = tmp_path / "new"
+  with pytest.raises(ConfigError, match=r"Mode 'eval' needs a checkpoint"):
+    runner.run(_quick(mode="eval"), str(workdir))
+  assert not workdir.exists()

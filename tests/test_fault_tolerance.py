@@ -1,0 +1,247 @@
+"""Long runs that nothing spoils: real signals, SIGKILL, a full disk and repeated exits, through `python -m runner`.
+
+Every case is a real child process. A stopped run is restarted with the same
+command and must end with the final checkpoint of an uninterrupted run:
+identical on one device, within 1e-6 on 2 logical CPUs and on 2 workers.
+"""
+
+import json
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import portpicker
+import pytest
+import tensorflow as tf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
+TIMEOUT_SECONDS = 180
+
+
+def _run_args(**trainer):
+  """The command line of a synthetic training run; by default a few seconds in loops of 10, a checkpoint every 100."""
+  trainer = {"train_steps": 1500, "steps_per_loop": 10, "checkpoint_every": 100, **trainer}
+  return [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=512"] + [
+      f"--config.trainer.{field}={value}" for field, value in trainer.items()]
+
+
+RUN = _run_args()
+ONE_DEVICE = ["--config.strategy.name=one_device"]
+MIRRORED_2 = ["--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2"]
+
+
+class Run:
+  """`python -m runner --workdir=WORKDIR ARGS` in a child process, its output in files."""
+
+  def __init__(self, workdir, args, env, preexec_fn=None):
+    self.workdir = str(workdir)
+    os.makedirs(self.workdir + ".logs", exist_ok=True)
+    self._out = open(os.path.join(self.workdir + ".logs", f"{time.monotonic_ns()}.out"), "w+", encoding="utf-8")
+    self._err = open(os.path.join(self.workdir + ".logs", f"{time.monotonic_ns()}.err"), "w+", encoding="utf-8")
+    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "runner", f"--workdir={self.workdir}", *args], cwd=REPO, env=env,
+        stdout=self._out, stderr=self._err, preexec_fn=preexec_fn)
+
+  def wait(self, timeout=TIMEOUT_SECONDS):
+    """Waits for the exit; returns `(status, stdout, stderr)`."""
+    try:
+      self.process.wait(timeout=timeout)
+    finally:
+      self.process.kill()
+    return self.process.returncode, self.stdout(), self.stderr()
+
+  def stdout(self):
+    self._out.seek(0)
+    return self._out.read()
+
+  def stderr(self):
+    self._err.seek(0)
+    return self._err.read()
+
+  def train_rows(self):
+    path = os.path.join(self.workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+      return []
+    with open(path, encoding="utf-8") as f:
+      return [json.loads(line) for line in f if line.endswith("\n") and '"train"' in line]
+
+  def wait_for_rows(self, count):
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while len(self.train_rows()) < count:
+      assert self.process.poll() is None, self.stderr()[-3000:]
+      assert time.monotonic() < deadline, "training did not start in time"
+      time.sleep(0.05)
+
+
+def _final_values(workdir):
+  """{variable name: value} of the latest checkpoint (the model's and the optimizer's variables)."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")}
+
+
+def _assert_same_values(got, want, rtol):
+  assert sorted(got) == sorted(want) and len(got) > 4
+  for name, value in want.items():
+    if rtol == 0:
+      np.testing.assert_array_equal(got[name], value, err_msg=name)
+    else:
+      np.testing.assert_allclose(got[name], value, rtol=rtol, atol=1e-7, err_msg=name)
+
+
+def _no_traceback(stderr):
+  assert "Traceback" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize("strategy, signum, rtol", [(ONE_DEVICE, signal.SIGTERM, 0),
+                                                    (MIRRORED_2, signal.SIGINT, 1e-6)],
+                         ids=["sigterm_one_device", "ctrl_c_mirrored_2"])
+def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy, signum, rtol, tmp_path,
+                                                                       subprocess_env):
+  whole = Run(tmp_path / "whole", RUN + strategy, subprocess_env)
+  stopped = Run(tmp_path / "stopped", RUN + strategy, subprocess_env)
+  stopped.wait_for_rows(12)  # Past the checkpoint at step 100, mid-way to the next one.
+  stopped.process.send_signal(signum)
+  status, _, stderr = stopped.wait()
+  assert status == 128 + signum, stderr[-3000:]
+  step = stopped.train_rows()[-1]["step"]
+  assert 120 <= step < 1500 and step % 100 != 0
+  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: r"Ctrl-C \(SIGINT\)"}[signum]
+  assert len(re.findall(
+      rf"Stopped by {name}: saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same command again to "
+      rf"resume from there\.", stderr)) == 1, stderr[-3000:]
+  _no_traceback(stderr)
+  assert tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints")).endswith(f"ckpt-{step}")
+
+  status, stdout, stderr = Run(tmp_path / "stopped", RUN + strategy, subprocess_env).wait()
+  assert status == 0, stderr[-3000:]
+  assert f"Resuming at step {step}: each input pipeline first skips" in stderr
+  assert "global step: 1500" in stdout
+  assert whole.wait()[0] == 0
+  _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), rtol)
+
+
+def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
+  long_loops = _run_args(train_steps=200000, steps_per_loop=2000, checkpoint_every=2000)
+  run = Run(tmp_path / "run", long_loops + ONE_DEVICE, subprocess_env)
+  run.wait_for_rows(1)
+  run.process.send_signal(signal.SIGINT)
+  time.sleep(0.2)
+  run.process.send_signal(signal.SIGINT)
+  sent = time.monotonic()
+  status, _, stderr = run.wait()
+  assert status == 130 and time.monotonic() - sent < 5, stderr[-3000:]
+  assert "Press Ctrl-C again to abort without saving." in stderr
+  assert "Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint." in stderr
+  assert "Stopped by" not in stderr
+  _no_traceback(stderr)
+  latest = tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints"))
+  assert latest.endswith(f"ckpt-{run.train_rows()[-1]['step']}")  # The last loop's checkpoint, complete.
+  assert _final_values(tmp_path / "run")
+
+
+def test_sigkill_while_training_and_while_saving_resumes_from_the_last_complete_checkpoint(tmp_path, subprocess_env):
+  big = _run_args(train_steps=400, checkpoint_every=10, max_to_keep=2) + ["--config.model.hidden_units=(512,512)"]
+  whole = Run(tmp_path / "whole", big + ONE_DEVICE, subprocess_env)
+  checkpoints = tmp_path / "killed" / "checkpoints"
+  killed_while_saving = 0
+  rng = random.Random(0)
+  for attempt in range(3):
+    run = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env)
+    run.wait_for_rows(len(run.train_rows()) + 3)
+    deadline = time.monotonic() + (0.5 if attempt == 0 else rng.uniform(0.0, 1.0))
+    while time.monotonic() < deadline or attempt:  # Attempts 1 and 2 wait for a checkpoint being written.
+      if attempt and any(name.endswith("_temp") for name in os.listdir(checkpoints)):
+        killed_while_saving += 1
+        break
+      if time.monotonic() > deadline + 10:
+        break
+      time.sleep(0.0005)
+    run.process.send_signal(signal.SIGKILL)
+    assert run.wait()[0] == -signal.SIGKILL
+    assert _final_values(tmp_path / "killed")  # The latest listed checkpoint is complete and readable.
+  assert killed_while_saving >= 1
+  status, stdout, stderr = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env).wait()
+  assert status == 0 and "global step: 400" in stdout, stderr[-3000:]
+  assert whole.wait()[0] == 0
+  _assert_same_values(_final_values(tmp_path / "killed"), _final_values(tmp_path / "whole"), 0)
+
+
+def _full_disk():
+  """In the child: files may not grow past 200 kB (the checkpoint does), and writing past that fails, not kills."""
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+
+def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
+  model = ["--config.model.hidden_units=(256,256)"]  # A checkpoint of about 900 kB.
+  args = _run_args(train_steps=100, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
+  assert Run(tmp_path / "run", args, subprocess_env).wait()[0] == 0
+  more = _run_args(train_steps=200, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
+  status, _, stderr = Run(tmp_path / "run", more, subprocess_env, preexec_fn=_full_disk).wait()
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert status == 2 and len(errors) == 1, stderr[-3000:]
+  assert errors[0].startswith("error: Could not write the checkpoint of step 150 to ")
+  assert "File too large" in errors[0] or "too large" in errors[0].lower()
+  assert errors[0].endswith("ckpt-100 is intact: free some space or fix the permissions, then run again to resume "
+                            "from it.")
+  _no_traceback(stderr)
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
+                                                                  "ckpt-100.index"]
+  status, stdout, stderr = Run(tmp_path / "run", more, subprocess_env).wait()
+  assert status == 0 and "global step: 200" in stdout, stderr[-3000:]
+  assert "Restored " in stderr and "ckpt-100." in stderr
+
+
+def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):
+  """A finished or failed run must exit: TensorFlow's tf.data can deadlock at interpreter exit (1 in 4 seen)."""
+  (tmp_path / "ragged.py").write_text(textwrap.dedent("""
+      import tensorflow as tf
+
+      def data(config, split):
+        features = tf.ragged.constant([[1.0] * (1 + i % 3) for i in range(64)])
+        return tf.data.Dataset.from_tensor_slices((features, tf.zeros([64], tf.int32)))
+      """))
+  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
+  short = [f"--config={SYNTHETIC}", "--mode=train", "--config.strategy.name=one_device",
+           "--config.trainer.train_steps=20", "--config.trainer.steps_per_loop=10"]
+  cases = [("ok", short, 0), ("raises", short + ["--config.data.name=ragged:data"], 1)] * 4
+  for start in range(0, len(cases), 4):
+    runs = [(Run(tmp_path / f"{kind}{start + i}", args, env), status)
+            for i, (kind, args, status) in enumerate(cases[start:start + 4])]
+    for run, expected in runs:
+      status, stdout, stderr = run.wait(timeout=90)
+      assert status == expected, stderr[-3000:]
+      assert ("global step: 20" in stdout) if expected == 0 else ("Traceback" in stderr)
+
+
+def test_a_signal_to_one_of_two_workers_stops_both_at_the_same_step_and_they_resume_exactly(tmp_path,
+                                                                                          subprocess_env):
+  def workers(name):
+    hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
+    args = RUN + ["--config.strategy.name=multi_worker_mirrored", f"--config.strategy.worker_hosts={hosts!r}"]
+    return [Run(tmp_path / name, args + [f"--config.strategy.task_index={index}"], subprocess_env)
+            for index in range(2)]  # One workdir: every worker restores from the chief's checkpoints.
+
+  stopped = workers("stopped")
+  stopped[0].wait_for_rows(12)
+  stopped[1].process.send_signal(signal.SIGTERM)  # The non-chief one.
+  results = [run.wait() for run in stopped]
+  assert [status for status, _, _ in results] == [143, 143], [stderr[-2000:] for _, _, stderr in results]
+  step = stopped[0].train_rows()[-1]["step"]
+  for _, _, stderr in results:
+    assert f"Stopped by SIGTERM: saved a checkpoint at step {step} (" in stderr
+    _no_traceback(stderr)
+  resumed = [run.wait() for run in workers("stopped")]
+  assert [status for status, _, _ in resumed] == [0, 0], [stderr[-2000:] for _, _, stderr in resumed]
+  whole = [run.wait() for run in workers("whole")]
+  assert [status for status, _, _ in whole] == [0, 0]
+  _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), 1e-6)
