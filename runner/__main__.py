@@ -27,6 +27,7 @@ tensorflow_logs.quiet_start()  # Before anything below imports TensorFlow.
 import dataclasses
 import os
 import re
+import signal
 import sys
 import traceback
 from typing import List
@@ -39,11 +40,11 @@ import strategies
 from strategies.errors import ConfigError
 
 from runner import config as config_lib
+from runner import preemption
 from runner import run_lib
 
 USER_ERROR_EXIT_CODE = 2
 NON_FINITE_EXIT_CODE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
-INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (SIGINT) outside the training loop.
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
 
 _CONFIG = flags.DEFINE_string(
@@ -164,7 +165,7 @@ def run_main():
   except KeyboardInterrupt:
     print("error: interrupted by Ctrl-C before training or after it; a rerun resumes from the last checkpoint.",
           file=sys.stderr)
-    status = INTERRUPTED_EXIT_CODE
+    status = preemption.EXIT_CODES[signal.SIGINT]
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()  # A bug: keep its traceback.
   finally:

@@ -34,6 +34,19 @@ class DatasetProvider(abc.ABC):
       `(features, labels, sample_weight)`, already sharded for this pipeline.
     """
 
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+    """Returns this pipeline's data repeated without end, from its example number `start` on.
+
+    The Trainer trains on this; a run that resumes at a later step passes the
+    number of examples this pipeline already gave. The default repeats
+    `get_dataset` and skips `start` examples, which costs producing them once;
+    a provider can skip more cheaply (TFRecordFiles skips records before
+    parsing them). Either way the result must equal
+    `get_dataset(input_context).repeat().skip(start)`.
+    """
+    dataset = self.get_dataset(input_context).repeat()
+    return dataset.skip(start) if start else dataset
+
 
 class DatasetShards(DatasetProvider):
   """A plain unbatched `tf.data.Dataset`, sharded by example across pipelines."""
@@ -180,6 +193,15 @@ class TFRecordFiles(DatasetProvider):
     self._said_sharding_by_example = False
 
   def get_dataset(self, input_context):
+    return self._parsed(self._records(input_context))
+
+  def get_repeated_dataset(self, input_context, start):
+    """As `DatasetProvider.get_repeated_dataset`, skipping serialized records before parsing them."""
+    records = self._records(input_context).repeat()
+    return self._parsed(records.skip(start) if start else records)
+
+  def _records(self, input_context):
+    """This pipeline's serialized records, shuffled if asked (the shuffle comes before parsing)."""
     num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
     by_file = len(self.files) >= num_pipelines
     files = tf.data.Dataset.from_tensor_slices(self.files[pipeline::num_pipelines] if by_file else self.files)
@@ -195,7 +217,9 @@ class TFRecordFiles(DatasetProvider):
             len(self.files), self.file_pattern, num_pipelines)
         self._said_sharding_by_example = True
       records = records.shard(num_pipelines, pipeline)
-    dataset = records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
     if self.shuffle_buffer_size:
-      dataset = dataset.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
-    return dataset
+      records = records.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
+    return records
+
+  def _parsed(self, records):
+    return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)

@@ -38,8 +38,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
   is deterministic (a seeded shuffle, or none) gives the batches of step `s`
   whether the run started at 0 or resumed at `start_step <= s`. To get
   there, a pipeline skips the examples of the first `start_step` steps
-  (`start_step * per-replica batch * its replicas`), which costs reading
-  them once.
+  (`start_step * per-replica batch * its replicas`; see
+  `DatasetProvider.get_repeated_dataset`), which costs reading them once.
 
   Args:
     strategy: the `tf.distribute.Strategy`.
@@ -60,12 +60,9 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
   specs = []
 
   def dataset_fn(input_context):
-    dataset = _checked(provider.get_dataset(input_context), "training")
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = dataset.repeat()
-    if start_step:
-      replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-      dataset = dataset.skip(start_step * replicas * batch_size)
+    replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+    dataset = _checked(provider.get_repeated_dataset(input_context, start_step * replicas * batch_size), "training")
     dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     specs.append(dataset.element_spec)
     return dataset

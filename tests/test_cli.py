@@ -33,6 +33,13 @@ def cli_runs(tmp_path_factory):
       def model(config):
         raise RuntimeError("boom: a bug in the model function")
       """))
+  (tmp / "nans.py").write_text(textwrap.dedent("""
+      import numpy as np
+      import runner
+
+      def data(config, split):
+        return runner.data.InMemory(np.full((64, 16), np.nan, np.float32), np.zeros(64, np.int32))
+      """))
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -44,6 +51,8 @@ def cli_runs(tmp_path_factory):
       "internal_error": [f"--config={DIGITS}", "--config.model.name=explode:model", "--config.trainer.train_steps=10",
                          "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
   }
+  cases["nan_features"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.name=nans:data",
+                           "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
   # TensorFlow's log level as a user leaves it (unset: start-up chatter hidden) or sets it (0: everything).
   cases["quiet"] = [f"--config={SYNTHETIC}", "--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2",
                     "--config.trainer.train_steps=40", "--config.trainer.steps_per_loop=20"]
@@ -149,3 +158,14 @@ def test_lines_other_than_the_start_up_chatter_are_kept(capfd):
   with tensorflow_logs._filtered_stderr(tensorflow_logs._is_chatter):  # pylint: disable=protected-access
     os.write(2, (chatter + real).encode())
   assert capfd.readouterr().err == real
+
+
+def test_a_non_finite_step_is_one_error_line_with_status_3(cli_runs):
+  returncode, _, stderr, workdir = cli_runs["nan_features"]
+  assert returncode == 3, stderr[-3000:]
+  assert _error_lines(stderr) == [
+      "error: Training stopped at step 1: the loss became nan; the batch's features hold NaN or inf values. No "
+      "checkpoint holds weights from that step on. Check the data for NaN or inf values (e.g. with "
+      "tf.debugging.check_numerics in the dataset)."]
+  assert "Traceback" not in stderr
+  assert not os.path.exists(os.path.join(workdir, "checkpoints"))

@@ -84,6 +84,16 @@ def test_tfrecord_files_shard_by_file(tmp_path):
   assert sorted(order) == single and order != single
 
 
+@pytest.mark.parametrize("shuffle", [0, 5])
+def test_tfrecord_files_skip_records_before_parsing_with_the_same_result(tmp_path, shuffle):
+  pattern = _write_records(tmp_path, num_files=3, per_file=7)
+  provider = data.TFRecordFiles(pattern, _parse, shuffle_buffer_size=shuffle, seed=2)
+  for start in (0, 5, 23, 44):  # Within the first epoch of 21 records, and two and three epochs in.
+    skipped = _values(provider.get_repeated_dataset(_context(1, 2), start).take(30), index=1)
+    reference = _values(provider.get_dataset(_context(1, 2)).repeat().skip(start).take(30), index=1)
+    assert skipped == reference and len(skipped) == 30
+
+
 def test_tfrecord_files_fall_back_to_sharding_by_example_and_say_so(tmp_path, caplog):
   pattern = _write_records(tmp_path, num_files=1, per_file=6)
   provider = data.TFRecordFiles(pattern, _parse)
