@@ -344,7 +344,7 @@ class Trainer:
         train_loop=self._train_loop(global_batch_size), steps_per_loop=self._options.steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
         global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
-        single_worker=len(self._strategy.extended.worker_devices) == self._strategy.num_replicas_in_sync)
+        single_worker=_is_single_worker(self._strategy))
 
   def _train_loop(self, global_batch_size):
     loop = self._train_loops.get(global_batch_size)
@@ -384,6 +384,14 @@ class Trainer:
       self._save()
     self._reporter.flush()
     return None if self._checkpoints is None else checkpointing.latest(self._checkpoints.model_dir)
+
+
+def _is_single_worker(strategy):
+  """Whether this process runs every replica (no other worker takes part)."""
+  try:
+    return len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync
+  except RuntimeError:  # The default strategy lists no worker devices: it is this process alone.
+    return True
 
 
 def _is_tpu(strategy):

@@ -230,7 +230,7 @@ def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothin
 def test_a_rerun_that_changes_how_training_goes_on_resumes_and_keeps_the_history(tmp_path, caplog):
   workdir = str(tmp_path / "work")
   runner.run(_quick(mode="train"), workdir)
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):
     result = runner.run(_quick(mode="train", optimizer={"learning_rate": 5e-4}, trainer={"train_steps": 60}), workdir)
   assert result.global_step == 60
   assert ("Resuming at step 40 with a changed config: optimizer.learning_rate 0.001 -> 0.0005, "

@@ -93,7 +93,7 @@ def test_an_unreadable_latest_checkpoint_is_skipped_for_the_previous_one(tmp_pat
   trainer_testlib.make_trainer(one_device, model_dir=model_dir, checkpoint_every=2).train(
       data, global_batch_size=GLOBAL_BATCH, steps=4)
   _truncate(os.path.join(model_dir, "checkpoints", "ckpt-4"))
-  with caplog.at_level("WARNING"):
+  with caplog.at_level("WARNING", logger="absl"):
     resumed = trainer_testlib.make_trainer(one_device, model_dir=model_dir, checkpoint_every=2)
   assert resumed.global_step == 2
   assert re.search(r"Skipped the newest checkpoint\(s\) of .*checkpoints, which cannot be read: ckpt-4 "
