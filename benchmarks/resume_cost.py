@@ -68,7 +68,8 @@ def main():
   strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"TensorFlow {tf.__version__}")
-  print("| data | resume step | examples skipped | seconds to first batch (median) | microseconds per skipped example |")
+  print("| data | resume step | examples skipped | seconds to first batch (median) "
+        "| microseconds per skipped example |")
   print("|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as directory:
     features, labels = _arrays()

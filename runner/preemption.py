@@ -1,4 +1,4 @@
-"""SIGTERM and Ctrl-C during training: note them, so the loop saves a checkpoint and exits at a step all workers agree on.
+"""SIGTERM and Ctrl-C during training: note them, so the loop saves and exits at a step all workers agree on.
 
 A preempted VM gets SIGTERM; a user presses Ctrl-C (SIGINT). Either is noted
 and training ends at the end of the current loop, after a checkpoint, with

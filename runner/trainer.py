@@ -334,7 +334,8 @@ class Trainer:
     Order: report, exit on a stop request, evaluate (when due), the user's
     actions, checkpoint (when due).
     """
-    builtin_before = [actions_lib.ReportProgress(self._reporter), actions_lib.ExitOnStopSignal(save=self._save_for_exit)]
+    builtin_before = [actions_lib.ReportProgress(self._reporter),
+                      actions_lib.ExitOnStopSignal(save=self._save_for_exit)]
     if eval_every is not None:
       builtin_before.append(actions_lib.Evaluate(evaluate, every_steps=eval_every))
     builtin_after = []
@@ -368,10 +369,10 @@ class Trainer:
       self._save()
       saved = f" Those steps are saved in a checkpoint at step {self._global_step}."
     return ConfigError(
-        f"The training data ran out at step {self._global_step} of {steps} ({self._global_step - first_step} step(s) in "
-        f"this call): it gave no further full batch of {global_batch_size} examples although the Trainer repeats "
-        f"it. It is empty, or it cannot be iterated twice (e.g. a one-shot Python generator); make it "
-        f"repeatable.{saved}")
+        f"The training data ran out at step {self._global_step} of {steps} "
+        f"({self._global_step - first_step} step(s) in this call): it gave no further full batch of "
+        f"{global_batch_size} examples although the Trainer repeats it. It is empty, or it cannot be iterated "
+        f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}")
 
   def _save(self):
     """Writes a checkpoint at the current step (see `checkpointing.Checkpoints.save`)."""

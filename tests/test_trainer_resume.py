@@ -81,7 +81,8 @@ def test_resuming_from_the_start_of_a_run_is_not_the_same_as_resuming_exactly(tm
   first = _train(one_device, str(tmp_path / "restarted"), data, 7)
   replayed = trainer_testlib.make_trainer(one_device, steps_per_loop=STEPS_PER_LOOP)
   replayed.model.set_weights(first.model.get_weights())
-  for variable, value in zip(replayed._optimizer.variables, first._optimizer.variables):  # pylint: disable=protected-access
+  optimizer = replayed._optimizer  # pylint: disable=protected-access
+  for variable, value in zip(optimizer.variables, trainer_testlib.optimizer_variables(first)):
     variable.assign(value)
   replayed.train(data, global_batch_size=GLOBAL_BATCH, steps=TOTAL_STEPS - 7)  # The data from its beginning.
   differences = [np.max(np.abs(got - want)) for got, want in zip(replayed.model.get_weights(), uninterrupted)]
