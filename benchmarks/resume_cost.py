@@ -54,7 +54,7 @@ def _records(directory):
 
 def _seconds_to_first_batch(strategy, provider, start_step):
   start = time.perf_counter()
-  dataset, _ = input_pipeline.for_training(strategy, provider, GLOBAL_BATCH, start_step=start_step)
+  dataset = input_pipeline.for_training(strategy, provider, GLOBAL_BATCH, start_step=start_step)
   next(iter(dataset))
   return time.perf_counter() - start
 

@@ -58,7 +58,7 @@ class Checkpoints:
     self._strategy = strategy
     self._model = model
     self._max_to_keep = max_to_keep
-    self._managers = {}  # directory written -> its CheckpointManager
+    self._manager = None  # The chief's, made at its first save (after any restore).
     self._weights_finite = None
 
   def restore_latest(self):
@@ -101,11 +101,13 @@ class Checkpoints:
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
           f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values.")
     with worker_files.destination(self._strategy, self.directory) as directory:
-      if directory not in self._managers:
-        self._managers[directory] = tf.train.CheckpointManager(
-            self.checkpoint, directory, max_to_keep=self._max_to_keep)
       try:
-        path = self._managers[directory].save(checkpoint_number=step)
+        if directory == self.directory:
+          if self._manager is None:
+            self._manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=self._max_to_keep)
+          path = self._manager.save(checkpoint_number=step)
+        else:
+          path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
       except (tf.errors.OpError, OSError) as error:
         self._remove_unlisted(os.path.join(directory, f"ckpt-{step}"))
         previous = latest(self.model_dir)
@@ -116,8 +118,6 @@ class Checkpoints:
                f"again to resume from it." if previous else "There is no earlier checkpoint.")) from None
     if directory == self.directory:
       logging.info("Saved checkpoint %s.", path)
-    else:
-      del self._managers[directory]
     return path
 
   def _listed_newest_first(self):

@@ -68,7 +68,7 @@ class Controller:
       if result.non_finite:
         raise FloatingPointError(
             f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
-            f"on. {_ADVICE['data' if 'hold NaN' in result.non_finite else 'diverged']}")
+            f"on. {_ADVICE['data' if result.non_finite_data else 'diverged']}")
       loop = actions_lib.LoopEnd(
           step=step, total_steps=total_steps, train_results=result.results,
           steps_per_sec=result.steps_run / seconds,

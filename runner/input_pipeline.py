@@ -49,26 +49,20 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
     start_step: the global step the first batch is for.
 
   Returns:
-    `(distributed_dataset, batch_spec)`: the dataset from
-    `distribute_datasets_from_function` and the element spec of one
-    per-replica batch.
+    The distributed dataset from `distribute_datasets_from_function`.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
   provider = data_lib.as_provider(data)
-  specs = []
 
   def dataset_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     dataset = _checked(provider.get_repeated_dataset(input_context, start_step * replicas * batch_size), "training")
-    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    specs.append(dataset.element_spec)
-    return dataset
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
-  distributed = strategy.distribute_datasets_from_function(dataset_fn)
-  return distributed, specs[0]
+  return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def for_evaluation(strategy, data, global_batch_size, *, bounded):

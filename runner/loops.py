@@ -35,6 +35,7 @@ class TrainLoopResult:
     non_finite: None, or what was not finite at the last step and what its
       batch held, e.g. "the loss became nan; the batch's features hold NaN
       or inf values".
+    non_finite_data: the last step's batch held NaN or inf values.
   """
   steps_run: int
   loss: float
@@ -42,6 +43,7 @@ class TrainLoopResult:
   metrics: Dict[str, float]
   stop_signal: Optional[int] = None
   non_finite: Optional[str] = None
+  non_finite_data: bool = False
 
   @property
   def results(self):
@@ -136,7 +138,7 @@ class TrainLoop:
         steps_run=int(values["steps_run"]), loss=values["mean_loss"], learning_rate=values["learning_rate"],
         metrics={metric.name: value for metric, value in zip(self._metrics, vector[len(_RESULT):].tolist())},
         stop_signal=(signal.SIGINT if values["sigint"] > 0 else signal.SIGTERM if values["sigterm"] > 0 else None),
-        non_finite=_non_finite(values))
+        non_finite=_non_finite(values), non_finite_data=values["bad_features"] > 0 or values["bad_labels"] > 0)
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:

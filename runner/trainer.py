@@ -172,7 +172,7 @@ class Trainer:
     checks.positive_int(eval_every, "eval_every", optional=True)
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
-    self._prepare(None if self._ready else input_pipeline.features_spec(data, "training"))
+    self._prepare_from(data, "training")
     iterator = self._train_iterator(data, global_batch_size)
     if self._global_step >= steps:
       logging.info("The global step is %d, already at steps=%d: nothing to train.", self._global_step, steps)
@@ -254,7 +254,7 @@ class Trainer:
       ConfigError: the model builds lazily and no `data` was given, or the
         checkpoint does not match the model and optimizer.
     """
-    self._prepare(None if self._ready or data is None else input_pipeline.features_spec(data, "restore"))
+    self._prepare_from(data, "restore")
     if not self._ready:
       raise ConfigError(
           "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
@@ -285,6 +285,11 @@ class Trainer:
     exporting.export_saved_model(self._strategy, self._model, features_spec, path)
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
+
+  def _prepare_from(self, data, purpose):
+    """`_prepare` with the features spec of `data` (None: none), read only while the variables are not built."""
+    if not self._ready and data is not None:
+      self._prepare(input_pipeline.features_spec(data, purpose))
 
   def _prepare(self, features_spec):
     """Builds model and optimizer variables in scope (once), then restores the latest checkpoint.
@@ -324,7 +329,7 @@ class Trainer:
         logging.info("Resuming at step %d: each input pipeline first skips the examples it gave to the first %d "
                      "steps, so this run sees the batches of an uninterrupted one.",
                      self._global_step, self._global_step)
-      dataset, _ = input_pipeline.for_training(self._strategy, data, global_batch_size, start_step=self._global_step)
+      dataset = input_pipeline.for_training(self._strategy, data, global_batch_size, start_step=self._global_step)
       self._train_input = (key, data, iter(dataset))
     return self._train_input[2]
 
