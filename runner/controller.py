@@ -4,14 +4,8 @@ import time
 from typing import Callable, Optional, Sequence
 
 from runner import actions as actions_lib
+from runner import data as data_lib
 from runner import loops
-
-
-_ADVICE = {
-    "data": "Check the data for NaN or inf values (e.g. with tf.debugging.check_numerics in the dataset).",
-    "diverged": "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-                "(config.optimizer.clipnorm), or use float32 precision.",
-}
 
 
 class Controller:
@@ -55,8 +49,10 @@ class Controller:
         finiteness check and the actions.
 
     Raises:
-      FloatingPointError: a step's loss or gradients were not finite; the
-        message names the step and what its batch held.
+      DataError: a step's batch held NaN or inf values; the message names
+        the step and whether the features or the labels held them.
+      FloatingPointError: a step's loss or gradients were not finite, its
+        batch being finite (the training diverged); the message names the step.
     """
     end = total_steps
     loop_start = time.perf_counter()
@@ -65,10 +61,16 @@ class Controller:
       seconds = time.perf_counter() - loop_start
       step += result.steps_run
       advance(step, result.results)
+      if result.non_finite_data:
+        raise data_lib.DataError(
+            f"The training data's {' and '.join(result.non_finite_data)} hold NaN or inf values in the batch of "
+            f"step {step}; training stopped there, and no checkpoint holds weights from that step on. Find them "
+            "with tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
       if result.non_finite:
         raise FloatingPointError(
             f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
-            f"on. {_ADVICE['data' if result.non_finite_data else 'diverged']}")
+            "on. Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
+            "(config.optimizer.clipnorm), or use float32 precision.")
       loop = actions_lib.LoopEnd(
           step=step, total_steps=total_steps, train_results=result.results,
           steps_per_sec=result.steps_run / seconds,

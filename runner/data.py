@@ -21,6 +21,16 @@ from strategies.errors import ConfigError
 SHARDING = ("auto", "file", "data")
 
 
+class DataError(ConfigError):
+  """The data does not fit the model or the task, cannot be read, or holds NaN or inf values.
+
+  A mistake in the input, like any ConfigError: the message names what was
+  found (the element spec, the label value, the file and record, the step)
+  and what was expected; the CLI prints it as one `error:` line and exits 2.
+  See `runner.data_checks`.
+  """
+
+
 class DatasetProvider(abc.ABC):
   """Makes the input of one input pipeline.
 

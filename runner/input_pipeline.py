@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from runner import data as data_lib
+from runner import data_checks
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -26,7 +27,7 @@ def check_global_batch_size(strategy, global_batch_size):
         f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}.")
 
 
-def for_training(strategy, data, global_batch_size, *, start_step=0):
+def for_training(strategy, data, global_batch_size, *, start_step=0, label_range=None):
   """Distributes `data` for training: repeated, in full per-replica batches, from `start_step` on.
 
   Each input pipeline repeats its share and batches it by
@@ -47,6 +48,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
       of `(features, labels)` or `(features, labels, sample_weight)`.
     global_batch_size: examples per step over all replicas.
     start_step: the global step the first batch is for.
+    label_range: None, or the `runner.tasks.LabelRange` every batch's labels
+      are checked against (`data_checks.with_label_check`).
 
   Returns:
     The distributed dataset from `distribute_datasets_from_function`.
@@ -60,12 +63,13 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     dataset = _checked(provider.get_repeated_dataset(input_context, start_step * replicas * batch_size), "training")
-    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    batches = data_checks.with_label_check(dataset.batch(batch_size, drop_remainder=True), label_range)
+    return batches.prefetch(tf.data.AUTOTUNE)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def for_evaluation(strategy, data, global_batch_size, *, bounded):
+def for_evaluation(strategy, data, global_batch_size, *, bounded, label_range=None):
   """Distributes `data` for evaluation, padded so that every example counts exactly once.
 
   Each input pipeline maps its elements to `(features, labels, weight, mask)`
@@ -82,16 +86,17 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
     global_batch_size: examples per step over all replicas.
     bounded: the caller stops after a given number of steps, so `data` may
       be infinite.
+    label_range: as for `for_training`; padding is not checked.
 
   Returns:
-    `(distributed_dataset, batch_spec, num_input_pipelines)`.
+    `(distributed_dataset, num_input_pipelines)`.
 
   Raises:
     ConfigError: the elements are not of the contract's form, or `data` is
       infinite and not `bounded`.
   """
   provider = data_lib.as_provider(data)
-  specs, pipelines = [], []
+  pipelines = []
 
   def dataset_fn(input_context):
     dataset = _checked(provider.get_dataset(input_context), "evaluation")
@@ -102,13 +107,11 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
     dataset = dataset.map(_weighted_and_masked)
     dataset = dataset.concatenate(_padding(dataset))
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    dataset = dataset.batch(batch_size, drop_remainder=True)
-    specs.append(dataset.element_spec)
     pipelines.append(input_context.num_input_pipelines)
-    return dataset
+    return data_checks.with_label_check(dataset.batch(batch_size, drop_remainder=True), label_range, mask_index=3)
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
-  return distributed, specs[0], pipelines[0]
+  return distributed, pipelines[0]
 
 
 def _checked(dataset, purpose):
@@ -156,6 +159,6 @@ def element_spec(data, purpose):
   return _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), purpose).element_spec
 
 
-def features_spec(data, purpose):
-  """Returns the spec of a batch of `data`'s features, batch dimension None (see `element_spec`)."""
-  return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), element_spec(data, purpose)[0])
+def batch_spec(spec):
+  """Returns the spec of a batch of elements of `spec` (a nest of `tf.TensorSpec`), batch dimension None."""
+  return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)

@@ -7,7 +7,7 @@ defined, and decoded into a named result, here and nowhere else.
 import dataclasses
 import math
 import signal
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
@@ -27,16 +27,18 @@ class TrainLoopResult:
   """What one call of a `TrainLoop` did.
 
   Attributes:
-    steps_run: the steps taken (fewer than asked only when a step was not finite).
+    steps_run: the steps taken (fewer than asked only when a step's batch,
+      loss or gradients were not finite).
     loss: the mean global loss over those steps.
     learning_rate: the optimizer's learning rate after the steps.
     metrics: every metric's result over those steps, by name.
     stop_signal: None, or `signal.SIGINT` or `signal.SIGTERM` when some
       worker noted that signal (SIGINT wins when both were).
-    non_finite: None, or what was not finite at the last step and what its
-      batch held, e.g. "the loss became nan; the batch's features hold NaN
-      or inf values".
-    non_finite_data: the last step's batch held NaN or inf values.
+    non_finite: None, or, when the last step's batch was finite, what was
+      not finite at that step, e.g. "the loss became nan" (the training
+      diverged).
+    non_finite_data: the parts of the last step's batch that held NaN or inf
+      values, of ("features", "labels"); empty when it was finite.
   """
   steps_run: int
   loss: float
@@ -44,7 +46,7 @@ class TrainLoopResult:
   metrics: Dict[str, float]
   stop_signal: Optional[int] = None
   non_finite: Optional[str] = None
-  non_finite_data: bool = False
+  non_finite_data: Tuple[str, ...] = ()
 
   @property
   def results(self):
@@ -54,8 +56,8 @@ class TrainLoopResult:
 
 # What every step sums over replicas, in this order (one all-reduce with the loss):
 # the loss, replicas whose worker noted SIGTERM / SIGINT, replicas whose gradients are not
-# finite, and, only on a replica whose loss or gradients are not finite, whether its batch's
-# features / labels hold non-finite values.
+# finite, and replicas whose batch's features / labels hold non-finite values. The last three
+# stop training at that step.
 _STEP_SUMS = ("loss", "sigterm", "sigint", "bad_gradients", "bad_features", "bad_labels")
 # The vector one call returns: the call's totals, then the last step's sums but the loss.
 _RESULT = ("steps_run", "mean_loss", "learning_rate") + _STEP_SUMS
@@ -139,7 +141,7 @@ class TrainLoop:
         steps_run=int(values["steps_run"]), loss=values["mean_loss"], learning_rate=values["learning_rate"],
         metrics={metric.name: value for metric, value in zip(self._metrics, vector[len(_RESULT):].tolist())},
         stop_signal=(signal.SIGINT if values["sigint"] > 0 else signal.SIGTERM if values["sigterm"] > 0 else None),
-        non_finite=non_finite_cause(values), non_finite_data=values["bad_features"] > 0 or values["bad_labels"] > 0)
+        non_finite=non_finite_cause(values), non_finite_data=non_finite_data(values))
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
@@ -160,7 +162,7 @@ class TrainLoop:
         self._step.assign_add(1)
       loss_sum += sums[0]
       steps_run += 1
-      if tf.logical_not(tf.math.is_finite(sums[0])) | (sums[3] > 0):  # Not `or`: AutoGraph makes that a cond.
+      if tf.logical_not(tf.math.is_finite(sums[0])) | tf.reduce_any(sums[3:] > 0):  # Not `or`: AutoGraph's cond.
         break
     steps_run = tf.cast(steps_run, tf.float32)
     return self._results(steps_run, loss_sum / steps_run, sums)
@@ -317,20 +319,27 @@ def _all_finite(tensors):
   return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
 
 
+def non_finite_data(values):
+  """Returns the parts of a loop's last batch, of ("features", "labels"), that held NaN or inf values.
+
+  Args:
+    values: the last step's `bad_features` and `bad_labels` by name (as
+      decoded from `_RESULT`).
+  """
+  return tuple(part for part in ("features", "labels") if values[f"bad_{part}"] > 0)
+
+
 def non_finite_cause(values):
-  """Says what was not finite at a loop's last step; None if all was.
+  """Says what was not finite at a loop's last step although its batch was finite; None if all was.
 
   Args:
     values: the last step's `loss`, `bad_gradients`, `bad_features` and
       `bad_labels` by name (as decoded from `_RESULT`).
   """
-  if math.isfinite(values["loss"]) and values["bad_gradients"] == 0:
+  if non_finite_data(values) or (math.isfinite(values["loss"]) and values["bad_gradients"] == 0):
     return None
   what = (f"the loss became {values['loss']}" if not math.isfinite(values["loss"])
           else f"the gradients became non-finite (the loss was {values['loss']:.4g})")
-  holders = [part for part in ("features", "labels") if values[f"bad_{part}"] > 0]
-  if holders:
-    return f"{what}; the batch's {' and '.join(holders)} hold NaN or inf values"
   return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 

@@ -75,12 +75,12 @@ def _numbered(dataset, start):
       lambda number, element: ((number, element[0]),) + tuple(element[1:]))
 
 
-def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
+def per_worker_iterator(coordinator, data, global_batch_size, *, start_step, label_range=None):
   """Returns the per-worker iterator of the training stream from `start_step` on (see the module docstring).
 
   Each worker's dataset is `input_pipeline.for_training` of `data`, its
   examples numbered; a batch's first number over `global_batch_size` is its
-  step.
+  step. `label_range` is as for `input_pipeline.for_training`.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
@@ -90,7 +90,8 @@ def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
   strategy = coordinator.strategy
 
   def dataset_fn():
-    return input_pipeline.for_training(strategy, numbered, global_batch_size, start_step=start_step)
+    return input_pipeline.for_training(strategy, numbered, global_batch_size, start_step=start_step,
+                                       label_range=label_range)
 
   return iter(coordinator.create_per_worker_dataset(dataset_fn))
 
@@ -147,12 +148,12 @@ class ScheduledTrainLoop(loops.TrainLoop):
     learning_rate = float(tf.cast(self._optimizer.learning_rate, tf.float32).numpy())
     values = [dict(zip(_RESULT, vector.tolist())) for vector, _ in outputs]
     steps_run = sum(v["steps_run"] for v in values)
-    bad = [v for v in values if loops.non_finite_cause(v)]
+    bad = [v for v in values if loops.non_finite_data(v) or loops.non_finite_cause(v)]
     return loops.TrainLoopResult(
         steps_run=step - first, loss=sum(v["loss_sum"] for v in values) / max(steps_run, 1),
         learning_rate=learning_rate, metrics=self._metric_results([states for _, states in outputs]),
         stop_signal=stop_signal, non_finite=loops.non_finite_cause(bad[0]) if bad else None,
-        non_finite_data=bool(bad) and (bad[0]["bad_features"] > 0 or bad[0]["bad_labels"] > 0))
+        non_finite_data=loops.non_finite_data(bad[0]) if bad else ())
 
   def _metric_results(self, per_function_states):
     results = {}
@@ -179,7 +180,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
       changes = tf.nest.map_structure(tf.add, changes, step_changes)
       loss_sum += sums[0]
       steps_run += 1.0
-      if tf.logical_not(tf.math.is_finite(sums[0])) | (sums[1] > 0):
+      if tf.logical_not(tf.math.is_finite(sums[0])) | tf.reduce_any(sums[1:] > 0):
         break
     return tf.concat([tf.stack([steps_run, loss_sum]), sums], axis=0), changes
 

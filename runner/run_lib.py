@@ -23,6 +23,7 @@ from runner import optimizers
 from runner import registry
 from runner import steps_per_loop as steps_per_loop_lib
 from runner import trainer_options
+from runner import workdir_state
 from runner.tasks import Task
 from runner.trainer import Trainer
 
@@ -74,8 +75,8 @@ def run(config, workdir=None) -> RunResult:
   the mode run. A workdir with checkpoints resumes the run ('train'
   continues to `config.trainer.train_steps`), refusing a config that
   changes what the checkpoint holds; 'eval' and 'export' need a checkpoint
-  there. A run that fails before training leaves the workdir as it was (one
-  it created is removed).
+  there. A run that fails before it writes a checkpoint leaves the workdir
+  as it was (one it created is removed; see `workdir_state`).
 
   Args:
     config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
@@ -91,18 +92,26 @@ def run(config, workdir=None) -> RunResult:
     ConfigError: a bad config, a workdir that cannot be written, a batch size
       the replica count does not divide, no checkpoint to evaluate or export,
       a checkpoint the config does not match, or one that cannot be written.
-    FloatingPointError: a step's loss or gradients were not finite.
+    runner.data.DataError (a ConfigError): the data does not fit the model or
+      the task, cannot be read, or holds NaN or inf values.
+    FloatingPointError: a step's loss or gradients were not finite (the
+      training diverged).
   """
   config = config_lib.validate(config)
   strategy = create_strategy(config)
   config = steps_per_loop_lib.resolved(config, strategy)
   workdir, created = prepare_workdir(workdir)
+  before = workdir_state.WorkdirState.read(workdir, created=created)
   try:
-    trainer, train_data = _restored_trainer(config, strategy, workdir)
+    return _run_mode(config, strategy, workdir)
   except BaseException:
-    if created and not tf.io.gfile.listdir(workdir):
-      tf.io.gfile.rmtree(workdir)
+    before.restore_unless_checkpointed()
     raise
+
+
+def _run_mode(config, strategy, workdir):
+  """Restores the Trainer and runs `config.mode` in `workdir`; returns the `RunResult`."""
+  trainer, train_data = _restored_trainer(config, strategy, workdir)
   evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
   train_metrics = export_path = None
   if config.mode in ("train", "train_and_eval"):

@@ -1,9 +1,35 @@
 """What the model is trained to do: the `Task` interface and the built-in tasks."""
 
 import abc
+import dataclasses
+from typing import Optional
 
 import keras
 import tensorflow as tf
+
+from strategies.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRange:
+  """The values every label must take; the Trainer checks every batch against it, off the step path.
+
+  Attributes:
+    low: the least valid value.
+    high: the first value past the valid ones (exclusive).
+    integer: labels must be whole numbers.
+    meaning: what the labels are, for messages, e.g. "class ids of a model
+      with 10 outputs (classes)".
+  """
+  low: float
+  high: float
+  integer: bool
+  meaning: str
+
+  def describe(self):
+    """E.g. "integers in [0, 10) (class ids of a model with 10 outputs (classes))"."""
+    kind = "integers" if self.integer else "values"
+    return f"{kind} in [{self.low:g}, {self.high:g}) ({self.meaning})"
 
 
 class Task(abc.ABC):
@@ -31,6 +57,28 @@ class Task(abc.ABC):
     """
     return []
 
+  def check_labels(self, labels_spec, outputs_spec) -> Optional[LabelRange]:
+    """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.
+
+    The Trainer calls it once per dataset, before the first step, and checks
+    every batch's labels against the range it returns. The default checks
+    nothing.
+
+    Args:
+      labels_spec: the spec of one example's labels (no batch dimension).
+      outputs_spec: the spec of the model's outputs for a batch (a nest of
+        `tf.TensorSpec`, batch dimension first).
+
+    Returns:
+      The `LabelRange` every label value must lie in, or None.
+
+    Raises:
+      ConfigError: such labels cannot work; the message starts with
+        "labels" and names the spec found and the one expected.
+    """
+    del labels_spec, outputs_spec
+    return None
+
 
 class Classification(Task):
   """Single-label classification: integer class ids against one score per class.
@@ -50,6 +98,27 @@ class Classification(Task):
   def metrics(self):
     return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
+  def check_labels(self, labels_spec, outputs_spec):
+    """One class id per example (shape () or (1,)), integers in [0, number of outputs)."""
+    if not _is_dense(outputs_spec) or outputs_spec.shape.rank != 2 or outputs_spec.shape[-1] is None:
+      return None
+    classes = outputs_spec.shape[-1]
+    if not _is_dense(labels_spec) or labels_spec.shape.as_list() not in ([], [1]):
+      hint = ""
+      if _is_dense(labels_spec) and labels_spec.shape.as_list() == [classes]:
+        hint = " They look one-hot: give the class id instead (tf.argmax(labels) in the dataset)."
+      elif _is_dense(labels_spec) and labels_spec.shape.rank and labels_spec.shape[0] is None:
+        hint = " The dataset looks batched: the Trainer batches the data itself (drop the .batch(...))."
+      raise ConfigError(
+          f"labels are {labels_spec} per example, but task Classification takes one class id per example "
+          f"(shape () or (1,)) for a model with {classes} outputs.{hint}")
+    if not (labels_spec.dtype.is_integer or labels_spec.dtype.is_floating):
+      raise ConfigError(
+          f"labels are {labels_spec.dtype.name}, but task Classification takes class ids, integers in "
+          f"[0, {classes}).")
+    return LabelRange(low=0, high=classes, integer=True,
+                      meaning=f"class ids of a model with {classes} outputs (classes)")
+
 
 class Regression(Task):
   """Real-valued targets: the loss is the squared error, averaged over the output units.
@@ -66,3 +135,21 @@ class Regression(Task):
 
   def metrics(self):
     return [keras.metrics.MeanAbsoluteError(name="mae")]
+
+  def check_labels(self, labels_spec, outputs_spec):
+    """Real-valued labels with as many values per example as the model has outputs."""
+    if not (_is_dense(labels_spec) and _is_dense(outputs_spec)):
+      return None
+    if not (labels_spec.dtype.is_floating or labels_spec.dtype.is_integer):
+      raise ConfigError(f"labels are {labels_spec.dtype.name}, but task Regression takes real-valued targets.")
+    per_example = outputs_spec.shape[1:]
+    if labels_spec.shape.is_fully_defined() and per_example.is_fully_defined() and (
+        labels_spec.shape.num_elements() != per_example.num_elements()):
+      raise ConfigError(
+          f"labels have shape {tuple(labels_spec.shape.as_list())} per example, but task Regression needs as many "
+          f"values as the model's outputs per example, {tuple(per_example.as_list())}.")
+    return None
+
+
+def _is_dense(spec):
+  return isinstance(spec, tf.TensorSpec)

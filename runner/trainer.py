@@ -16,6 +16,7 @@ import tensorflow as tf
 from runner import actions as actions_lib
 from runner import checkpointing
 from runner import controller as controller_lib
+from runner import data_checks
 from runner import exporting
 from runner import global_state
 from runner import input_pipeline
@@ -190,8 +191,8 @@ class Trainer:
     checks.positive_int(eval_every, "eval_every", optional=True)
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
-    self._prepare_from(data, "training")
-    iterator = self._train_iterator(data, global_batch_size)
+    label_range = self._prepare_for(data, "training")
+    iterator = self._train_iterator(data, global_batch_size, label_range)
     if self._global_step >= steps:
       logging.info("The global step is %d, already at steps=%d: nothing to train.", self._global_step, steps)
       return dict(self._last_train_results)
@@ -206,6 +207,8 @@ class Trainer:
               advance=self._advance)
         except tf.errors.OutOfRangeError:
           raise self._data_ran_out(global_batch_size, steps, first_step) from None
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+          raise self._data_error(e, data, label_range, step=int(self._step.numpy()) + 1, purpose="training")
         except peers.PEER_ERRORS as e:
           if self._coordinator is not None:
             raise parameter_server_loops.lost_ps(
@@ -248,15 +251,18 @@ class Trainer:
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)
     strategy = parameter_server_loops.evaluation_strategy(self._strategy)
-    dataset, batch_spec, num_pipelines = input_pipeline.for_evaluation(
-        strategy, data, global_batch_size, bounded=steps is not None)
-    self._prepare(batch_spec[0])
+    label_range = self._prepare_for(data, "evaluation")
+    dataset, num_pipelines = input_pipeline.for_evaluation(
+        strategy, data, global_batch_size, bounded=steps is not None, label_range=label_range)
     if self._eval_loop is None:
       self._eval_loop = loops.EvalLoop(
           strategy=strategy, model=self._model, task_loss=self._task.loss, metrics=self._metrics,
           num_input_pipelines=num_pipelines, xla=self._xla)
     start = time.perf_counter()
-    results = self._eval_loop(iter(dataset), steps or _ALL_STEPS)
+    try:
+      results = self._eval_loop(iter(dataset), steps or _ALL_STEPS)
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+      raise self._data_error(e, data, label_range, step=None, purpose="evaluation")
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
     self._last_eval_results = results
@@ -281,7 +287,8 @@ class Trainer:
       ConfigError: the model builds lazily and no `data` was given, or the
         checkpoint does not match the model and optimizer.
     """
-    self._prepare_from(data, "restore")
+    if data is not None:
+      self._prepare_for(data, "training")
     if not self._ready:
       raise ConfigError(
           "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
@@ -303,7 +310,8 @@ class Trainer:
       ConfigError: the model's input shape is unknown (a model that builds
         lazily, before any train or evaluate, and no `data`).
     """
-    self._prepare(None if data is None else input_pipeline.features_spec(data, "export"))
+    if data is not None:
+      self._prepare_for(data, "export")
     features_spec = self._features_spec or _input_spec(self._model)
     if not self._ready or features_spec is None:
       raise ConfigError(
@@ -313,10 +321,38 @@ class Trainer:
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
-  def _prepare_from(self, data, purpose):
-    """`_prepare` with the features spec of `data` (None: none), read only while the variables are not built."""
-    if not self._ready and data is not None:
-      self._prepare(input_pipeline.features_spec(data, purpose))
+  def _prepare_for(self, data, purpose):
+    """Checks `data`'s elements against the model and task, and builds the variables from them (once).
+
+    Returns:
+      The `LabelRange` the labels of `data`'s batches are checked against
+      (see `data_checks`), or None.
+
+    Raises:
+      DataError: `data` does not fit the model or the task.
+    """
+    element_spec = input_pipeline.element_spec(data, purpose)
+    data_checks.check_features(element_spec, self._features_expected(), purpose=purpose)
+    features_spec = input_pipeline.batch_spec(element_spec[0])
+    self._prepare(features_spec)
+    outputs_spec = data_checks.outputs_spec(self._model, features_spec) if self._ready else None
+    return data_checks.label_range(element_spec, outputs_spec, self._task, purpose=purpose)
+
+  def _features_expected(self):
+    """The per-example features the model takes: declared, or those it was built from; None before it is built."""
+    declared = data_checks.declared_features_spec(self._model)
+    if declared is None and self._features_spec is not None and self._model.built:
+      declared = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), self._features_spec)
+    return declared
+
+  def _data_error(self, error, data, label_range, *, step, purpose):
+    """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises others."""
+    if isinstance(error, tf.errors.DataLossError):
+      return data_checks.read_error(error, data, step=step, purpose=purpose)
+    found = data_checks.label_error(error, label_range, step=step, purpose=purpose)
+    if found is None:
+      raise error
+    return found
 
   def _prepare(self, features_spec):
     """Builds model and optimizer variables in scope (once), then restores the latest checkpoint.
@@ -343,7 +379,7 @@ class Trainer:
       self._global_step = int(self._step.numpy())
       self._saved_step = self._global_step
 
-  def _train_iterator(self, data, global_batch_size):
+  def _train_iterator(self, data, global_batch_size, label_range):
     """Returns the distributed iterator over `data`; the same one again when `train` gets the same data.
 
     So consecutive `train` calls in one process continue the data stream
@@ -363,10 +399,10 @@ class Trainer:
                      self._global_step, self._global_step)
       if self._coordinator is not None:
         iterator = parameter_server_loops.per_worker_iterator(
-            self._coordinator, data, global_batch_size, start_step=self._global_step)
+            self._coordinator, data, global_batch_size, start_step=self._global_step, label_range=label_range)
       else:
         iterator = iter(input_pipeline.for_training(
-            self._strategy, data, global_batch_size, start_step=self._global_step))
+            self._strategy, data, global_batch_size, start_step=self._global_step, label_range=label_range))
       self._train_input = (key, data, iterator)
     return self._train_input[2]
 

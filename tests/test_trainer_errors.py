@@ -96,12 +96,13 @@ def test_evaluating_infinite_data_needs_steps(one_device):
         trainer_testlib.classification_data(8).repeat(), global_batch_size=8)
 
 
-def test_a_non_finite_loss_stops_training_naming_the_step_and_no_later_checkpoint_exists(tmp_path, one_device):
+def test_non_finite_features_stop_training_naming_the_step_and_no_later_checkpoint_exists(tmp_path, one_device):
   features, labels = trainer_testlib.classification_arrays(64)
   features[20] = np.nan  # In the third global batch of 8.
   trainer = trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), steps_per_loop=2, checkpoint_every=2)
-  with pytest.raises(FloatingPointError, match=r"^Training stopped at step 3: the loss became nan; the batch's "
-                                                r"features hold NaN or inf values\. No checkpoint holds weights"):
+  with pytest.raises(runner.data.DataError, match=r"^The training data's features hold NaN or inf values in the "
+                                                   r"batch of step 3; training stopped there, and no checkpoint "
+                                                   r"holds weights from that step on\."):
     trainer.train(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=8, steps=6)
   assert trainer.global_step == 3
   latest = tf.train.latest_checkpoint(str(tmp_path / "checkpoints"))
@@ -119,8 +120,8 @@ def test_non_finite_labels_are_named_as_the_cause(one_device):
   targets[42] = np.inf  # In the sixth global batch of 8.
   trainer = trainer_testlib.make_trainer(one_device, task=runner.tasks.Regression(), steps_per_loop=4,
                                          model_fn=lambda: keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)]))
-  with pytest.raises(FloatingPointError, match=r"^Training stopped at step 6: the loss became inf; the batch's "
-                                                r"labels hold NaN or inf values\."):
+  with pytest.raises(runner.data.DataError, match=r"^The training data's labels hold NaN or inf values in the "
+                                                   r"batch of step 6;"):
     trainer.train(tf.data.Dataset.from_tensor_slices((features, targets)), global_batch_size=8, steps=8)
   assert trainer.global_step == 6
 

@@ -1,0 +1,254 @@
+"""The user's data against the model and the task: each mistake found is one `DataError` line.
+
+What is checked, and when:
+- once per dataset, from its element spec alone, before the model is built or
+  a step traced (`check_features`): a dataset that is already batched, ragged
+  or variable-length features where the model needs a fixed shape, and
+  features whose shape does not fit the model's input;
+- once per dataset, from the element spec and the model's outputs
+  (`label_range`): labels the task cannot score, as the task says
+  (`runner.Task.check_labels`);
+- on every batch, in the input pipeline, off the step path
+  (`with_label_check`): label values outside the task's range, such as class
+  ids the model has no output for. The failure surfaces when the step that
+  would have used the batch asks for it, and `label_error` turns it into a
+  line naming the value, the step and the range;
+- at the step that meets it, a file that cannot be read (`read_error`): for
+  `runner.data.TFRecordFiles`, the file and the record are found by reading
+  the files again, on this error path only.
+
+Values that are not finite are found inside the step (see `runner.loops`).
+"""
+
+import re
+
+import keras
+import tensorflow as tf
+
+from runner import data as data_lib
+from strategies.errors import ConfigError
+
+DataError = data_lib.DataError
+_LABEL_CHECK = "tf-runner label check"
+_LABEL_FAILURE = re.compile(re.escape(f"[{_LABEL_CHECK}]") + r" \[(?P<value>[^\]]*)\]")
+_RECORDS_PER_READ = 4096
+_ANNOTATIONS = re.compile(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*$")
+
+
+def declared_features_spec(model):
+  """Returns the per-example features spec a model declares (`keras.Input`), or None.
+
+  A nest like the model's inputs, each a `tf.TensorSpec` without the batch
+  dimension; None for a model that builds from its first batch.
+  """
+  try:
+    structure = model.input  # A functional model's inputs, in their structure (a dict, a list, a tensor).
+  except (AttributeError, ValueError):
+    structure = None
+  if structure is None:
+    inputs = getattr(model, "inputs", None)  # A Sequential model with keras.Input: a list of one.
+    if not inputs:
+      return None
+    structure = inputs[0] if len(inputs) == 1 else list(inputs)
+  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
+
+
+def outputs_spec(model, features_spec):
+  """Returns the spec of `model`'s outputs for a batch of `features_spec` (a nest), or None if Keras cannot tell.
+
+  Computed symbolically (`keras.Model.compute_output_spec`): nothing runs.
+  """
+  inputs = tf.nest.map_structure(lambda s: keras.KerasTensor(s.shape, s.dtype), features_spec)
+  try:
+    outputs = model.compute_output_spec(inputs)
+  except (ValueError, TypeError, NotImplementedError, AttributeError):
+    return None
+  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
+
+
+def check_features(element_spec, expected, *, purpose):
+  """Checks the features of one element against what the model takes.
+
+  Args:
+    element_spec: the spec of one element, `(features, labels[, sample_weight])`.
+    expected: the per-example features spec the model takes (declared, or the
+      one it was built from), or None for a model that builds from its first
+      batch and has not yet.
+    purpose: what the data is for, e.g. "training".
+
+  Raises:
+    DataError: the dataset is batched, a feature is ragged or has a length
+      that varies where the model needs a fixed one, or a feature's shape
+      does not fit the model's input. The message names the element spec and
+      the model's input.
+  """
+  features = element_spec[0]
+  where = f"The {purpose} data"
+  leaves = tf.nest.flatten(element_spec[:2])
+  if all(isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None for s in leaves):
+    raise DataError(
+        f"{where} looks batched: every part of its elements has a first dimension of unknown size (element spec "
+        f"{_spec(element_spec)}). The Trainer batches the data itself; return an unbatched dataset of one example "
+        "per element (drop the .batch(...)).")
+  for path, spec in _leaves(features):
+    if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
+      kind = "ragged" if isinstance(spec, tf.RaggedTensorSpec) else "sparse"
+      raise DataError(
+          f"{where}'s features{path} are {kind} ({_spec(spec)}), but the Trainer batches dense tensors of one "
+          "shape. Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
+          "tf.sparse.to_dense).")
+  if expected is None:
+    for path, spec in _leaves(features):
+      if not spec.shape.is_fully_defined():
+        raise DataError(
+            f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, and the "
+            "model builds from its first batch, so it needs one fixed shape. Give every example the same shape "
+            "in the dataset (pad or cut, then tf.ensure_shape), or declare the model's input with keras.Input.")
+    return
+  try:
+    tf.nest.assert_same_structure(features, expected, check_types=False)
+  except (ValueError, TypeError):
+    raise DataError(
+        f"{where}'s features are {_spec(features)} per example, but the model takes {_spec(expected)}: their "
+        "structures differ.") from None
+  for (path, spec), want in zip(_leaves(features), tf.nest.flatten(expected)):
+    if spec.shape.rank == want.shape.rank + 1 and want.shape.is_compatible_with(spec.shape[1:]):
+      raise DataError(
+          f"{where}'s features{path} have shape {_shape(spec.shape)} per example, one dimension more than the "
+          f"model's input {_shape(want.shape)}: the dataset looks batched. The Trainer batches the data itself; "
+          "return an unbatched dataset of one example per element (drop the .batch(...)).")
+    if not want.shape.is_compatible_with(spec.shape):
+      raise DataError(
+          f"{where}'s features{path} have shape {_shape(spec.shape)} per example (element spec "
+          f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}.")
+    varying = [i for i, (got, need) in enumerate(zip(spec.shape, want.shape)) if got is None and need is not None]
+    if varying:
+      raise DataError(
+          f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, but the "
+          f"model's input takes the fixed shape {_shape(want.shape)}. Pad or cut every example to that shape in "
+          "the dataset (then tf.ensure_shape).")
+
+
+def label_range(element_spec, outputs_spec, task, *, purpose):
+  """Returns the task's `runner.tasks.LabelRange` for these labels and outputs, or None (no per-batch check).
+
+  Raises:
+    DataError: the task cannot score labels of this spec against these
+      outputs (`Task.check_labels`); the message starts with the data's purpose.
+  """
+  if outputs_spec is None:
+    return None
+  try:
+    return task.check_labels(element_spec[1], outputs_spec)
+  except ConfigError as e:
+    raise DataError(f"The {purpose} data's {e}") from None
+
+
+def with_label_check(batches, label_range_, label_index=1, mask_index=None):
+  """Returns `batches` with every batch's labels checked against `label_range_` (None: `batches` as they are).
+
+  A batch with a label outside the range fails with an InvalidArgumentError
+  that `label_error` reads. The check runs in the input pipeline, ahead of
+  the steps (its cost hides behind them).
+
+  Args:
+    batches: a dataset of batched tuples.
+    label_range_: a `runner.tasks.LabelRange`, or None.
+    label_index: the labels' position in each tuple.
+    mask_index: None, or the position of a mask (1 for a real example, 0 for
+      padding): padding is not checked.
+  """
+  if label_range_ is None:
+    return batches
+
+  def check(*batch):
+    labels = tf.cast(tf.reshape(batch[label_index], [-1]), tf.float64)
+    bad = (labels < label_range_.low) | (labels >= label_range_.high)
+    if label_range_.integer:
+      bad |= tf.not_equal(labels, tf.floor(labels))
+    if mask_index is not None:
+      bad &= tf.reshape(batch[mask_index], [-1]) > 0
+    first_bad = tf.gather(tf.reshape(batch[label_index], [-1]), tf.argmax(tf.cast(bad, tf.int32)))
+    check_op = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [_LABEL_CHECK, first_bad], summarize=1)
+    with tf.control_dependencies([check_op]):
+      return tuple(tf.identity(part) if i == label_index else part for i, part in enumerate(batch))
+
+  return batches.map(check)
+
+
+def label_error(error, label_range_, *, step, purpose):
+  """Returns the DataError for a failed label check, or None if `error` is not one.
+
+  Args:
+    error: a `tf.errors.InvalidArgumentError` raised while stepping.
+    label_range_: the `LabelRange` that was checked.
+    step: the step whose batch held the label (for evaluation: None).
+    purpose: what the data is for, e.g. "training".
+  """
+  found = _LABEL_FAILURE.search(getattr(error, "message", str(error)))
+  if found is None or label_range_ is None:
+    return None
+  at = f" in the batch of step {step}" if step is not None else ""
+  return DataError(
+      f"The {purpose} data's labels hold {found['value']}{at}, but labels must be {label_range_.describe()}.")
+
+
+def read_error(error, data, *, step, purpose):
+  """Returns the DataError for data that could not be read (a `tf.errors.DataLossError`).
+
+  For `runner.data.TFRecordFiles` the files are read again, in order, to name
+  the first damaged one and the number of its first bad record.
+  """
+  reason = _first_line(getattr(error, "message", str(error)))
+  at = f" at step {step}" if step is not None else ""
+  files = getattr(data, "files", None)
+  if isinstance(data, data_lib.TFRecordFiles) and files:
+    found = _first_bad_record(files, data.compression_type)
+    if found is not None:
+      path, record, detail = found
+      return DataError(
+          f"The {purpose} data cannot be read{at}: {path} is damaged at record {record} (counting from 0; "
+          f"{detail}). Replace or re-write that file, or leave it out of the file pattern.")
+  return DataError(
+      f"The {purpose} data cannot be read{at}: {reason}. A file it reads is damaged or truncated; rewrite it or "
+      "leave it out.")
+
+
+def _first_bad_record(files, compression_type):
+  """Returns `(path, record number, TensorFlow's reason)` of the first record that fails to read, or None."""
+  for path in files:
+    good = 0
+    records = tf.data.TFRecordDataset(path, compression_type=compression_type)
+    try:
+      for batch in records.batch(_RECORDS_PER_READ):
+        good += int(tf.shape(batch)[0])
+    except tf.errors.DataLossError:
+      try:
+        for _ in records.skip(good):
+          good += 1
+      except tf.errors.DataLossError as e:
+        return path, good, _first_line(e.message)
+  return None
+
+
+def _leaves(features):
+  """Yields `(path, spec)` for each feature: path '' for a single tensor, else like "['title']" or "[0]"."""
+  if not isinstance(features, (dict, list, tuple)):
+    yield "", features
+    return
+  for path, spec in tf.nest.flatten_with_joined_string_paths(features):
+    yield "".join(f"[{part!r}]" if not part.isdigit() else f"[{part}]" for part in path.split("/")), spec
+
+
+def _shape(shape):
+  return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
+
+
+def _spec(spec):
+  return str(spec).replace("\n", " ")
+
+
+def _first_line(message):
+  """The first line of TensorFlow's error message without its node and op annotations."""
+  line = _ANNOTATIONS.sub("", message.strip().splitlines()[0] if message.strip() else message)
+  return " ".join(line.split()) or "no reason given"
