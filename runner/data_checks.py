@@ -231,13 +231,16 @@ def _first_bad_record(files, compression_type):
   return None
 
 
-def _leaves(features):
+def _leaves(features, path=""):
   """Yields `(path, spec)` for each feature: path '' for a single tensor, else like "['title']" or "[0]"."""
-  if not isinstance(features, (dict, list, tuple)):
-    yield "", features
-    return
-  for path, spec in tf.nest.flatten_with_joined_string_paths(features):
-    yield "".join(f"[{part!r}]" if not part.isdigit() else f"[{part}]" for part in path.split("/")), spec
+  if isinstance(features, dict):
+    for key in sorted(features):
+      yield from _leaves(features[key], f"{path}[{key!r}]")
+  elif isinstance(features, (list, tuple)):
+    for index, part in enumerate(features):
+      yield from _leaves(part, f"{path}[{index}]")
+  else:
+    yield path, features
 
 
 def _shape(shape):

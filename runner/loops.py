@@ -147,7 +147,8 @@ class TrainLoop:
     for metric in self._metrics:
       metric.reset_state()
     sums = self._step_sums(iterator, stop)
-    self._step.assign_add(1)
+    with tf.control_dependencies([sums]):  # Counted once its batch was read, as in `_many_steps`.
+      self._step.assign_add(1)
     return self._results(tf.constant(1.0), sums[0], sums)
 
   def _many_steps(self, iterator, num_steps, stop):
