@@ -175,11 +175,13 @@ class Trainer:
       results, or {} if none, when the global step is already at `steps`).
 
     Raises:
-      ConfigError: an argument or the data is invalid, or the data ran out
-        (the steps taken are checkpointed first).
-      FloatingPointError: a step's loss or gradients were not finite (the
-        message names the step and whether its batch held NaN or inf); no
+      ConfigError: an argument is invalid, or the data ran out (the steps
+        taken are checkpointed first).
+      DataError: the data does not fit the model or the task, cannot be
+        read, or a step's batch held NaN or inf (see `data_checks`); no
         checkpoint is written with non-finite weights.
+      FloatingPointError: a step's loss or gradients were not finite while
+        its batch was (the training diverged; the message names the step).
       ClusterError: another worker died or stopped answering (found by the
         coordination service's heartbeats within about 10 s), or under
         parameter servers a ps task is gone; the message names it and the
@@ -247,6 +249,8 @@ class Trainer:
     Raises:
       ConfigError: an argument or the data is invalid (e.g. infinite data
         without `steps`).
+      DataError: the data does not fit the model or the task, or cannot be
+        read (see `data_checks`).
     """
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)

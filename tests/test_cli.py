@@ -40,6 +40,16 @@ def cli_runs(tmp_path_factory):
       def data(config, split):
         return runner.data.InMemory(np.full((64, 16), np.nan, np.float32), np.zeros(64, np.int32))
       """))
+  (tmp / "mistakes.py").write_text(textwrap.dedent("""
+      import numpy as np
+      import tensorflow as tf
+
+      def labels(config, split):  # Class ids up to 19 for the config's 10-class model.
+        return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.arange(64) % 20))
+
+      def batched(config, split):
+        return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.zeros(64, np.int32))).batch(8)
+      """))
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -51,6 +61,9 @@ def cli_runs(tmp_path_factory):
       "internal_error": [f"--config={DIGITS}", "--config.model.name=explode:model", "--config.trainer.train_steps=10",
                          "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
   }
+  for mistake in ("labels", "batched"):
+    cases[f"data_{mistake}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name=mistakes:{mistake}",
+                                "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
   cases["nan_features"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.name=nans:data",
                            "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
   # TensorFlow's log level as a user leaves it (unset: start-up chatter hidden) or sets it (0: everything).
@@ -169,3 +182,19 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
       "dataset, or leave such examples out (dataset.filter)."]
   assert "Traceback" not in stderr
   assert not workdir.exists()  # The run created it and wrote no checkpoint: it is gone.
+
+
+@pytest.mark.parametrize("case, message", [
+    ("data_labels", "error: The training data's labels hold 10 in the batch of step 1, but labels must be integers in "
+                    "[0, 10) (class ids of a model with 10 outputs (classes))."),
+    ("data_batched", "error: The training data looks batched: every part of its elements has a first dimension of "
+                     "unknown size (element spec (TensorSpec(shape=(None, 16), dtype=tf.float32, name=None), "
+                     "TensorSpec(shape=(None,), dtype=tf.int32, name=None))). The Trainer batches the data itself; "
+                     "return an unbatched dataset of one example per element (drop the .batch(...))."),
+])
+def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs, case, message):
+  returncode, _, stderr, workdir = cli_runs[case]
+  assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
+  assert _error_lines(stderr) == [message]
+  assert "Traceback" not in stderr
+  assert not workdir.exists()
