@@ -109,6 +109,8 @@ class Trainer:
           max_to_keep=max_to_keep)
     self._reporter = reporting.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._features_spec = None
+    self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.
+    self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
     self._ready = False
     self._global_step = 0
     self._saved_step = None
@@ -328,6 +330,8 @@ class Trainer:
   def _prepare_for(self, data, purpose):
     """Checks `data`'s elements against the model and task, and builds the variables from them (once).
 
+    The data last checked for a purpose is not checked again.
+
     Returns:
       The `LabelRange` the labels of `data`'s batches are checked against
       (see `data_checks`), or None.
@@ -335,12 +339,18 @@ class Trainer:
     Raises:
       DataError: `data` does not fit the model or the task.
     """
+    checked = self._checked_data.get(purpose)
+    if checked is not None and checked[0] is data:
+      return checked[1]
     element_spec = input_pipeline.element_spec(data, purpose)
     data_checks.check_features(element_spec, self._features_expected(), purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
-    outputs_spec = data_checks.outputs_spec(self._model, features_spec) if self._ready else None
-    return data_checks.label_range(element_spec, outputs_spec, self._task, purpose=purpose)
+    if self._outputs_spec is None and self._ready:
+      self._outputs_spec = data_checks.outputs_spec(self._model, features_spec)
+    label_range = data_checks.label_range(element_spec, self._outputs_spec, self._task, purpose=purpose)
+    self._checked_data[purpose] = (data, label_range)
+    return label_range
 
   def _features_expected(self):
     """The per-example features the model takes: declared, or those it was built from; None before it is built."""
