@@ -318,7 +318,8 @@ class Trainer:
     """
     if data is not None:
       self._prepare_for(data, "export")
-    features_spec = self._features_spec or _input_spec(self._model)
+    declared = data_checks.declared_features_spec(self._model)
+    features_spec = self._features_spec or (None if declared is None else input_pipeline.batch_spec(declared))
     if not self._ready or features_spec is None:
       raise ConfigError(
           "export needs the model's input shape, which this model does not know yet: call train or evaluate "
@@ -503,10 +504,3 @@ def _is_tpu(strategy):
 def _zeros(spec):
   return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
 
-
-def _input_spec(model):
-  """The features spec of a model that declares its input (keras.Input), else None."""
-  inputs = getattr(model, "inputs", None)
-  if not inputs or len(inputs) != 1:
-    return None
-  return tf.TensorSpec(inputs[0].shape, inputs[0].dtype)
