@@ -212,7 +212,7 @@ class Trainer:
         except tf.errors.OutOfRangeError:
           raise self._data_ran_out(global_batch_size, steps, first_step) from None
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-          raise self._data_error(e, data, label_range, step=int(self._step.numpy()) + 1, purpose="training")
+          raise self._data_error(e, data, label_range, step=int(self._step.numpy()) + 1, purpose="training") from None
         except peers.PEER_ERRORS as e:
           if self._coordinator is not None:
             raise parameter_server_loops.lost_ps(
@@ -268,7 +268,7 @@ class Trainer:
     try:
       results = self._eval_loop(iter(dataset), steps or _ALL_STEPS)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-      raise self._data_error(e, data, label_range, step=None, purpose="evaluation")
+      raise self._data_error(e, data, label_range, step=None, purpose="evaluation") from None
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
     self._last_eval_results = results
