@@ -30,9 +30,11 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0"],
+        "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0", "tensorboard>=2.16"],
         "examples": ["scikit-learn>=1.0"],
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
+        # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.
+        "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
     },
     entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main",
                                       "tf-runner-launch=runner.launch:run_main"]},

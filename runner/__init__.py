@@ -15,6 +15,7 @@ _PUBLIC = {
     "TPUCheckResult": "runner.tpu_check",
     "Trainer": "runner.trainer",
     "check_tpu": "runner.tpu_check",
+    "config_fields": "runner.own_fields",
     "load_config": "runner.config",
     "run": "runner.run_lib",
     "RunResult": "runner.run_lib",

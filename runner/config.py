@@ -76,22 +76,27 @@ def default_config():
   return _complete(ml_collections.ConfigDict())
 
 
-def _complete(config):
+def _complete(config, previous_names=None):
   """Returns `config` over the schema: every field present, names and types checked.
 
   The data, model and task sections get the own fields of the dataset, model
-  or task they name, with defaults for those not given; a section naming an
-  import path keeps whatever other fields it has.
+  or task they name, with defaults for those not given: a built-in's, or those
+  an import path's function declares (`runner.config_fields`); a section
+  naming a function that declares none keeps whatever other fields it has.
 
   Args:
     config: a ConfigDict (or mapping) with any part of the schema.
+    previous_names: {section: name} that overrides replaced; the own fields of
+      those names still at their defaults give way to the new names' (see
+      `_with_own_fields`).
 
   Returns:
     A new, unlocked ConfigDict.
 
   Raises:
     ConfigError: an unknown section or field (with a did-you-mean), an
-      unknown built-in name, or a value of the wrong type.
+      unknown built-in name, an import path that does not resolve, or a value
+      of the wrong type.
   """
   if not hasattr(config, "items"):
     raise ConfigError(f"A config must be a ConfigDict, got {type(config).__name__}.")
@@ -101,45 +106,63 @@ def _complete(config):
     given = config[section] if section in config else {}
     if not hasattr(given, "items"):
       raise ConfigError(f"config.{section} must be a section (a ConfigDict), got {given!r}.")
-    _merge(result[section], _with_own_fields(result[section], given, f"config.{section}", kind),
+    previous = (previous_names or {}).get(section)
+    _merge(result[section], _with_own_fields(result[section], given, f"config.{section}", kind, previous),
            f"config.{section}")
   return result
 
 
-def _with_own_fields(section, given, where, kind):
+def _with_own_fields(section, given, where, kind, previous=None):
   """Adds to `section` the own fields of the `kind` that `given` names; returns `given`'s fields to merge.
 
-  A built-in's own fields come with their defaults. A field of another
-  built-in of that kind still at that built-in's default is dropped (so a
-  config may switch, say, from dataset 'digits' to 'synthetic'); any other
-  field the built-in does not have is an error. For an import path, `given`'s
-  fields are all kept, as they are.
+  Own fields (a built-in's, or those its function declares) come with their
+  defaults. A field of `previous` (the name an override replaced) still at
+  that one's default gives way to the new name's default, or is dropped; so is
+  a field of another built-in of that kind still at that built-in's default (so
+  a config may switch, say, from dataset 'digits' to 'synthetic' or to
+  'my.data:fn'); any other field not its own is an error. For a function that
+  declares no fields, `given`'s fields are all kept, as they are.
   """
   name = given.get("name", section.name)
   if not isinstance(name, str) or not name:
     raise ConfigError(f"{where}.name must be a non-empty string, got {name!r}.")
-  found = registry.builtin(kind, name)
-  if found is None:
+  fields = registry.own_fields(kind, name)
+  if fields is None:
     for field in given:
       if field not in section:
         section[field] = _typed(given, field)
     return dict(given.items())
-  for field, default in found.fields.items():
+  common = sorted(set(fields) & set(section))
+  if common:
+    raise ConfigError(
+        f"The {kind} {name!r} declares the field(s) {', '.join(common)}, which {where} has for every {kind}; "
+        f"give its own fields other names.")
+  for field, default in fields.items():
     section[field] = default
+  replaced = _defaults(kind, previous) if previous not in (None, name) else {}
   others = {}
-  for other in registry.builtins(kind).values():
-    for field, default in other.fields.items():
+  for other in registry.names(kind):
+    for field, default in _defaults(kind, other).items():
       others.setdefault(field, []).append(default)
   kept = {}
   for field, value in given.items():
+    if field in replaced and value == replaced[field]:
+      continue
     if field in section:
       kept[field] = value
     elif value not in others.get(field, ()):
-      hint = f" (a field of another {kind}, set to {value!r})" if field in others else ""
+      hint = f" (a field of another {kind}, set to {value!r})" if field in others or field in replaced else ""
       raise ConfigError(
           f"{where}.{field} is not a field of {kind} {name!r}{hint}.{checks.did_you_mean(field, section)} "
           f"Fields of {where} for {kind} {name!r}: {', '.join(section)}.")
   return kept
+
+
+def _defaults(kind, name):
+  """Returns {field: default value} of the own fields of `name` ({} for a function that declares none)."""
+  fields = registry.own_fields(kind, name) or {}
+  return {field: default.get() if isinstance(default, config_dict.FieldReference) else default
+          for field, default in fields.items()}
 
 
 def _typed(given, field):
@@ -280,9 +303,10 @@ def load_config(path, overrides=()):
   items = list(overrides.items() if hasattr(overrides, "items") else overrides)
   names = [item for item in items if _path_of(item) in NAME_FIELDS]
   if names:  # New names first, so that the other overrides may set the new dataset's, model's or task's fields.
+    previous_names = {section: config[section].name for section in NAMED_SECTIONS}
     config.lock()
     _apply_overrides(config, names)
-    config = _complete(config)
+    config = _complete(config, previous_names)
   config.lock()
   _apply_overrides(config, [item for item in items if _path_of(item) not in NAME_FIELDS])
   return validate(config)

@@ -3,10 +3,11 @@
 A config names its model, dataset and task as a built-in name (`'mlp'`,
 `'digits'`, `'classification'`, ...) or as an import path
 `'package.module:function'`. A built-in comes with its own config fields and
-their defaults; an imported function reads whatever fields its config section
-has. The functions are called as DESIGN.md says: a model function as
-`fn(config.model)`, a dataset function as `fn(config.data, split)`, a task
-function as `fn(config.task)`.
+their defaults; an imported function has the fields it declares with
+`runner.config_fields` (`runner.own_fields`), or, declaring none, whatever
+fields its config section has. The functions are called as DESIGN.md says: a
+model function as `fn(config.model)`, a dataset function as
+`fn(config.data, split)`, a task function as `fn(config.task)`.
 """
 
 import dataclasses
@@ -18,6 +19,7 @@ from strategies.errors import ConfigError
 
 from runner import builtin_datasets
 from runner import builtin_models
+from runner import own_fields as own_fields_lib
 
 @dataclasses.dataclass(frozen=True)
 class Builtin:
@@ -117,3 +119,18 @@ def resolve(kind, name) -> Callable:
   if not callable(fn):
     raise ConfigError(f"The {kind} {name!r} is a {type(fn).__name__}, not a function.")
   return fn
+
+
+def own_fields(kind, name) -> Optional[Mapping[str, Any]]:
+  """Returns {field: default} of the own config fields of `name`, or None for a function that declares none.
+
+  A built-in's fields; for an import path, the fields its function declares
+  with `runner.config_fields` (importing its module).
+
+  Raises:
+    ConfigError: as `resolve`.
+  """
+  found = builtin(kind, name)
+  if found is not None:
+    return dict(found.fields)
+  return own_fields_lib.declared(resolve(kind, name))

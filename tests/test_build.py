@@ -152,9 +152,10 @@ def test_every_requirement_is_declared_by_setup_py(tmp_path):
 def test_setup_py_declares_the_extras_of_the_design(tmp_path):
   declared = _declared_requirements(tmp_path)
   assert {"tensorflow", "absl-py", "ml-collections"} <= set(declared[""])
-  assert {"pytest", "portpicker"} <= set(declared["test"])
+  assert {"pytest", "portpicker", "tensorboard"} <= set(declared["test"])
   assert declared["examples"] == ["scikit-learn"]
   assert declared["tpu"] == ["tensorflow-tpu"]
+  assert declared["tensorboard"] == ["tensorboard", "tensorboard-plugin-profile"]
 
 
 def test_a_tpu_vm_install_does_not_pull_the_cpu_wheel(tmp_path):

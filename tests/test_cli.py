@@ -40,6 +40,14 @@ def cli_runs(tmp_path_factory):
       def data(config, split):
         return runner.data.InMemory(np.full((64, 16), np.nan, np.float32), np.zeros(64, np.int32))
       """))
+  (tmp / "owndata.py").write_text(textwrap.dedent("""
+      import numpy as np
+      import runner
+
+      @runner.config_fields(train_files="", shuffle_buffer=0)
+      def files(config, split):
+        return runner.data.InMemory(np.zeros((64, 16), np.float32), np.zeros(64, np.int32))
+      """))
   (tmp / "mistakes.py").write_text(textwrap.dedent("""
       import numpy as np
       import tensorflow as tf
@@ -64,6 +72,10 @@ def cli_runs(tmp_path_factory):
   for mistake in ("labels", "batched"):
     cases[f"data_{mistake}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name=mistakes:{mistake}",
                                 "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
+  cases["own_field"] = [f"--config={SYNTHETIC}", "--dry_run", "--config.data.name=owndata:files",
+                        "--config.data.train_files=/data/train-*.rec"]
+  cases["own_field_typo"] = [f"--config={SYNTHETIC}", "--config.data.name=owndata:files",
+                             "--config.data.train_file=/data/train-*.rec"]
   cases["nan_features"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.name=nans:data",
                            "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
   # TensorFlow's log level as a user leaves it (unset: start-up chatter hidden) or sets it (0: everything).
@@ -140,6 +152,25 @@ def test_the_same_command_trains_on_two_workers(cli_runs):
   assert eval_lines[0].endswith(" num_examples=512")  # every eval example counted once over both workers
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "config_history.jsonl", "metrics.jsonl",
                                         "summaries"]
+
+
+def test_a_dataset_functions_declared_fields_are_set_and_shown_by_the_dry_run(cli_runs):
+  returncode, stdout, stderr, _ = cli_runs["own_field"]
+  assert returncode == 0, stderr[-3000:]
+  assert "  name: owndata:files\n" in stdout
+  assert "  shuffle_buffer: 0\n  train_files: /data/train-*.rec\n" in stdout
+  assert "num_examples" not in stdout  # The config file's synthetic fields, at their defaults, are dropped.
+
+
+def test_a_typo_in_a_declared_field_is_one_line_with_a_did_you_mean(cli_runs):
+  returncode, _, stderr, workdir = cli_runs["own_field_typo"]
+  assert returncode == USER_ERROR_EXIT_CODE
+  assert "Traceback" not in stderr
+  assert _error_lines(stderr) == [
+      "error: Override 'data.train_file=/data/train-*.rec': config.data has no field 'train_file'. Did you mean "
+      "'train_files'? Fields of config.data: eval_global_batch_size, global_batch_size, name, sharding, "
+      "shuffle_buffer, train_files."]
+  assert not workdir.exists()
 
 
 # An absl log line: level, date, time, thread, file:line] message.

@@ -1,6 +1,8 @@
 """The run config: schema, loading with overrides, validation messages, names, optimizers."""
 
 import os
+import re
+import subprocess
 import sys
 import textwrap
 
@@ -43,10 +45,22 @@ def user_module(tmp_path, monkeypatch):
 
       NOT_A_FUNCTION = 3
       """))
+  (tmp_path / "fieldsmod.py").write_text(textwrap.dedent("""
+      from ml_collections import config_dict
+      import runner
+
+      @runner.config_fields(train_files="", num_classes=5, shuffle_buffer=0, vocab=config_dict.placeholder(str))
+      def files(config, split):
+        return config.train_files, split
+
+      @runner.config_fields(global_batch_size=8)
+      def batching(config, split):
+        return config.global_batch_size, split
+      """))
   (tmp_path / "brokenmod.py").write_text("import no_such_dependency_xyz\n")
   monkeypatch.syspath_prepend(str(tmp_path))
   yield
-  for name in ("usermod", "brokenmod"):
+  for name in ("usermod", "fieldsmod", "brokenmod"):
     sys.modules.pop(name, None)
 
 
@@ -174,6 +188,10 @@ def test_import_paths_resolve_and_keep_their_own_fields(user_module):
       "task": {"name": "usermod:squared_error"},
   })
   assert config.data.size == 8 and config.model.units == 1
+  undeclared = runner.load_config(SYNTHETIC, ["data.name=usermod:ramp"])  # declares no fields: keeps the file's
+  assert undeclared.data.num_examples == 2048 and "size" not in undeclared.data
+  with pytest.raises(ConfigError, match=r"config.data has no field 'size'"):
+    runner.load_config(SYNTHETIC, ["data.name=usermod:ramp", "data.size=8"])
   assert registry.resolve("model", config.model.name)(config.model).layers[0].units == 1
   assert isinstance(registry.resolve("task", config.task.name)(config.task), tasks.Regression)
   with pytest.raises(ConfigError, match=r"The dataset 'brokenmod:ramp' does not import: ModuleNotFoundError: "
@@ -181,6 +199,64 @@ def test_import_paths_resolve_and_keep_their_own_fields(user_module):
     registry.resolve("dataset", "brokenmod:ramp")
   with pytest.raises(ConfigError, match=r"The task 'usermod:NOT_A_FUNCTION' is a int, not a function"):
     registry.resolve("task", "usermod:NOT_A_FUNCTION")
+
+
+def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, tmp_path):
+  config = runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.train_files=/data/train-*.rec",
+                                          "data.vocab=vocab.txt"])
+  assert (config.data.train_files, config.data.shuffle_buffer, config.data.vocab) == ("/data/train-*.rec", 0,
+                                                                                        "vocab.txt")
+  assert config.data.num_classes == 5  # its default, not synthetic's 10 that the config file set
+  assert set(config.data) == {"name", "global_batch_size", "eval_global_batch_size", "sharding", "train_files",
+                              "num_classes", "shuffle_buffer", "vocab"}  # synthetic's fields dropped
+  assert runner.load_config(SYNTHETIC, {"data.name": "fieldsmod:files", "data.shuffle_buffer": 9}).data.vocab is None
+  with pytest.raises(ConfigError, match=r"config.data has no field 'train_file'. Did you mean 'train_files'\? "
+                                        r"Fields of config.data: eval_global_batch_size, global_batch_size, name, "
+                                        r"num_classes, sharding, shuffle_buffer, train_files, vocab.$"):
+    runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.train_file=x"])
+  with pytest.raises(ConfigError, match=r"config.data.shuffle_buffer must be an int, got 'big'"):
+    runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.shuffle_buffer=big"])
+  with pytest.raises(ConfigError, match=r"config.data.train_file is not a field of dataset 'fieldsmod:files'. Did "
+                                        r"you mean 'train_files'\?"):
+    config_lib.validate({"data": {"name": "fieldsmod:files", "train_file": "x"}})
+  (tmp_path / "own.py").write_text("def get_config():\n  return {'data': {'name': 'fieldsmod:files'}}\n")
+  back = runner.load_config(str(tmp_path / "own.py"), ["data.name=synthetic"])  # its defaults give way
+  assert back.data.num_classes == 10 and "train_files" not in back.data
+  (tmp_path / "own_set.py").write_text(
+      "def get_config():\n  return {'data': {'name': 'fieldsmod:files', 'train_files': 'a'}}\n")
+  with pytest.raises(ConfigError, match=r"config.data.train_files is not a field of dataset 'synthetic' \(a field "
+                                        r"of another dataset, set to 'a'\)"):
+    runner.load_config(str(tmp_path / "own_set.py"), ["data.name=synthetic"])
+  (tmp_path / "set.py").write_text("def get_config():\n  return {'data': {'name': 'synthetic', 'num_examples': 100}}\n")
+  with pytest.raises(ConfigError, match=r"config.data.num_examples is not a field of dataset 'fieldsmod:files' "
+                                        r"\(a field of another dataset, set to 100\)"):
+    runner.load_config(str(tmp_path / "set.py"), ["data.name=fieldsmod:files"])
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"vocab": None}, r"the default of 'vocab' is None, whose type the config cannot know; for an optional field "
+                      r"write vocab=ml_collections.config_dict.placeholder\(str\)"),
+    ({"files": ["a"]}, r"the default of 'files' is \['a'\] \(list\); a default is a bool, int, float, str or tuple"),
+    ({"name": "x"}, r"'name' is the field that names the function"),
+])
+def test_a_declaration_that_cannot_work_is_a_config_error(fields, message):
+  where = f"@runner.config_fields on {__name__}:test_a_declaration_that_cannot_work_is_a_config_error.<locals>.fn: "
+  with pytest.raises(ConfigError, match=re.escape(where) + message):
+    @runner.config_fields(**fields)
+    def fn(config, split):
+      del config, split
+
+
+def test_a_module_declares_its_fields_before_it_imports_tensorflow():
+  code = "import sys, runner; runner.config_fields(a=1)(lambda config: config); print('tensorflow' in sys.modules)"
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+  assert (done.returncode, done.stdout) == (0, "False\n"), done.stderr
+
+
+def test_a_declared_field_that_the_section_has_for_every_dataset_is_a_config_error(user_module):
+  with pytest.raises(ConfigError, match=r"The dataset 'fieldsmod:batching' declares the field\(s\) "
+                                        r"global_batch_size, which config.data has for every dataset"):
+    config_lib.validate({"data": {"name": "fieldsmod:batching"}})
 
 
 def test_builtin_names_and_models():

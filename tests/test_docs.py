@@ -13,10 +13,10 @@ import strategies
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_MAX_LINES = 300
 DOCS_PAGES = ("config", "strategies", "trainer", "cli", "fault_tolerance", "multi_worker", "parameter_server", "cloud_tpu",
-              "benchmarks", "development")  # the README links each
+              "tensorboard", "benchmarks", "development")  # the README links each
 PUBLIC_NAMES = (
     "runner.Trainer", "runner.run", "runner.RunResult", "runner.load_config", "runner.Task", "runner.check_tpu",
-    "runner.TPUCheckResult",
+    "runner.TPUCheckResult", "runner.config_fields",
     "runner.tasks.Classification", "runner.tasks.Regression", "runner.data.DatasetProvider",
     "runner.actions.Action", "runner.actions.EarlyStopping",
     "strategies.create", "strategies.default_config", "strategies.names", "strategies.describe",

@@ -1,12 +1,16 @@
 """What a run leaves behind: metrics.jsonl, TensorBoard scalars, progress lines."""
 
-import glob
 import json
 import logging
-import os
 
 import keras
 import pytest
+from tensorboard import context as tensorboard_context
+from tensorboard.backend.event_processing import data_ingester
+from tensorboard.backend.event_processing import data_provider
+from tensorboard.backend.event_processing import plugin_event_multiplexer
+from tensorboard.plugins import base_plugin
+from tensorboard.plugins.scalar import scalars_plugin
 import tensorflow as tf
 
 import trainer_testlib
@@ -14,14 +18,28 @@ import trainer_testlib
 GLOBAL_BATCH = 8
 
 
-def _scalars(event_dir):
-  """Returns {tag: [(step, value), ...]} from the event files in `event_dir`."""
+def _scalars_as_tensorboard_shows_them(logdir):
+  """Returns {run: {tag: [(step, value), ...]}}: what TensorBoard's scalars plugin serves for `logdir`.
+
+  TensorBoard's own reading path, in process: the event multiplexer with the
+  sampling of `tensorboard --logdir` (each subdirectory a run), its data
+  provider, and the scalars plugin's tags and scalars handlers, which list
+  only summaries the plugin shows.
+  """
+  multiplexer = plugin_event_multiplexer.EventMultiplexer(
+      size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE,
+      tensor_size_guidance=data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE)
+  multiplexer.AddRunsFromDirectory(str(logdir))
+  multiplexer.Reload()
+  plugin = scalars_plugin.ScalarsPlugin(base_plugin.TBContext(
+      data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir))))
+  assert plugin.plugin_name == "scalars"
+  request = tensorboard_context.RequestContext()
   found = {}
-  for path in sorted(glob.glob(os.path.join(event_dir, "events.out.tfevents.*"))):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        assert value.metadata.plugin_data.plugin_name == "scalars"
-        found.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+  for run, tags in plugin.index_impl(request, experiment="").items():
+    for tag in tags:
+      points, _ = plugin.scalars_impl(request, tag, run, "", scalars_plugin.OutputFormat.JSON)
+      found.setdefault(run, {})[tag] = [(step, value) for _, step, value in points]
   return found
 
 
@@ -69,16 +87,23 @@ def test_metrics_jsonl_has_one_row_per_train_loop_and_per_evaluation(run):
   assert evaluation["num_examples"] == 20
 
 
-def test_tensorboard_scalars_for_train_and_eval(run):
+def test_tensorboard_shows_the_train_and_eval_scalars(run):
   model_dir, results, _ = run
-  train = _scalars(model_dir / "summaries" / "train")
+  with open(model_dir / "metrics.jsonl", encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  shown = _scalars_as_tensorboard_shows_them(model_dir / "summaries")
+  assert set(shown) == {"train", "eval"}
+  train, evaluation = shown["train"], shown["eval"]
   assert set(train) == {"loss", "accuracy", "learning_rate", "steps_per_sec", "examples_per_sec"}
+  assert set(evaluation) == {"loss", "accuracy", "num_examples"}
+  for split, scalars in shown.items():  # The values metrics.jsonl holds, at the same steps (as float32).
+    for tag, points in scalars.items():
+      if tag != "learning_rate":
+        assert points == [(row["step"], pytest.approx(row[tag], rel=1e-6)) for row in rows if row["split"] == split]
   assert [step for step, _ in train["loss"]] == [2, 4]
-  assert train["loss"][-1][1] == pytest.approx(results["loss"])
+  assert train["loss"][-1][1] == pytest.approx(results["loss"], rel=1e-6)
   # The optimizer's current learning rate: the schedule at the optimizer's iteration count.
   assert train["learning_rate"] == [(2, pytest.approx(0.1 * 0.5**2)), (4, pytest.approx(0.1 * 0.5**4))]
-  evaluation = _scalars(model_dir / "summaries" / "eval")
-  assert set(evaluation) == {"loss", "accuracy", "num_examples"}
   assert evaluation["num_examples"] == [(2, 20.0), (4, 20.0)]
 
 
