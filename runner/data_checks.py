@@ -144,53 +144,54 @@ def label_range(element_spec, outputs_spec, task, *, purpose):
     raise DataError(f"The {purpose} data's {e}") from None
 
 
-def with_label_check(batches, label_range_, label_index=1, mask_index=None):
-  """Returns `batches` with every batch's labels checked against `label_range_` (None: `batches` as they are).
+def with_label_check(batches, valid_labels, *, mask_index=None):
+  """Returns `batches` with every batch's labels checked against `valid_labels` (None: `batches` as they are).
 
   A batch with a label outside the range fails with an InvalidArgumentError
   that `label_error` reads. The check runs in the input pipeline, ahead of
   the steps (its cost hides behind them).
 
   Args:
-    batches: a dataset of batched tuples.
-    label_range_: a `runner.tasks.LabelRange`, or None.
-    label_index: the labels' position in each tuple.
+    batches: a dataset of batched tuples `(features, labels, ...)`.
+    valid_labels: a `runner.tasks.LabelRange`, or None.
     mask_index: None, or the position of a mask (1 for a real example, 0 for
       padding): padding is not checked.
   """
-  if label_range_ is None:
+  if valid_labels is None:
     return batches
 
   def check(*batch):
-    labels = tf.cast(tf.reshape(batch[label_index], [-1]), tf.float64)
-    bad = (labels < label_range_.low) | (labels >= label_range_.high)
-    if label_range_.integer:
-      bad |= tf.not_equal(labels, tf.floor(labels))
+    labels = batch[1]
+    values = tf.cast(tf.reshape(labels, [tf.shape(labels)[0], -1]), tf.float64)  # [batch, values per example]
+    bad = (values < valid_labels.low) | (values >= valid_labels.high)
+    if valid_labels.integer:
+      bad |= tf.not_equal(values, tf.floor(values))
     if mask_index is not None:
-      bad &= tf.reshape(batch[mask_index], [-1]) > 0
-    first_bad = tf.gather(tf.reshape(batch[label_index], [-1]), tf.argmax(tf.cast(bad, tf.int32)))
+      bad &= tf.reshape(batch[mask_index], [-1, 1]) > 0
+    bad = tf.reshape(bad, [-1])
+    first_bad = tf.gather(tf.reshape(labels, [-1]), tf.argmax(tf.cast(bad, tf.int32)))
     check_op = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [_LABEL_CHECK, first_bad], summarize=1)
     with tf.control_dependencies([check_op]):
-      return tuple(tf.identity(part) if i == label_index else part for i, part in enumerate(batch))
+      return (batch[0], tf.identity(labels)) + batch[2:]
 
   return batches.map(check)
 
 
-def label_error(error, label_range_, *, step, purpose):
+def label_error(error, valid_labels, *, step, purpose):
   """Returns the DataError for a failed label check, or None if `error` is not one.
 
   Args:
     error: a `tf.errors.InvalidArgumentError` raised while stepping.
-    label_range_: the `LabelRange` that was checked.
+    valid_labels: the `LabelRange` that was checked.
     step: the step whose batch held the label (for evaluation: None).
     purpose: what the data is for, e.g. "training".
   """
   found = _LABEL_FAILURE.search(getattr(error, "message", str(error)))
-  if found is None or label_range_ is None:
+  if found is None or valid_labels is None:
     return None
   at = f" in the batch of step {step}" if step is not None else ""
   return DataError(
-      f"The {purpose} data's labels hold {found['value']}{at}, but labels must be {label_range_.describe()}.")
+      f"The {purpose} data's labels hold {found['value']}{at}, but labels must be {valid_labels.describe()}.")
 
 
 def read_error(error, data, *, step, purpose):
