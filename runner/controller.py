@@ -8,6 +8,18 @@ from runner import data as data_lib
 from runner import loops
 
 
+class LabelsOutOfRange(Exception):
+  """A step's batch held a label outside the train loop's `valid_labels`; the Trainer says which (`data_checks`).
+
+  Attributes:
+    step: the step whose batch held it (None: an evaluation's).
+  """
+
+  def __init__(self, step):
+    super().__init__(f"a label outside the valid range in the batch of step {step}")
+    self.step = step
+
+
 class Controller:
   """Runs a `loops.TrainLoop` in calls of up to `steps_per_loop` steps, with actions between calls.
 
@@ -49,6 +61,8 @@ class Controller:
         finiteness check and the actions.
 
     Raises:
+      LabelsOutOfRange: a step's batch held a label outside the loop's
+        valid range.
       DataError: a step's batch held NaN or inf values; the message names
         the step and whether the features or the labels held them.
       FloatingPointError: a step's loss or gradients were not finite, its
@@ -61,6 +75,8 @@ class Controller:
       seconds = time.perf_counter() - loop_start
       step += result.steps_run
       advance(step, result.results)
+      if result.labels_out_of_range:
+        raise LabelsOutOfRange(step)
       if result.non_finite_data:
         raise data_lib.DataError(
             f"The training data's {' and '.join(result.non_finite_data)} hold NaN or inf values in the batch of "

@@ -7,12 +7,12 @@ What is checked, and when:
   features whose shape does not fit the model's input;
 - once per dataset, from the element spec and the model's outputs
   (`label_range`): labels the task cannot score, as the task says
-  (`runner.Task.check_labels`);
-- on every batch, in the input pipeline, off the step path
-  (`with_label_check`): label values outside the task's range, such as class
-  ids the model has no output for. The failure surfaces when the step that
-  would have used the batch asks for it, and `label_error` turns it into a
-  line naming the value, the step and the range;
+  (`runner.Task.check_labels`), and the range their values must lie in;
+- in every step, from the batch's smallest and largest label (a few scalar
+  ops, reduced with the loss; see `runner.loops`): a label outside that range,
+  such as a class id the model has no output for. The step stops training;
+  `first_label_outside` then reads the data again to name an example and its
+  label (`labels_out_of_range_error`);
 - at the step that meets it, a file that cannot be read (`read_error`): for
   `runner.data.TFRecordFiles`, the file and the record are found by reading
   the files again, on this error path only.
@@ -23,15 +23,16 @@ Values that are not finite are found inside the step (see `runner.loops`).
 import re
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from runner import data as data_lib
 from strategies.errors import ConfigError
 
 DataError = data_lib.DataError
-_LABEL_CHECK = "tf-runner label check"
-_LABEL_FAILURE = re.compile(re.escape(f"[{_LABEL_CHECK}]") + r" \[(?P<value>[^\]]*)\]")
 _RECORDS_PER_READ = 4096
+_LABELS_PER_READ = 4096
+_LABELS_READ = 1_000_000
 _ANNOTATIONS = re.compile(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*$")
 
 
@@ -144,54 +145,44 @@ def label_range(element_spec, outputs_spec, task, *, purpose):
     raise DataError(f"The {purpose} data's {e}") from None
 
 
-def with_label_check(batches, valid_labels, *, mask_index=None):
-  """Returns `batches` with every batch's labels checked against `valid_labels` (None: `batches` as they are).
-
-  A batch with a label outside the range fails with an InvalidArgumentError
-  that `label_error` reads. The check runs in the input pipeline, ahead of
-  the steps (its cost hides behind them).
+def labels_out_of_range_error(found, valid_labels, *, step, purpose):
+  """Returns the DataError for a step whose batch held a label outside `valid_labels`.
 
   Args:
-    batches: a dataset of batched tuples `(features, labels, ...)`.
-    valid_labels: a `runner.tasks.LabelRange`, or None.
-    mask_index: None, or the position of a mask (1 for a real example, 0 for
-      padding): padding is not checked.
-  """
-  if valid_labels is None:
-    return batches
-
-  def check(*batch):
-    labels = batch[1]
-    values = tf.cast(tf.reshape(labels, [tf.shape(labels)[0], -1]), tf.float64)  # [batch, values per example]
-    bad = (values < valid_labels.low) | (values >= valid_labels.high)
-    if valid_labels.integer:
-      bad |= tf.not_equal(values, tf.floor(values))
-    if mask_index is not None:
-      bad &= tf.reshape(batch[mask_index], [-1, 1]) > 0
-    bad = tf.reshape(bad, [-1])
-    first_bad = tf.gather(tf.reshape(labels, [-1]), tf.argmax(tf.cast(bad, tf.int32)))
-    check_op = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [_LABEL_CHECK, first_bad], summarize=1)
-    with tf.control_dependencies([check_op]):
-      return (batch[0], tf.identity(labels)) + batch[2:]
-
-  return batches.map(check)
-
-
-def label_error(error, valid_labels, *, step, purpose):
-  """Returns the DataError for a failed label check, or None if `error` is not one.
-
-  Args:
-    error: a `tf.errors.InvalidArgumentError` raised while stepping.
-    valid_labels: the `LabelRange` that was checked.
-    step: the step whose batch held the label (for evaluation: None).
+    found: `first_label_outside(data, valid_labels)`: an example and its label,
+      or None.
+    valid_labels: the `runner.tasks.LabelRange` the labels broke.
+    step: the step whose batch held it (for evaluation: None).
     purpose: what the data is for, e.g. "training".
   """
-  found = _LABEL_FAILURE.search(getattr(error, "message", str(error)))
-  if found is None or valid_labels is None:
-    return None
-  at = f" in the batch of step {step}" if step is not None else ""
+  where = f"The {purpose} data's batch of step {step}" if step is not None else f"The {purpose} data"
+  example = (f"example {found[0]} of the data (counting from 0) has label {found[1]}" if found
+             else f"the first {_LABELS_READ:,} examples of the data have none, so it is further on")
   return DataError(
-      f"The {purpose} data's labels hold {found['value']}{at}, but labels must be {valid_labels.describe()}.")
+      f"{where} holds a label outside the task's range: {example}, but labels must be {valid_labels.describe()}.")
+
+
+def first_label_outside(data, valid_labels):
+  """Returns `(example number, label)` of the first label of `data` outside `valid_labels`, or None.
+
+  Reads the data again from its start, at most `_LABELS_READ` examples: for
+  the error path only. None when `valid_labels` is None.
+  """
+  if valid_labels is None:
+    return None
+  dataset = data_lib.as_provider(data).get_dataset(tf.distribute.InputContext())
+  labels = dataset.map(lambda *element: element[1]).take(_LABELS_READ).batch(_LABELS_PER_READ)
+  first = 0
+  for batch in labels.as_numpy_iterator():
+    values = batch.reshape(len(batch), -1)
+    bad = (values < valid_labels.low) | (values >= valid_labels.high)
+    if valid_labels.integer:
+      bad |= values != np.floor(values)
+    rows = np.flatnonzero(bad.any(axis=1))
+    if rows.size:
+      return first + int(rows[0]), values[rows[0]][bad[rows[0]]][0].item()
+    first += len(batch)
+  return None
 
 
 def read_error(error, data, *, step, purpose):

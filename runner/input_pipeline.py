@@ -3,7 +3,6 @@
 import tensorflow as tf
 
 from runner import data as data_lib
-from runner import data_checks
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -27,7 +26,7 @@ def check_global_batch_size(strategy, global_batch_size):
         f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}.")
 
 
-def for_training(strategy, data, global_batch_size, *, start_step=0, label_range=None):
+def for_training(strategy, data, global_batch_size, *, start_step=0):
   """Distributes `data` for training: repeated, in full per-replica batches, from `start_step` on.
 
   Each input pipeline repeats its share and batches it by
@@ -48,8 +47,6 @@ def for_training(strategy, data, global_batch_size, *, start_step=0, label_range
       of `(features, labels)` or `(features, labels, sample_weight)`.
     global_batch_size: examples per step over all replicas.
     start_step: the global step the first batch is for.
-    label_range: None, or the `runner.tasks.LabelRange` every batch's labels
-      are checked against (`data_checks.with_label_check`).
 
   Returns:
     The distributed dataset from `distribute_datasets_from_function`.
@@ -63,13 +60,12 @@ def for_training(strategy, data, global_batch_size, *, start_step=0, label_range
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     dataset = _checked(provider.get_repeated_dataset(input_context, start_step * replicas * batch_size), "training")
-    batches = data_checks.with_label_check(dataset.batch(batch_size, drop_remainder=True), label_range)
-    return batches.prefetch(tf.data.AUTOTUNE)
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def for_evaluation(strategy, data, global_batch_size, *, bounded, label_range=None):
+def for_evaluation(strategy, data, global_batch_size, *, bounded):
   """Distributes `data` for evaluation, padded so that every example counts exactly once.
 
   Each input pipeline maps its elements to `(features, labels, weight, mask)`
@@ -86,7 +82,6 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded, label_range=No
     global_batch_size: examples per step over all replicas.
     bounded: the caller stops after a given number of steps, so `data` may
       be infinite.
-    label_range: as for `for_training`; padding is not checked.
 
   Returns:
     `(distributed_dataset, num_input_pipelines)`.
@@ -108,7 +103,7 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded, label_range=No
     dataset = dataset.concatenate(_padding(dataset))
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     pipelines.append(input_context.num_input_pipelines)
-    return data_checks.with_label_check(dataset.batch(batch_size, drop_remainder=True), label_range, mask_index=3)
+    return dataset.batch(batch_size, drop_remainder=True)
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
   return distributed, pipelines[0]

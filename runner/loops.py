@@ -39,6 +39,8 @@ class TrainLoopResult:
       diverged).
     non_finite_data: the parts of the last step's batch that held NaN or inf
       values, of ("features", "labels"); empty when it was finite.
+    labels_out_of_range: the last step's batch held a label outside the
+      loop's `valid_labels`.
   """
   steps_run: int
   loss: float
@@ -47,6 +49,7 @@ class TrainLoopResult:
   stop_signal: Optional[int] = None
   non_finite: Optional[str] = None
   non_finite_data: Tuple[str, ...] = ()
+  labels_out_of_range: bool = False
 
   @property
   def results(self):
@@ -56,9 +59,9 @@ class TrainLoopResult:
 
 # What every step sums over replicas, in this order (one all-reduce with the loss):
 # the loss, replicas whose worker noted SIGTERM / SIGINT, replicas whose gradients are not
-# finite, and replicas whose batch's features / labels hold non-finite values. The last three
-# stop training at that step.
-_STEP_SUMS = ("loss", "sigterm", "sigint", "bad_gradients", "bad_features", "bad_labels")
+# finite, replicas whose batch's features / labels hold non-finite values, and replicas whose
+# batch holds a label outside the valid range. The last four stop training at that step.
+_STEP_SUMS = ("loss", "sigterm", "sigint", "bad_gradients", "bad_features", "bad_labels", "bad_label_values")
 # The vector one call returns: the call's totals, then the last step's sums but the loss.
 _RESULT = ("steps_run", "mean_loss", "learning_rate") + _STEP_SUMS
 
@@ -93,7 +96,7 @@ class TrainLoop:
   """
 
   def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, steps_per_loop,
-               xla, clipnorm, loss_scale):
+               xla, clipnorm, loss_scale, valid_labels=None):
     """Args:
       strategy: the `tf.distribute.Strategy` the variables were made under.
       model, optimizer: built Keras objects, made in `strategy.scope()`.
@@ -107,6 +110,8 @@ class TrainLoop:
       loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
         (which skips steps with non-finite gradients by itself, so those do
         not stop training).
+      valid_labels: None, or the `runner.tasks.LabelRange` every label must
+        lie in; a step whose batch holds another stops training.
     """
     self._strategy = strategy
     self._model = model
@@ -117,6 +122,7 @@ class TrainLoop:
     self._global_batch_size = global_batch_size
     self._clipnorm = clipnorm
     self._loss_scale = loss_scale
+    self._valid_labels = valid_labels
     self._gradients = _maybe_xla(self._loss_and_gradients, xla)
     self._looping = steps_per_loop > 1
     self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
@@ -141,7 +147,8 @@ class TrainLoop:
         steps_run=int(values["steps_run"]), loss=values["mean_loss"], learning_rate=values["learning_rate"],
         metrics={metric.name: value for metric, value in zip(self._metrics, vector[len(_RESULT):].tolist())},
         stop_signal=(signal.SIGINT if values["sigint"] > 0 else signal.SIGTERM if values["sigterm"] > 0 else None),
-        non_finite=non_finite_cause(values), non_finite_data=non_finite_data(values))
+        non_finite=non_finite_cause(values), non_finite_data=non_finite_data(values),
+        labels_out_of_range=values["bad_label_values"] > 0)
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
@@ -190,8 +197,9 @@ class TrainLoop:
     Returns:
       `(loss, outputs, flags)`: this replica's share of the global loss, the
       model's float32 outputs, and `[bad_gradients, bad_features,
-      bad_labels]` (1.0 where the gradients, the batch's features or its
-      labels hold non-finite values).
+      bad_labels, bad_label_values]` (1.0 where the gradients, the batch's
+      features or its labels hold non-finite values, or where a label lies
+      outside `valid_labels`).
     """
     features, labels = batch[0], batch[1]
     sample_weight = batch[2] if len(batch) == 3 else None
@@ -202,7 +210,8 @@ class TrainLoop:
     else:
       bad_gradients = 1.0 - tf.cast(_all_finite([g for g in gradients if g is not None]), tf.float32)
     self._optimizer.apply(self._agreed_and_clipped(gradients), variables)
-    bad_data = 1.0 - tf.cast(tf.stack([_all_finite(tf.nest.flatten(features)), _all_finite([labels])]), tf.float32)
+    bad_data = 1.0 - tf.cast(tf.stack([_all_finite(tf.nest.flatten(features)), _all_finite([labels]),
+                                       _labels_in(labels, self._valid_labels)]), tf.float32)
     return loss, outputs, tf.concat([tf.reshape(bad_gradients, [1]), bad_data], axis=0)
 
   def _loss_and_gradients(self, features, labels, sample_weight):
@@ -249,15 +258,18 @@ class EvalLoop:
   """Evaluates a padded distributed dataset (see `input_pipeline.for_evaluation`) in one call.
 
   The call runs steps until the real examples are used up (or `max_steps`),
-  and returns `{"loss": float, <metric>: float, ..., "num_examples": int}`:
-  `loss` is the weighted sum of per-example losses over the number of real
-  examples. It is fetched as one float64 vector `[loss, num_examples,
-  *metric_results]`. Metrics are reset at the start of each call.
+  and returns `(results, labels_out_of_range)`: `results` is
+  `{"loss": float, <metric>: float, ..., "num_examples": int}`, `loss` the
+  weighted sum of per-example losses over the number of real examples;
+  `labels_out_of_range` says whether a real example's label lay outside
+  `valid_labels`. It is fetched as one float64 vector `[loss, num_examples,
+  labels_out_of_range, *metric_results]`. Metrics are reset at the start of
+  each call.
   """
 
-  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla):
+  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None):
     """Args:
-      strategy, model, task_loss, metrics: as for `TrainLoop`.
+      strategy, model, task_loss, metrics, valid_labels: as for `TrainLoop`.
       num_input_pipelines: the dataset's input pipelines; with one, the first
         step that sees padding is the last one.
       xla: compile each replica's forward pass with XLA.
@@ -267,13 +279,15 @@ class EvalLoop:
     self._task_loss = task_loss
     self._metrics = metrics
     self._single_pipeline = num_input_pipelines == 1
+    self._valid_labels = valid_labels
     self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
     self.function = tf.function(self._evaluate)
 
   def __call__(self, iterator, max_steps):
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
-    return {"loss": float(values[0]), **{metric.name: float(value) for metric, value in zip(self._metrics, values[2:])},
-            "num_examples": int(values[1])}
+    results = {"loss": float(values[0]), **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
+               "num_examples": int(values[1])}
+    return results, values[2] > 0
 
   def _evaluate(self, iterator, max_steps):
     for metric in self._metrics:
@@ -281,17 +295,21 @@ class EvalLoop:
     replicas = float(self._strategy.num_replicas_in_sync)
     loss_sum = tf.constant(0.0, tf.float64)
     count = tf.constant(0, tf.int64)
+    bad_labels = tf.constant(0.0)
     steps = tf.constant(0, tf.int64)
     done = tf.constant(False)
     while not done and steps < max_steps:
-      # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example]
+      # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example,
+      #  replicas with a label outside valid_labels]
       sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
       loss_sum += tf.cast(sums[0], tf.float64)
       count += tf.cast(sums[1], tf.int64)
+      bad_labels += sums[4]
       steps += 1
       done = sums[3] == 0.0 or (self._single_pipeline and sums[2] < replicas)
     loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
-    results = [loss, tf.cast(count, tf.float64)] + [tf.cast(_scalar(metric), tf.float64) for metric in self._metrics]
+    results = [loss, tf.cast(count, tf.float64), tf.cast(bad_labels, tf.float64)] + [
+        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics]
     return tf.stack(results)
 
   def _replica_step(self, batch):
@@ -306,6 +324,7 @@ class EvalLoop:
         real,
         tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
         tf.cast(real > 0.0, tf.float32),
+        1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
     ])
 
 
@@ -318,6 +337,24 @@ def _all_finite(tensors):
   """
   sums = [tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors if t.dtype.is_floating]
   return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
+
+
+def _labels_in(labels, valid_labels, mask=None):
+  """Whether every label lies in `valid_labels` (a `LabelRange`; None: True), from the extremes: few ops per step.
+
+  With a `mask` (1.0 for a real example, 0.0 for padding), padding is not checked.
+  """
+  if valid_labels is None:
+    return tf.constant(True)
+  if mask is not None:
+    real = tf.reshape(mask > 0.0, [-1] + [1] * (labels.shape.rank - 1))
+    labels = tf.where(real, labels, tf.cast(valid_labels.low, labels.dtype))
+  least = tf.cast(tf.reduce_min(labels), tf.float64)
+  most = tf.cast(tf.reduce_max(labels), tf.float64)
+  valid = (least >= valid_labels.low) & (most < valid_labels.high)
+  if valid_labels.integer and not labels.dtype.is_integer:
+    valid &= tf.reduce_all(tf.equal(labels, tf.floor(labels)))
+  return valid
 
 
 def non_finite_data(values):

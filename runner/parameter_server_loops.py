@@ -35,7 +35,7 @@ from strategies.errors import ClusterError
 
 SUM = tf.distribute.ReduceOp.SUM
 # What a scheduled function returns, besides the metric states: its steps and loss sum, then its last step's sums.
-_RESULT = ("steps_run", "loss_sum", "loss", "bad_gradients", "bad_features", "bad_labels")
+_RESULT = ("steps_run", "loss_sum", "loss", "bad_gradients", "bad_features", "bad_labels", "bad_label_values")
 _PS_TASK = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)")
 
 
@@ -75,12 +75,12 @@ def _numbered(dataset, start):
       lambda number, element: ((number, element[0]),) + tuple(element[1:]))
 
 
-def per_worker_iterator(coordinator, data, global_batch_size, *, start_step, label_range=None):
+def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
   """Returns the per-worker iterator of the training stream from `start_step` on (see the module docstring).
 
   Each worker's dataset is `input_pipeline.for_training` of `data`, its
   examples numbered; a batch's first number over `global_batch_size` is its
-  step. `label_range` is as for `input_pipeline.for_training`.
+  step.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
@@ -90,8 +90,7 @@ def per_worker_iterator(coordinator, data, global_batch_size, *, start_step, lab
   strategy = coordinator.strategy
 
   def dataset_fn():
-    return input_pipeline.for_training(strategy, numbered, global_batch_size, start_step=start_step,
-                                       label_range=label_range)
+    return input_pipeline.for_training(strategy, numbered, global_batch_size, start_step=start_step)
 
   return iter(coordinator.create_per_worker_dataset(dataset_fn))
 
@@ -148,12 +147,13 @@ class ScheduledTrainLoop(loops.TrainLoop):
     learning_rate = float(tf.cast(self._optimizer.learning_rate, tf.float32).numpy())
     values = [dict(zip(_RESULT, vector.tolist())) for vector, _ in outputs]
     steps_run = sum(v["steps_run"] for v in values)
-    bad = [v for v in values if loops.non_finite_data(v) or loops.non_finite_cause(v)]
+    bad = [v for v in values if loops.non_finite_data(v) or loops.non_finite_cause(v) or v["bad_label_values"] > 0]
     return loops.TrainLoopResult(
         steps_run=step - first, loss=sum(v["loss_sum"] for v in values) / max(steps_run, 1),
         learning_rate=learning_rate, metrics=self._metric_results([states for _, states in outputs]),
         stop_signal=stop_signal, non_finite=loops.non_finite_cause(bad[0]) if bad else None,
-        non_finite_data=loops.non_finite_data(bad[0]) if bad else ())
+        non_finite_data=loops.non_finite_data(bad[0]) if bad else (),
+        labels_out_of_range=bool(bad) and bad[0]["bad_label_values"] > 0)
 
   def _metric_results(self, per_function_states):
     results = {}
@@ -168,7 +168,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     """Runs steps `first_step ..` (at most `num_steps`) on this worker; returns `(_RESULT vector, metric changes)`."""
     changes = [[tf.zeros_like(v) for v in metric.stateless_reset_state()] for metric in self._metrics]
     loss_sum = tf.constant(0.0)
-    sums = tf.zeros([4])
+    sums = tf.zeros([len(_RESULT) - 2])
     steps_run = tf.constant(0.0)
     for i in tf.range(num_steps):
       batch = self._batch_of_step(iterator, first_step + tf.cast(i, tf.int64))

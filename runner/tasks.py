@@ -12,7 +12,7 @@ from strategies.errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class LabelRange:
-  """The values every label must take; the Trainer checks every batch against it, off the step path.
+  """The values every label must take; every step checks its batch's smallest and largest label against it.
 
   Attributes:
     low: the least valid value.
@@ -99,7 +99,7 @@ class Classification(Task):
     return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
   def check_labels(self, labels_spec, outputs_spec):
-    """One class id per example (shape () or (1,)), integers in [0, number of outputs)."""
+    """One class id per example (shape () or (1,)), of an integer dtype, in [0, number of outputs)."""
     if not _is_dense(outputs_spec) or outputs_spec.shape.rank != 2 or outputs_spec.shape[-1] is None:
       return None
     classes = outputs_spec.shape[-1]
@@ -112,10 +112,12 @@ class Classification(Task):
       raise ConfigError(
           f"labels are {labels_spec} per example, but task Classification takes one class id per example "
           f"(shape () or (1,)) for a model with {classes} outputs.{hint}")
-    if not (labels_spec.dtype.is_integer or labels_spec.dtype.is_floating):
+    if not labels_spec.dtype.is_integer:
+      hint = (" If they hold whole numbers, cast them in the dataset (tf.cast(labels, tf.int32)); for targets "
+              "in [0, 1) use task 'regression' or a task of your own." if labels_spec.dtype.is_floating else "")
       raise ConfigError(
           f"labels are {labels_spec.dtype.name}, but task Classification takes class ids, integers in "
-          f"[0, {classes}).")
+          f"[0, {classes}).{hint}")
     return LabelRange(low=0, high=classes, integer=True,
                       meaning=f"class ids of a model with {classes} outputs (classes)")
 

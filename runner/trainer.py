@@ -117,7 +117,7 @@ class Trainer:
     self._evaluated_step = None
     self._train_loops = {}
     self._train_input = None  # ((id(data), global_batch_size), data, distributed iterator)
-    self._eval_loop = None
+    self._eval_loop = None  # (the LabelRange it checks, the EvalLoop)
     self._last_train_results = {}
     self._last_eval_results = None
     self._prepare(None)
@@ -196,7 +196,7 @@ class Trainer:
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
     label_range = self._prepare_for(data, "training")
-    iterator = self._train_iterator(data, global_batch_size, label_range)
+    iterator = self._train_iterator(data, global_batch_size)
     if self._global_step >= steps:
       logging.info("The global step is %d, already at steps=%d: nothing to train.", self._global_step, steps)
       return dict(self._last_train_results)
@@ -206,11 +206,13 @@ class Trainer:
     with preemption.StopSignals() as signals:
       try:
         try:
-          self._controller(global_batch_size, evaluate, eval_every).run(
+          self._controller(global_batch_size, evaluate, eval_every, label_range).run(
               iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
               advance=self._advance)
         except tf.errors.OutOfRangeError:
           raise self._data_ran_out(global_batch_size, steps, first_step) from None
+        except controller_lib.LabelsOutOfRange as e:
+          raise self._data_error(e, data, label_range, step=e.step, purpose="training") from None
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
           raise self._data_error(e, data, label_range, step=int(self._step.numpy()) + 1, purpose="training") from None
         except peers.PEER_ERRORS as e:
@@ -259,15 +261,17 @@ class Trainer:
     strategy = parameter_server_loops.evaluation_strategy(self._strategy)
     label_range = self._prepare_for(data, "evaluation")
     dataset, num_pipelines = input_pipeline.for_evaluation(
-        strategy, data, global_batch_size, bounded=steps is not None, label_range=label_range)
-    if self._eval_loop is None:
-      self._eval_loop = loops.EvalLoop(
+        strategy, data, global_batch_size, bounded=steps is not None)
+    if self._eval_loop is None or self._eval_loop[0] != label_range:
+      self._eval_loop = (label_range, loops.EvalLoop(
           strategy=strategy, model=self._model, task_loss=self._task.loss, metrics=self._metrics,
-          num_input_pipelines=num_pipelines, xla=self._xla)
+          num_input_pipelines=num_pipelines, xla=self._xla, valid_labels=label_range))
     start = time.perf_counter()
     try:
-      results = self._eval_loop(iter(dataset), steps or _ALL_STEPS)
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+      results, labels_out_of_range = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
+      if labels_out_of_range:
+        raise controller_lib.LabelsOutOfRange(None)
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, controller_lib.LabelsOutOfRange) as e:
       raise self._data_error(e, data, label_range, step=None, purpose="evaluation") from None
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
@@ -364,10 +368,10 @@ class Trainer:
     """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises others."""
     if isinstance(error, tf.errors.DataLossError):
       return data_checks.read_error(error, data, step=step, purpose=purpose)
-    found = data_checks.label_error(error, label_range, step=step, purpose=purpose)
-    if found is None:
-      raise error
-    return found
+    found = data_checks.first_label_outside(data, label_range)
+    if found is None and not isinstance(error, controller_lib.LabelsOutOfRange):
+      raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
+    return data_checks.labels_out_of_range_error(found, label_range, step=step, purpose=purpose)
 
   def _prepare(self, features_spec):
     """Builds model and optimizer variables in scope (once), then restores the latest checkpoint.
@@ -394,7 +398,7 @@ class Trainer:
       self._global_step = int(self._step.numpy())
       self._saved_step = self._global_step
 
-  def _train_iterator(self, data, global_batch_size, label_range):
+  def _train_iterator(self, data, global_batch_size):
     """Returns the distributed iterator over `data`; the same one again when `train` gets the same data.
 
     So consecutive `train` calls in one process continue the data stream
@@ -414,14 +418,14 @@ class Trainer:
                      self._global_step, self._global_step)
       if self._coordinator is not None:
         iterator = parameter_server_loops.per_worker_iterator(
-            self._coordinator, data, global_batch_size, start_step=self._global_step, label_range=label_range)
+            self._coordinator, data, global_batch_size, start_step=self._global_step)
       else:
         iterator = iter(input_pipeline.for_training(
-            self._strategy, data, global_batch_size, start_step=self._global_step, label_range=label_range))
+            self._strategy, data, global_batch_size, start_step=self._global_step))
       self._train_input = (key, data, iterator)
     return self._train_input[2]
 
-  def _controller(self, global_batch_size, evaluate, eval_every):
+  def _controller(self, global_batch_size, evaluate, eval_every, label_range):
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
 
     Order: report, exit on a stop request, evaluate (when due), the user's
@@ -439,24 +443,25 @@ class Trainer:
     if self._coordinator is not None:
       steps_per_loop *= parameter_server_loops.num_workers(self._strategy)
     return controller_lib.Controller(
-        train_loop=self._train_loop(global_batch_size), steps_per_loop=steps_per_loop,
+        train_loop=self._train_loop(global_batch_size, label_range), steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
         global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
         single_worker=_is_single_worker(self._strategy))
 
-  def _train_loop(self, global_batch_size):
-    loop = self._train_loops.get(global_batch_size)
+  def _train_loop(self, global_batch_size, label_range):
+    loop = self._train_loops.get((global_batch_size, label_range))
     if loop is None:
       arguments = dict(
           strategy=self._strategy, model=self._model, optimizer=self._optimizer, task_loss=self._task.loss,
           metrics=self._metrics, step=self._step, global_batch_size=global_batch_size, xla=self._xla,
-          clipnorm=self._options.clipnorm, loss_scale=isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer))
+          clipnorm=self._options.clipnorm, loss_scale=isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer),
+          valid_labels=label_range)
       if self._coordinator is not None:
         loop = parameter_server_loops.ScheduledTrainLoop(
             coordinator=self._coordinator, steps_per_function=self._options.steps_per_loop, **arguments)
       else:
         loop = loops.TrainLoop(steps_per_loop=self._options.steps_per_loop, **arguments)
-      self._train_loops[global_batch_size] = loop
+      self._train_loops[global_batch_size, label_range] = loop
     return loop
 
   def _advance(self, step, train_results):

@@ -216,8 +216,9 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
 
 
 @pytest.mark.parametrize("case, message", [
-    ("data_labels", "error: The training data's labels hold 10 in the batch of step 1, but labels must be integers in "
-                    "[0, 10) (class ids of a model with 10 outputs (classes))."),
+    ("data_labels", "error: The training data's batch of step 1 holds a label outside the task's range: example 10 of "
+                    "the data (counting from 0) has label 10, but labels must be integers in [0, 10) (class ids of a "
+                    "model with 10 outputs (classes))."),
     ("data_batched", "error: The training data looks batched: every part of its elements has a first dimension of "
                      "unknown size (element spec (TensorSpec(shape=(None, 16), dtype=tf.float32, name=None), "
                      "TensorSpec(shape=(None,), dtype=tf.int32, name=None))). The Trainer batches the data itself; "

@@ -83,28 +83,46 @@ def test_ragged_and_variable_length_features_are_named(one_device):
     trainer_testlib.make_trainer(one_device, model_fn=_lazy_model).train(named, global_batch_size=2, steps=1)
 
 
-def test_a_label_outside_the_classes_is_named_with_its_value_step_and_the_number_of_classes(cpu_devices):
+def test_a_label_outside_the_classes_is_named_with_its_step_example_and_the_number_of_classes(cpu_devices):
   features, labels = trainer_testlib.classification_arrays(64)
   labels[37] = 2 * NUM_CLASSES + 1  # In the batch of step 3 (global batch 16).
   trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), steps_per_loop=4)
   with pytest.raises(DataError) as raised:
     trainer.train(_dataset(features, labels), global_batch_size=16, steps=4)
   assert str(raised.value) == (
-      "The training data's labels hold 9 in the batch of step 3, but labels must be integers in [0, 4) (class ids "
-      "of a model with 4 outputs (classes)).")
+      "The training data's batch of step 3 holds a label outside the task's range: example 37 of the data "
+      "(counting from 0) has label 9, but labels must be integers in [0, 4) (class ids of a model with 4 outputs "
+      "(classes)).")
   assert trainer.global_step == 0  # The loop ended in the error: no step of it is reported.
 
 
-def test_float_labels_that_are_not_class_ids_are_named(one_device):
+class _OneHotClassification(runner.tasks.Classification):
+  """Cross-entropy through tf.one_hot, which gives a finite loss for any label, as on a GPU or a TPU."""
+
+  def loss(self, labels, outputs):
+    one_hot = tf.one_hot(tf.reshape(tf.cast(labels, tf.int32), [-1]), NUM_CLASSES)
+    return tf.nn.softmax_cross_entropy_with_logits(one_hot, outputs)
+
+
+def test_a_label_outside_the_classes_stops_the_step_where_the_loss_would_not_fail(one_device):
+  features, labels = trainer_testlib.classification_arrays(64)
+  labels[45] = -1  # In the batch of step 6 (global batch 8); the loss of a -1 label is finite here.
+  trainer = trainer_testlib.make_trainer(one_device, task=_OneHotClassification(), steps_per_loop=4)
+  with pytest.raises(DataError, match=r"^The training data's batch of step 6 holds a label outside the task's "
+                                      r"range: example 45 of the data \(counting from 0\) has label -1, but labels "
+                                      r"must be integers in \[0, 4\)"):
+    trainer.train(_dataset(features, labels), global_batch_size=8, steps=8)
+  assert trainer.global_step == 6  # Steps 5 and 6 ran in the loop that stopped; 6 is named.
+
+
+def test_float_labels_are_refused_for_classification_before_any_step(one_device):
   features, _ = trainer_testlib.classification_arrays(16)
   fractions = np.linspace(0.5, 0.95, 16).astype(np.float32)
-  with pytest.raises(DataError, match=r"^The training data's labels hold 0\.5 in the batch of step 1, but labels "
-                                      r"must be integers in \[0, 4\) \(class ids of a model with 4 outputs"):
+  with pytest.raises(DataError, match=r"^The training data's labels are float32, but task Classification takes "
+                                      r"class ids, integers in \[0, 4\)\. If they hold whole numbers, cast them in "
+                                      r"the dataset \(tf\.cast\(labels, tf\.int32\)\); for targets in \[0, 1\) "
+                                      r"use task 'regression'"):
     trainer_testlib.make_trainer(one_device).train(_dataset(features, fractions), global_batch_size=8, steps=2)
-  whole = np.arange(16) % NUM_CLASSES  # Whole numbers as floats are class ids.
-  trainer = trainer_testlib.make_trainer(one_device)
-  trainer.train(_dataset(features, whole.astype(np.float32)), global_batch_size=8, steps=2)
-  assert trainer.global_step == 2
 
 
 def test_labels_the_task_cannot_score_are_named_before_any_step(one_device):
@@ -122,14 +140,16 @@ def test_labels_the_task_cannot_score_are_named_before_any_step(one_device):
 
 
 def test_evaluation_labels_are_checked_and_its_padding_is_not(one_device):
-  trainer = trainer_testlib.make_trainer(one_device)
+  trainer = trainer_testlib.make_trainer(one_device, task=_OneHotClassification())
   features, labels = trainer_testlib.classification_arrays(20)
   bad = labels.copy()
   bad[-1] = NUM_CLASSES
-  with pytest.raises(DataError, match=r"^The evaluation data's labels hold 4, but labels must be integers in \[0, 4\)"):
+  with pytest.raises(DataError, match=r"^The evaluation data holds a label outside the task's range: example 19 of "
+                                      r"the data \(counting from 0\) has label 4, but labels must be integers in "
+                                      r"\[0, 4\)"):
     trainer.evaluate(_dataset(features, bad), global_batch_size=8)
 
-  class FromOne(runner.tasks.Classification):  # Valid labels 1..3: the padding's label 0 would fail if checked.
+  class FromOne(_OneHotClassification):  # Valid labels 1..3: the padding's label 0 would fail if checked.
 
     def check_labels(self, labels_spec, outputs_spec):
       return runner.tasks.LabelRange(low=1, high=NUM_CLASSES, integer=True, meaning="1, 2 or 3")
@@ -137,6 +157,9 @@ def test_evaluation_labels_are_checked_and_its_padding_is_not(one_device):
   from_one = trainer_testlib.make_trainer(one_device, task=FromOne())
   results = from_one.evaluate(_dataset(features, 1 + labels % 3), global_batch_size=8)  # 20 = 2 batches + 4 + padding
   assert results["num_examples"] == 20
+  with pytest.raises(DataError, match=r"example 0 of the data \(counting from 0\) has label 0, but labels must be "
+                                      r"integers in \[1, 4\) \(1, 2 or 3\)"):
+    from_one.evaluate(_dataset(features, labels % 3), global_batch_size=8)
 
 
 def _write_records(path, features, labels):
@@ -181,8 +204,9 @@ def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
 
 def test_a_run_that_fails_on_its_data_leaves_the_workdir_as_it_found_it(tmp_path):
   config = runner.load_config(SYNTHETIC, ["data.num_classes=12", "trainer.train_steps=4", "trainer.steps_per_loop=2"])
-  with pytest.raises(DataError, match=r"labels hold 1[01] in the batch of step 1, but labels must be integers in "
-                                      r"\[0, 10\)"):
+  with pytest.raises(DataError, match=r"^The training data's batch of step 1 holds a label outside the task's "
+                                      r"range: example \d+ of the data \(counting from 0\) has label 1[01], but labels "
+                                      r"must be integers in \[0, 10\)"):
     runner.run(config, workdir=str(tmp_path / "new"))
   assert not (tmp_path / "new").exists()
   existing = tmp_path / "existing"
