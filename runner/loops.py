@@ -349,9 +349,11 @@ def _labels_in(labels, valid_labels, mask=None):
   if mask is not None:
     real = tf.reshape(mask > 0.0, [-1] + [1] * (labels.shape.rank - 1))
     labels = tf.where(real, labels, tf.cast(valid_labels.low, labels.dtype))
-  least = tf.cast(tf.reduce_min(labels), tf.float64)
-  most = tf.cast(tf.reduce_max(labels), tf.float64)
-  valid = (least >= valid_labels.low) & (most < valid_labels.high)
+  low, high = valid_labels.low, valid_labels.high
+  if labels.dtype.is_integer:  # For an integer x: x >= low iff x >= ceil(low), and x < high iff x < ceil(high).
+    low, high = math.ceil(low), math.ceil(high)
+  # In the labels' own dtype: no float64 in the step (a TPU has none).
+  valid = (tf.reduce_min(labels) >= tf.cast(low, labels.dtype)) & (tf.reduce_max(labels) < tf.cast(high, labels.dtype))
   if valid_labels.integer and not labels.dtype.is_integer:
     valid &= tf.reduce_all(tf.equal(labels, tf.floor(labels)))
   return valid
