@@ -30,7 +30,8 @@ setuptools.setup(
         "numpy",
     ],
     extras_require={
-        "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0", "tensorboard>=2.16"],
+        "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0", "tensorboard>=2.16",
+                 "tensorboard-plugin-profile>=2.16"],
         "examples": ["scikit-learn>=1.0"],
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
         # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.

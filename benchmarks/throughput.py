@@ -84,17 +84,20 @@ def timed_steps(contender, args):
   return args.single_step_steps if steps_per_call == 1 else args.steps
 
 
-def run_contender(contender, strategy, args):
-  """Runs one contender in a child process; returns its JSON row, which has "error" if it did not work."""
+def run_contender(contender, strategy, args, root=REPO_ROOT):
+  """Runs one contender in a child process; returns its JSON row, which has "error" if it did not work.
+
+  `root` is the source tree whose `benchmarks`, `runner` and `strategies` the child imports.
+  """
   command = [
       sys.executable, "-m", "benchmarks.contenders", f"--contender={contender}",
       f"--strategy={strategy}", f"--warmup_steps={args.warmup_steps}",
       f"--steps={timed_steps(contender, args)}"]
   env = dict(os.environ)
-  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   try:
-    child = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    child = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
                            timeout=args.timeout, check=False)
   except subprocess.TimeoutExpired:
     return {"error": f"timed out after {args.timeout} s"}

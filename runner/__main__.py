@@ -8,7 +8,9 @@ Flags:
                           default: a new temporary directory.
   --mode=MODE             overrides config.mode (train, eval, train_and_eval, export).
   --dry_run               prints the resolved config, the strategy, the replicas, the
-                          per-replica batch sizes and the step plan, then exits.
+                          per-replica batch sizes, whether the workdir holds a run and
+                          the step it would resume from, and the step plan from there;
+                          writes nothing.
   --check_tpu             compiles and runs the config's train and eval steps the way
                           a TPU would, on logical CPUs, and prints one line `PASS: ...`
                           or exits 2 naming what a TPU would reject (`runner.tpu_check`);
@@ -76,8 +78,8 @@ _WORKDIR = flags.DEFINE_string(
 _MODE = flags.DEFINE_enum("mode", None, config_lib.MODES, "Overrides config.mode.")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False,
-    "Print the resolved config, the strategy, replicas, per-replica batch sizes and the step plan; "
-    "do not train.")
+    "Print the resolved config, the strategy, replicas, per-replica batch sizes, whether --workdir holds a run "
+    "and the step it would resume from, and the step plan from there; train and write nothing.")
 _CHECK_TPU = flags.DEFINE_bool(
     "check_tpu", False,
     "Compile and run the config's train and eval steps the way a TPU would (XLA, static shapes) on logical "
@@ -96,7 +98,8 @@ def parse_flags(argv):
   """Parses the absl flags and collects the `--config.*` overrides (absl's `flags_parser`).
 
   The overrides are parsed later, against the loaded config, by
-  `runner.load_config`. A bad flag prints one line and exits.
+  `runner.load_config`. A bad flag prints one line and exits 2; `--help`
+  prints the usage and exits 0.
 
   Returns:
     A `CommandLine`.
@@ -110,12 +113,9 @@ def parse_flags(argv):
     else:
       negated, override = match.groups()
       overrides.append(f"{override}=false" if negated else override)
-  try:
-    arguments = flags.FLAGS(rest)
-    if _CONFIG.value is None:
-      raise flags.Error("--config is required, e.g. --config=configs/digits.py")
-  except flags.Error as e:
-    exit_with_user_error(e)
+  arguments = strategies.flags.parse_flags(rest)  # --help exits 0, a bad flag 2.
+  if _CONFIG.value is None:
+    exit_with_user_error("--config is required, e.g. --config=configs/digits.py")
   return CommandLine(arguments=arguments, overrides=overrides)
 
 
@@ -172,7 +172,9 @@ def _run(command_line):
     print(f"strategy: {strategies.describe(strategy)}")
     print(f"replicas: {strategy.num_replicas_in_sync}")
     print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
-    print(f"plan: {run_lib.step_plan(config)}")
+    step = run_lib.resume_step(_WORKDIR.value)
+    print(f"workdir: {run_lib.describe_workdir(_WORKDIR.value, step)}")
+    print(f"plan: {run_lib.step_plan(config, step)}")
     print("dry run: nothing trained or written.")
     return
   result = run_lib.run(config, _WORKDIR.value)

@@ -35,6 +35,9 @@ class LoopEnd:
       that asked training to stop; the built-in stop action then saves and
       exits, before the user's actions run.
     is_chief: this worker writes the run's files.
+    tracing_seconds: for the first loop of a `train` call whose loop function
+      was traced before it, the seconds tracing took (not counted in
+      `steps_per_sec`); else None.
   """
   step: int
   total_steps: int
@@ -44,6 +47,7 @@ class LoopEnd:
   learning_rate: float
   stop_signal: Optional[int]
   is_chief: bool
+  tracing_seconds: Optional[float] = None
   eval_results: Optional[Mapping[str, float]] = None
   stop_at: Optional[int] = dataclasses.field(default=None, init=False)
 
@@ -91,7 +95,7 @@ class ReportProgress(Action):
     self._reporter.train_loop(
         step=loop.step, total_steps=loop.total_steps, results=loop.train_results,
         learning_rate=loop.learning_rate, steps_per_sec=loop.steps_per_sec,
-        examples_per_sec=loop.examples_per_sec)
+        examples_per_sec=loop.examples_per_sec, tracing_seconds=loop.tracing_seconds)
 
 
 class ExitOnStopSignal(Action):

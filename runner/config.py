@@ -22,6 +22,7 @@ from strategies.errors import ConfigError
 from runner import data as data_lib
 from runner import global_state
 from runner import optimizers
+from runner import profiling
 from runner import registry
 
 MODES = ("train", "eval", "train_and_eval", "export")
@@ -62,6 +63,7 @@ def _common_config():
       "jit_compile": False,
       "precision": "float32",
       "seed": 0,
+      "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.profiling.
   })
   return config
 
@@ -263,6 +265,11 @@ def validate(config):
           f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
           f"steps_per_loop steps. Use a multiple such as {multiple}.")
   checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
+  profile_steps = profiling.check_steps(trainer.profile_steps, "config.trainer.profile_steps")
+  if profile_steps is not None and profile_steps[1] > trainer.train_steps:
+    raise ConfigError(
+        f"config.trainer.profile_steps={profile_steps} goes past config.trainer.train_steps={trainer.train_steps}; "
+        "choose steps the run trains.")
   checks.one_of(trainer.precision, global_state.PRECISIONS, "config.trainer.precision")
   optimizers.check(config.optimizer, trainer.train_steps)
   config.lock()

@@ -6,6 +6,7 @@ from typing import Callable, Optional, Sequence
 from runner import actions as actions_lib
 from runner import data as data_lib
 from runner import loops
+from runner import profiling
 
 
 class LabelsOutOfRange(Exception):
@@ -24,12 +25,15 @@ class Controller:
   """Runs a `loops.TrainLoop` in calls of up to `steps_per_loop` steps, with actions between calls.
 
   A call ends early at every step where an action with `every_steps` is due,
-  so that action sees exactly that step. Python work (actions, reports) stays
+  so that action sees exactly that step. The loop's function is traced before
+  the first call and timed apart, so the first loop's throughput (and the ETA
+  from it) counts only its steps. Python work (actions, reports) stays
   between calls, outside the compiled loop.
   """
 
   def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[actions_lib.Action], steps_per_loop: int,
-               global_batch_size: int, is_chief: bool, single_worker: bool):
+               global_batch_size: int, is_chief: bool, single_worker: bool,
+               profile: Optional[profiling.ProfileWindow] = None):
     """Args:
       train_loop: the inner loop.
       actions: run after every call, in order, when due.
@@ -39,6 +43,8 @@ class Controller:
       single_worker: no other worker takes part, so a signal noted during a
         call stops training after that call; with several workers it stops
         after the next call, which tells every worker.
+      profile: None, or the steps to profile: loops end around them, and the
+        profiler runs for exactly their loops.
     """
     self._train_loop = train_loop
     self._actions = tuple(actions)
@@ -46,6 +52,7 @@ class Controller:
     self._global_batch_size = global_batch_size
     self._is_chief = is_chief
     self._single_worker = single_worker
+    self._profile = profile
 
   def run(self, iterator, *, step: int, total_steps: int, stop_signal: Callable[[], Optional[int]],
           advance: Callable[[int, dict], None]) -> None:
@@ -69,42 +76,56 @@ class Controller:
         batch being finite (the training diverged); the message names the step.
     """
     end = total_steps
-    loop_start = time.perf_counter()
-    while step < end:
-      result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
-      seconds = time.perf_counter() - loop_start
-      step += result.steps_run
-      advance(step, result.results)
-      if result.labels_out_of_range:
-        raise LabelsOutOfRange(step)
-      if result.non_finite_data:
-        raise data_lib.DataError(
-            f"The training data's {' and '.join(result.non_finite_data)} hold NaN or inf values in the batch of "
-            f"step {step}; training stopped there, and no checkpoint holds weights from that step on. Find them "
-            "with tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
-      if result.non_finite:
-        raise FloatingPointError(
-            f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
-            "on. Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-            "(config.optimizer.clipnorm), or use float32 precision.")
-      loop = actions_lib.LoopEnd(
-          step=step, total_steps=total_steps, train_results=result.results,
-          steps_per_sec=result.steps_run / seconds,
-          examples_per_sec=result.steps_run * self._global_batch_size / seconds,
-          learning_rate=result.learning_rate,
-          stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
-          is_chief=self._is_chief)
-      for action in self._actions:
-        if actions_lib.is_due(action, step):
-          action(loop)
-      if loop.stop_at is not None:
-        end = min(end, max(loop.stop_at, step))
-      loop_start = time.perf_counter()
+    tracing_seconds = None
+    if step < end:
+      trace_start = time.perf_counter()
+      if self._train_loop.trace(iterator):
+        tracing_seconds = time.perf_counter() - trace_start
+    try:
+      while step < end:
+        size = self._loop_size(step, end)
+        if self._profile is not None:
+          self._profile.before_loop(step)
+        loop_start = time.perf_counter()
+        result = self._train_loop(iterator, size, stop_signal())
+        seconds = time.perf_counter() - loop_start
+        step += result.steps_run
+        advance(step, result.results)
+        if self._profile is not None:
+          self._profile.after_loop(step)
+        if result.labels_out_of_range:
+          raise LabelsOutOfRange(step)
+        if result.non_finite_data:
+          raise data_lib.DataError(
+              f"The training data's {' and '.join(result.non_finite_data)} hold NaN or inf values in the batch of "
+              f"step {step}; training stopped there, and no checkpoint holds weights from that step on. Find them "
+              "with tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
+        if result.non_finite:
+          raise FloatingPointError(
+              f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
+              "on. Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
+              "(config.optimizer.clipnorm), or use float32 precision.")
+        loop = actions_lib.LoopEnd(
+            step=step, total_steps=total_steps, train_results=result.results,
+            steps_per_sec=result.steps_run / seconds,
+            examples_per_sec=result.steps_run * self._global_batch_size / seconds,
+            learning_rate=result.learning_rate,
+            stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
+            is_chief=self._is_chief, tracing_seconds=tracing_seconds)
+        tracing_seconds = None
+        for action in self._actions:
+          if actions_lib.is_due(action, step):
+            action(loop)
+        if loop.stop_at is not None:
+          end = min(end, max(loop.stop_at, step))
+    finally:
+      if self._profile is not None:
+        self._profile.close(step)
 
   def _loop_size(self, step, end):
-    """Steps for the next call: `steps_per_loop`, cut at `end` and where an action is next due."""
+    """Steps for the next call: `steps_per_loop`, cut at `end`, where an action is next due and around profiling."""
     size = min(self._steps_per_loop, end - step)
     for action in self._actions:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
-    return size
+    return size if self._profile is None else self._profile.loop_size(step, size)

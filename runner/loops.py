@@ -150,6 +150,23 @@ class TrainLoop:
         non_finite=non_finite_cause(values), non_finite_data=non_finite_data(values),
         labels_out_of_range=values["bad_label_values"] > 0)
 
+  def trace(self, iterator):
+    """Traces the loop's function for `iterator` without running a step; returns whether it was traced now.
+
+    The calls that follow use this trace (the step count is a tensor), so the
+    first call's time is the steps' time, not the tracing's. A looping
+    function is also called once for zero steps, which readies it to run
+    (graph optimization, instantiation) without reading a batch. False: it
+    was traced before, and nothing was done.
+    """
+    if self.function.experimental_get_tracing_count():
+      return False
+    if self._looping:
+      self.function(iterator, tf.constant(0, tf.int32), self._stop_values[None])
+    else:
+      self.function.get_concrete_function(iterator, self._stop_values[None])
+    return True
+
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
       metric.reset_state()

@@ -155,6 +155,15 @@ class ScheduledTrainLoop(loops.TrainLoop):
         non_finite_data=loops.non_finite_data(bad[0]) if bad else (),
         labels_out_of_range=bool(bad) and bad[0]["bad_label_values"] > 0)
 
+  def trace(self, iterator):
+    """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
+    if self.function.experimental_get_tracing_count():
+      return False
+    step = tf.constant(int(self._step.numpy()), tf.int64)
+    self._coordinator.schedule(self.function, args=(iterator, step, tf.constant(0, tf.int32)))
+    self._coordinator.join()
+    return True
+
   def _metric_results(self, per_function_states):
     results = {}
     for i, metric in enumerate(self._metrics):

@@ -14,6 +14,11 @@ _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
     plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=1).SerializeToString()
 
 
+def summary_dir(model_dir, split):
+  """Returns the directory of the TensorBoard summaries of `split` ('train' or 'eval') under `model_dir`."""
+  return os.path.join(model_dir, "summaries", split)
+
+
 class Reporter:
   """Reports each train loop and each evaluation.
 
@@ -37,7 +42,8 @@ class Reporter:
     self._jsonl = None
     self._scalars = {}  # split -> _BufferedScalars
 
-  def train_loop(self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec):
+  def train_loop(self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec,
+                 tracing_seconds=None):
     """Reports one train loop.
 
     Args:
@@ -45,11 +51,14 @@ class Reporter:
       total_steps: the step training runs to.
       results: `loss` and every metric, floats.
       learning_rate: the optimizer's learning rate after the loop.
-      steps_per_sec, examples_per_sec: the loop's throughput.
+      steps_per_sec, examples_per_sec: the loop's throughput (tracing excluded).
+      tracing_seconds: None, or the time tracing the loop took before it
+        (shown apart: the ETA counts steps only).
     """
     eta = datetime.timedelta(seconds=round((total_steps - step) / steps_per_sec)) if steps_per_sec > 0 else "?"
-    logging.info("step %d/%d: %s | %.1f steps/s, %.0f examples/s, ETA %s",
-                 step, total_steps, _Formatted(results), steps_per_sec, examples_per_sec, eta)
+    traced = "" if tracing_seconds is None else f"traced in {tracing_seconds:.1f} s, then "
+    logging.info("step %d/%d: %s | %s%.1f steps/s, %.0f examples/s, ETA %s",
+                 step, total_steps, _Formatted(results), traced, steps_per_sec, examples_per_sec, eta)
     if self._dir is None:
       return
     self._write_row({"split": "train", "step": step, **results,
@@ -83,7 +92,7 @@ class Reporter:
 
   def _write_scalars(self, split, step, scalars):
     if split not in self._scalars:
-      self._scalars[split] = _BufferedScalars(os.path.join(self._dir, "summaries", split))
+      self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
 
 

@@ -11,6 +11,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from strategies import checks
 from strategies import factory as strategy_factory
 from strategies.errors import ConfigError
 
@@ -20,6 +21,7 @@ from runner import config_history
 from runner import data as data_lib
 from runner import input_pipeline
 from runner import optimizers
+from runner import progress_output
 from runner import registry
 from runner import steps_per_loop as steps_per_loop_lib
 from runner import trainer_options
@@ -63,7 +65,7 @@ class RunResult:
   model: keras.Model
 
 
-def run(config, workdir=None) -> RunResult:
+def run(config, workdir=None, *, quiet=False) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
 
   The config is validated before any TensorFlow device work; then the
@@ -84,6 +86,10 @@ def run(config, workdir=None) -> RunResult:
     workdir: where checkpoints, summaries, metrics.jsonl, the config files
       and the export go (a local path or e.g. `gs://`); None makes a new
       temporary directory.
+    quiet: False (the default) shows the CLI's progress on stderr while the
+      run lasts: the workdir, a line per train loop and per evaluation, the
+      checkpoints (absl INFO logs; see `progress_output`). True shows only
+      warnings and errors.
 
   Returns:
     A `RunResult`.
@@ -97,16 +103,18 @@ def run(config, workdir=None) -> RunResult:
     FloatingPointError: a step's loss or gradients were not finite (the
       training diverged).
   """
-  config = config_lib.validate(config)
-  strategy = create_strategy(config)
-  config = steps_per_loop_lib.resolved(config, strategy)
-  workdir, created = prepare_workdir(workdir)
-  before = workdir_state.WorkdirState.read(workdir, created=created)
-  try:
-    return _run_mode(config, strategy, workdir)
-  except BaseException:
-    before.restore_unless_checkpointed()
-    raise
+  with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
+    config = config_lib.validate(config)
+    strategy = create_strategy(config)
+    config = steps_per_loop_lib.resolved(config, strategy)
+    workdir, created = prepare_workdir(workdir)
+    logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
+    before = workdir_state.WorkdirState.read(workdir, created=created)
+    try:
+      return _run_mode(config, strategy, workdir)
+    except BaseException:
+      before.restore_unless_checkpointed()
+      raise
 
 
 def _run_mode(config, strategy, workdir):
@@ -163,10 +171,9 @@ def prepare_workdir(workdir):
   Raises:
     ConfigError: it cannot be created or written.
   """
+  created = workdir is None or not tf.io.gfile.exists(workdir)
   if workdir is None:
     workdir = tempfile.mkdtemp(prefix="tf-runner-")
-    logging.info("No workdir given; using the new directory %s.", workdir)
-  created = not tf.io.gfile.exists(workdir)
   probe = os.path.join(workdir, f".write-test-{os.getpid()}")
   try:
     tf.io.gfile.makedirs(workdir)
@@ -201,15 +208,44 @@ def per_replica_batch_sizes(config, num_replicas):
           "eval": config.data.eval_global_batch_size // num_replicas}
 
 
-def step_plan(config):
-  """Returns one line on what `config.mode` will do: steps, loops, evaluations, checkpoints."""
+def resume_step(workdir):
+  """Returns the global step a run in `workdir` would resume from, or None when it holds no checkpoint.
+
+  The Trainer numbers each checkpoint by its global step (`ckpt-STEP`).
+  """
+  checkpoint = checkpointing.latest(workdir) if workdir is not None and tf.io.gfile.isdir(workdir) else None
+  return None if checkpoint is None else int(checkpoint.rsplit("-", 1)[1])
+
+
+def describe_workdir(workdir, step):
+  """Returns one line on what `workdir` holds for a run: nothing yet, or a run to resume from `step`."""
+  if workdir is None:
+    return "none given: a new temporary directory, training from step 0"
+  if step is None:
+    held = "does not exist yet" if not tf.io.gfile.exists(workdir) else "holds no checkpoint"
+    return f"{workdir} {held}: a new run, training from step 0"
+  return f"{workdir} holds a run at step {step} (checkpoint ckpt-{step}): it would resume from step {step}"
+
+
+def step_plan(config, step=None):
+  """Returns one line on what `config.mode` will do from global step `step` (None: no checkpoint).
+
+  It names the steps, loops, evaluations and checkpoints left.
+  """
   trainer = config.trainer
   evaluation = f"evaluate {'all of the eval split' if trainer.eval_steps is None else f'{trainer.eval_steps} batches'}"
   if config.mode in ("eval", "export"):
+    if step is None:
+      return f"mode {config.mode}: none, it needs a checkpoint in the workdir and there is none (exit 2)"
     action = evaluation if config.mode == "eval" else f"export a SavedModel to WORKDIR/{EXPORT_DIR}"
-    return f"mode {config.mode}: restore the latest checkpoint, {action}"
-  loops = -(-trainer.train_steps // trainer.steps_per_loop)
-  line = (f"mode {config.mode}: train to step {trainer.train_steps} in {loops} loop(s) of up to "
+    return f"mode {config.mode}: restore the checkpoint of step {step}, {action}"
+  step = step or 0
+  if step >= trainer.train_steps:
+    line = f"mode {config.mode}: nothing to train, step {step} is at train_steps={trainer.train_steps}"
+    return line + (f"; {evaluation}" if config.mode == "train_and_eval" else "")
+  loops = -(-(trainer.train_steps - step) // trainer.steps_per_loop)
+  start = f"from step {step} " if step else ""
+  line = (f"mode {config.mode}: train {start}to step {trainer.train_steps} in {loops} loop(s) of up to "
           f"{trainer.steps_per_loop} steps")
   if config.mode == "train_and_eval" and trainer.eval_every and trainer.eval_every < trainer.train_steps:
     line += f", {evaluation} every {trainer.eval_every} steps"
@@ -260,4 +296,5 @@ def create_trainer(config, strategy, workdir):
       jit_compile=trainer.jit_compile,
       precision=trainer.precision,
       clipnorm=config.optimizer.clipnorm,
-      seed=trainer.seed)
+      seed=trainer.seed,
+      profile_steps=trainer.profile_steps)

@@ -23,6 +23,7 @@ from runner import input_pipeline
 from runner import loops
 from runner import parameter_server_loops
 from runner import preemption
+from runner import profiling
 from runner import reporting
 from runner import trainer_options
 from strategies import checks
@@ -44,12 +45,13 @@ class Trainer:
   `runner.actions`). With a `model_dir`, the Trainer keeps checkpoints in
   `model_dir/checkpoints` (restoring the latest before its first train,
   evaluate or export), TensorBoard scalars in `model_dir/summaries/{train,eval}`
-  and one JSON row per report in `model_dir/metrics.jsonl`.
+  (with a profiler trace of `profile_steps` in `summaries/train`) and one JSON
+  row per report in `model_dir/metrics.jsonl`.
   """
 
   def __init__(self, strategy, *, model_fn, optimizer_fn, task, model_dir=None, steps_per_loop=1,
                checkpoint_every=None, max_to_keep=3, jit_compile=False, precision="float32", clipnorm=None,
-               seed=None, actions=()):
+               seed=None, actions=(), profile_steps=None):
     """Makes the model, optimizer and metrics in `strategy.scope()`.
 
     Args:
@@ -61,7 +63,7 @@ class Trainer:
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, jit_compile,
-        precision, clipnorm, seed, actions: the options, documented in
+        precision, clipnorm, seed, actions, profile_steps: the options, documented in
         `runner.trainer_options.TrainerOptions`. With `jit_compile`,
         evaluation pads to full batches (static shapes); 'mixed_float16' adds
         dynamic loss scaling; `seed` works as `global_state.random_seed`.
@@ -75,7 +77,7 @@ class Trainer:
     self._options = trainer_options.TrainerOptions(
         model_dir=model_dir, steps_per_loop=steps_per_loop, checkpoint_every=checkpoint_every,
         max_to_keep=max_to_keep, jit_compile=jit_compile, precision=precision, clipnorm=clipnorm, seed=seed,
-        actions=actions)
+        actions=actions, profile_steps=profile_steps)
     self._strategy = strategy
     self._coordinator = None
     if parameter_server_loops.is_parameter_server(strategy):
@@ -108,6 +110,11 @@ class Trainer:
           strategy, model_dir, model=self._model, optimizer=self._optimizer, step=self._step,
           max_to_keep=max_to_keep)
     self._reporter = reporting.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
+    self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
+    if profile_steps is not None and strategy.extended.should_checkpoint:
+      first, last = self._options.profile_steps
+      self._profile = profiling.ProfileWindow(
+          first=first, last=last, logdir=reporting.summary_dir(model_dir, "train"))
     self._features_spec = None
     self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.
     self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
@@ -446,7 +453,7 @@ class Trainer:
         train_loop=self._train_loop(global_batch_size, label_range), steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
         global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
-        single_worker=_is_single_worker(self._strategy))
+        single_worker=_is_single_worker(self._strategy), profile=self._profile)
 
   def _train_loop(self, global_batch_size, label_range):
     loop = self._train_loops.get((global_batch_size, label_range))

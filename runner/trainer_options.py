@@ -1,13 +1,14 @@
 """The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
 
 from runner import actions as actions_lib
 from runner import global_state
+from runner import profiling
 from runner.tasks import Task
 from strategies import checks
 from strategies.errors import ConfigError
@@ -34,6 +35,9 @@ class TrainerOptions:
     clipnorm: None, or the bound on the global norm of the summed gradient.
     seed: None, or an int that fixes the initial weights.
     actions: `runner.actions.Action`s run after every train loop.
+    profile_steps: None, or `(first, last)`: record a TensorFlow profiler
+      trace of global steps first..last (needs `model_dir`; see
+      `runner.profiling`).
 
   Raises:
     ConfigError: from the constructor, naming the first invalid option.
@@ -47,6 +51,7 @@ class TrainerOptions:
   clipnorm: Optional[float] = None
   seed: Optional[int] = None
   actions: Sequence[actions_lib.Action] = ()
+  profile_steps: Optional[Tuple[int, int]] = None
 
   def __post_init__(self):
     checks.positive_int(self.steps_per_loop, "steps_per_loop")
@@ -65,6 +70,9 @@ class TrainerOptions:
     for action in self.actions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
     object.__setattr__(self, "actions", tuple(self.actions))
+    object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
+    if self.profile_steps is not None and self.model_dir is None:
+      raise ConfigError(f"profile_steps={self.profile_steps} needs a model_dir to write the trace to.")
 
 
 def check_components(*, strategy, model_fn, optimizer_fn, task):

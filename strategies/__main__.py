@@ -2,7 +2,8 @@
 
 Prints the physical and logical devices, the strategy `auto` would choose and
 why, and, when --strategy names another strategy, that strategy's one-line
-description once built. Bad input prints one line and exits with status 2.
+description once built. Bad input prints one line `error: ...` and exits with
+status 2; --help exits 0.
 """
 
 import sys
@@ -20,7 +21,8 @@ strategies.flags.define_flags()
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    print(f"error: Unexpected arguments {argv[1:]}; give flags as --NAME=VALUE.", file=sys.stderr)
+    sys.exit(2)
   try:
     report(strategies.flags.config_from_flags())
   except ConfigError as e:
@@ -45,4 +47,4 @@ def report(config):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=strategies.flags.parse_flags)

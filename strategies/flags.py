@@ -6,12 +6,18 @@
   def main(argv):
     strategy = strategies.flags.create_from_flags()  # after flags are parsed
 
+  app.run(main, flags_parser=strategies.flags.parse_flags)  # optional: exit 2, 0
+
 Then `--strategy=mirrored --virtual_cpus=2`, `--strategy=tpu --tpu=local`,
 `--strategy=multi_worker_mirrored --worker_hosts=h1:2222,h2:2222 --task_index=0`
 and so on work, with the same names, defaults and checks as `config.strategy`
 (`--strategy` is `config.strategy.name`). Bad combinations fail when the flags
-are parsed.
+are parsed. With `parse_flags` as absl's flags parser, a bad flag is one
+line `error: ...` on stderr and exit status 2 (absl's own parser prints
+"FATAL Flags parsing error" and exits 1), and `--help` exits 0 (absl: 1).
 """
+
+import sys
 
 from absl import flags
 
@@ -61,6 +67,27 @@ def define_flags(flag_values=flags.FLAGS):
   # One validator on --strategy that reads every flag, so absl's message stays short.
   flags.register_validator(
       _FLAGS["name"][0], lambda _: _check(flag_values), flag_values=flag_values)
+
+
+_HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "h", "?")
+
+
+def parse_flags(argv, flag_values=flags.FLAGS):
+  """Parses `argv` into `flag_values` for `absl.app.run(main, flags_parser=parse_flags)`; returns the rest.
+
+  `--help` (and absl's other help flags) prints the usage and exits 0. A bad
+  flag, a bad value or a bad combination of the strategy flags prints one
+  line `error: ...` on stderr and exits 2.
+  """
+  try:
+    return flag_values(argv)
+  except flags.Error as e:
+    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    sys.exit(2)
+  except SystemExit:
+    if any(argument.lstrip("-").split("=")[0] in _HELP_FLAGS for argument in argv[1:] if argument.startswith("-")):
+      sys.exit(0)  # absl's help flags print the usage, then exit 1.
+    raise
 
 
 def config_from_flags(flag_values=flags.FLAGS):

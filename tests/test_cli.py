@@ -82,6 +82,8 @@ def cli_runs(tmp_path_factory):
   cases["quiet"] = [f"--config={SYNTHETIC}", "--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2",
                     "--config.trainer.train_steps=40", "--config.trainer.steps_per_loop=20"]
   cases["verbose"] = [f"--config={SYNTHETIC}", "--dry_run"]
+  cases["help"] = ["--help"]
+  cases["bad_flag"] = [f"--config={SYNTHETIC}", "--mode=trian"]
   log_levels = {"quiet": None, "verbose": "0"}
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
@@ -98,7 +100,22 @@ def cli_runs(tmp_path_factory):
   for case, process in processes.items():
     stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     results[case] = (process.returncode, stdout, stderr, workdirs[case])
+  # Then a dry run on the workdir of a finished run ("quiet", 40 steps), taking it further.
+  listing = _listing(workdirs["quiet"])
+  process = subprocess.run(
+      [sys.executable, "-m", "runner", f"--workdir={workdirs['quiet']}", f"--config={SYNTHETIC}", "--dry_run",
+       "--config.trainer.train_steps=100", "--config.trainer.steps_per_loop=20"],
+      env=env, cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_SECONDS)
+  results["dry_run_resume"] = (process.returncode, process.stdout, process.stderr, workdirs["quiet"])
+  assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
   return results
+
+
+def _listing(directory):
+  """Every file under `directory` with its size and modification time."""
+  return sorted((os.path.join(root, name), os.stat(os.path.join(root, name)).st_size,
+                 os.stat(os.path.join(root, name)).st_mtime_ns)
+                for root, _, names in os.walk(directory) for name in names)
 
 
 def _with_log_level(env, level):
@@ -117,7 +134,31 @@ def test_dry_run_prints_the_plan_and_writes_nothing(cli_runs):
   assert "strategy: mirrored: 2 replicas on CPU:0, CPU:1" in stdout
   assert "replicas: 2" in stdout
   assert "per-replica batch size: train 32, eval 32" in stdout
+  assert f"workdir: {workdir} does not exist yet: a new run, training from step 0" in stdout
   assert "plan: mode train: train to step 300 in 3 loop(s) of up to 100 steps" in stdout
+  assert not workdir.exists()
+
+
+def test_a_dry_run_on_a_finished_workdir_says_it_would_resume_and_from_which_step(cli_runs):
+  returncode, stdout, stderr, workdir = cli_runs["dry_run_resume"]  # The fixture checks it wrote nothing.
+  assert returncode == 0, stderr[-3000:]
+  assert f"workdir: {workdir} holds a run at step 40 (checkpoint ckpt-40): it would resume from step 40" in stdout
+  assert ("plan: mode train_and_eval: train from step 40 to step 100 in 3 loop(s) of up to 20 steps; then evaluate "
+          "all of the eval split") in stdout
+
+
+def test_help_prints_the_usage_and_exits_0(cli_runs):
+  returncode, stdout, stderr, workdir = cli_runs["help"]
+  assert returncode == 0, stderr[-3000:]
+  assert "python -m runner --config=FILE[:ARG]" in stdout and "--dry_run" in stdout and "--check_tpu" in stdout
+  assert not workdir.exists()
+
+
+def test_a_bad_flag_value_is_one_error_line_with_status_2(cli_runs):
+  returncode, _, stderr, workdir = cli_runs["bad_flag"]
+  assert returncode == USER_ERROR_EXIT_CODE
+  assert "Traceback" not in stderr and "FATAL" not in stderr
+  assert len(_error_lines(stderr)) == 1 and _error_lines(stderr)[0].startswith("error: flag --mode=trian: value should be one of")
   assert not workdir.exists()
 
 
@@ -128,7 +169,7 @@ def test_a_typo_in_an_override_is_one_line_without_traceback(cli_runs):
   assert _error_lines(stderr) == [
       "error: Override 'trainer.train_step=300': config.trainer has no field 'train_step'. Did you mean "
       "'train_steps'? Fields of config.trainer: checkpoint_every, eval_every, eval_steps, jit_compile, "
-      "max_to_keep, precision, seed, steps_per_loop, train_steps."]
+      "max_to_keep, precision, profile_steps, seed, steps_per_loop, train_steps."]
   assert not workdir.exists()
 
 

@@ -70,7 +70,7 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
   assert {"name", "global_batch_size", "eval_global_batch_size"} <= set(config.data)
   assert set(config.optimizer) == {"name", "learning_rate", "schedule", "warmup_steps", "weight_decay", "clipnorm"}
   assert set(config.trainer) == {"train_steps", "steps_per_loop", "eval_every", "eval_steps", "checkpoint_every",
-                                 "max_to_keep", "jit_compile", "precision", "seed"}
+                                 "max_to_keep", "jit_compile", "precision", "seed", "profile_steps"}
   assert config.mode == "train_and_eval"
   assert (config.data.name, config.model.name, config.task.name) == ("synthetic", "mlp", "classification")
   assert config.data.num_classes == config.model.num_outputs == 10  # the default config is coherent

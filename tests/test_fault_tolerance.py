@@ -167,17 +167,23 @@ def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays
 
 def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):
   """A finished or failed run must exit: TensorFlow's tf.data can deadlock at interpreter exit (1 in 4 seen)."""
-  (tmp_path / "ragged.py").write_text(textwrap.dedent("""
+  (tmp_path / "failing.py").write_text(textwrap.dedent("""
       import tensorflow as tf
 
+      def fail_after_30(index):
+        if index >= 30:
+          raise RuntimeError("the dataset broke down")  # A program error, not a data mistake: exit 1.
+        return tf.zeros([16])
+
       def data(config, split):
-        features = tf.ragged.constant([[1.0] * (1 + i % 3) for i in range(64)])
-        return tf.data.Dataset.from_tensor_slices((features, tf.zeros([64], tf.int32)))
+        features = tf.data.Dataset.range(10_000).map(
+            lambda i: tf.ensure_shape(tf.py_function(fail_after_30, [i], tf.float32), [16]))
+        return tf.data.Dataset.zip(features, tf.data.Dataset.range(10_000).map(lambda i: tf.cast(i % 10, tf.int32)))
       """))
   env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
   short = [f"--config={SYNTHETIC}", "--mode=train", "--config.strategy.name=one_device",
            "--config.trainer.train_steps=20", "--config.trainer.steps_per_loop=10"]
-  cases = [("ok", short, 0), ("raises", short + ["--config.data.name=ragged:data"], 1)] * 6  # A 1-in-4 hang: 82%.
+  cases = [("ok", short, 0), ("raises", short + ["--config.data.name=failing:data"], 1)] * 6  # A 1-in-4 hang: 82%.
   for start in range(0, len(cases), 4):
     runs = [(Run(tmp_path / f"{kind}{start + i}", args, env), status)
             for i, (kind, args, status) in enumerate(cases[start:start + 4])]

@@ -248,3 +248,38 @@ def test_a_run_that_fails_before_training_leaves_no_new_workdir(tmp_path):
   with pytest.raises(ConfigError, match=r"Mode 'eval' needs a checkpoint"):
     runner.run(_quick(mode="eval"), str(workdir))
   assert not workdir.exists()
+
+
+def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path, subprocess_env):
+  """A plain Python program (no absl app, no logging set up) calls run() twice: shown, then quiet."""
+  script = tmp_path / "program.py"
+  script.write_text(textwrap.dedent(f"""
+      import sys
+      from absl import logging
+      import runner
+
+      overrides = {{"mode": "train", "strategy.name": "one_device", "trainer.steps_per_loop": 20}}
+      before = logging.get_verbosity()
+      runner.run(runner.load_config({SYNTHETIC!r}, {{**overrides, "trainer.train_steps": 40}}), sys.argv[1])
+      print("=== quiet ===", file=sys.stderr, flush=True)
+      runner.run(runner.load_config({SYNTHETIC!r}, {{**overrides, "trainer.train_steps": 80}}), sys.argv[1],
+                 quiet=True)
+      print(before, logging.get_verbosity())
+      """))
+  workdir = tmp_path / "run"
+  process = subprocess.run([sys.executable, str(script), str(workdir)], env=subprocess_env, cwd=REPO,
+                           capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_SECONDS)
+  assert process.returncode == 0, process.stderr[-3000:]
+  shown, quiet = process.stderr.split("=== quiet ===\n")
+  assert re.search(rf"run_lib.py:\d+\] Mode train in the workdir {re.escape(str(workdir))} \(new\)\.\n", shown)
+  progress = re.findall(r"reporting.py:\d+\] (step \d+/\d+: .*)", shown)
+  assert len(progress) == 2, shown[-3000:]
+  # The first loop's line shows the tracing apart; its steps/s (and ETA) count the steps only.
+  assert re.fullmatch(r"step 20/40: loss [\d.]+, accuracy [\d.]+ \| traced in \d+\.\d s, then [\d.]+ steps/s, "
+                      r"\d+ examples/s, ETA 0:00:\d\d", progress[0]), progress[0]
+  assert re.fullmatch(r"step 40/40: loss [\d.]+, accuracy [\d.]+ \| [\d.]+ steps/s, \d+ examples/s, ETA 0:00:00",
+                      progress[1]), progress[1]
+  assert "Saved checkpoint" in shown or "checkpoint" in shown.split(progress[1])[1]
+  assert not re.search(r"^I\d{4} ", quiet, re.MULTILINE), quiet[-3000:]  # Quiet: no INFO line at all.
+  assert process.stdout.split() == ["-1", "-1"]  # absl's verbosity as the program had it.
+  assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 80

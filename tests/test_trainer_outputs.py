@@ -1,7 +1,9 @@
 """What a run leaves behind: metrics.jsonl, TensorBoard scalars, progress lines."""
 
+import argparse
 import json
 import logging
+import re
 
 import keras
 import pytest
@@ -12,6 +14,9 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import scalars_plugin
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+from tensorboard_plugin_profile import profile_plugin_loader
+from xprof.standalone.tensorboard_shim import base_plugin as profile_base_plugin
 
 import trainer_testlib
 
@@ -114,4 +119,30 @@ def test_one_progress_line_per_loop(run):
   assert progress[1].startswith("step 4/4: loss ")
   for part in ("accuracy ", " steps/s, ", " examples/s, ETA 0:00:00"):
     assert part in progress[1]
+  assert " | traced in " in progress[0] and "traced" not in progress[1]  # The first loop's tracing, apart.
   assert sum(m.startswith("eval at step ") for m in messages) == 2
+
+
+def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_them(tmp_path):
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), steps_per_loop=4, profile_steps=(3, 5))
+  trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=8)
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+    assert [json.loads(line)["step"] for line in f] == [2, 5, 8]  # Loops end before step 3 and after step 5.
+  (trace,) = (tmp_path / "summaries" / "train" / "plugins" / "profile").glob("*/*.xplane.pb")
+  space = xplane_pb2.XSpace.FromString(trace.read_bytes())
+  (host,) = [plane for plane in space.planes if plane.name == "/host:CPU"]
+  names = {i: metadata.name for i, metadata in host.event_metadata.items()}
+  events = {line.name.split("/")[0]: [names[event.metadata_id] for event in line.events] for line in host.lines}
+  # One call of the train loop's function, and in it three batches read: steps 3, 4 and 5.
+  calls = [name for name in events["python"] if "_many_steps" in name]
+  assert len(calls) == 2 and calls[0] == "_many_steps", calls
+  assert re.fullmatch(r"EagerLocalExecute: __inference__many_steps_\d+", calls[1]), calls
+  assert events["tf_data_multi_device_iterator_get_next"].count("GetNextFromShard0") == 3
+  # TensorBoard's Profile tab (tensorboard-plugin-profile) lists the run and its tools.
+  plugin = profile_plugin_loader.ProfilePluginLoader().load(profile_base_plugin.TBContext(
+      logdir=str(tmp_path / "summaries"), flags=argparse.Namespace(master_tpu_unsecure_channel="")))
+  (run,) = plugin.generate_runs()
+  assert run == f"train/{trace.parent.name}"
+  assert {"overview_page", "trace_viewer@", "input_pipeline_analyzer", "framework_op_stats",
+          "memory_profile"} <= set(plugin.run_tools_imp(run))

@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import random
+import re
 import signal
 import sys
 
@@ -89,6 +90,9 @@ def test_a_cluster_of_one_command_trains_shards_checkpoints_and_restores_on_one_
   assert "strategy: parameter_server: 2 workers, 2 parameter servers\n" in stdout
   assert f"global step: {STEPS}\n" in stdout
   assert "mlp/dense/kernel (16, 64) in 2 shards on ps:" in stderr, stderr[-3000:]
+  progress = re.findall(r"reporting.py:\d+\] (step \d+/\d+: .*)", stderr)
+  assert len(progress) == 3, stderr[-3000:]  # The scheduled function traced first, shown apart on line one.
+  assert " | traced in " in progress[0] and not any("traced" in line for line in progress[1:]), progress
 
   # One report per loop of 10 steps on each of the 2 workers, then the final evaluation.
   train = _rows(workdir, "train")

@@ -1,0 +1,48 @@
+"""Where a run's progress lines go when `runner.run` is called from Python, and how to silence them.
+
+The progress lines (one per train loop, one per evaluation, checkpoints) are
+absl INFO logs. Under `python -m runner`, absl's app shows them on stderr.
+A Python program that calls `runner.run` has not set up absl logging, so
+Python's default (WARNING and above) would drop them; `shown` makes them
+appear the same way for the length of the run and leaves logging as it was.
+"""
+
+import contextlib
+
+from absl import logging
+
+
+@contextlib.contextmanager
+def shown(*, quiet):
+  """Shows (or, with `quiet`, hides) the absl INFO progress lines while the block runs; restores logging after.
+
+  Not quiet: absl's verbosity is raised to INFO if it is lower, and when no
+  logging handler is set up at all (a plain Python program), absl's own
+  handler writes to stderr in the CLI's format. A program that configured
+  logging keeps its handlers. Quiet: only warnings and errors are logged.
+  """
+  verbosity = logging.get_verbosity()
+  absl_logger = logging.get_absl_logger()
+  handler = None
+  if quiet:
+    logging.set_verbosity(logging.WARNING)
+  else:
+    logging.set_verbosity(max(verbosity, logging.INFO))
+    if not _has_handler(absl_logger):
+      handler = logging.get_absl_handler()
+      absl_logger.addHandler(handler)
+  try:
+    yield
+  finally:
+    if handler is not None:
+      absl_logger.removeHandler(handler)
+    logging.set_verbosity(verbosity)
+
+
+def _has_handler(logger):
+  """Whether a record `logger` emits reaches a handler other than Python's last resort."""
+  while logger is not None:
+    if logger.handlers:
+      return True
+    logger = logger.parent if logger.propagate else None
+  return False
