@@ -85,13 +85,13 @@ def check_features(element_spec, expected, *, purpose):
   """
   features = element_spec[0]
   where = f"The {purpose} data"
-  leaves = tf.nest.flatten(element_spec[:2])
-  if all(isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None for s in leaves):
+  parts = tf.nest.flatten(element_spec[:2])
+  if all(isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None for s in parts):
     raise DataError(
         f"{where} looks batched: every part of its elements has a first dimension of unknown size (element spec "
         f"{_spec(element_spec)}). The Trainer batches the data itself; return an unbatched dataset of one example "
         "per element (drop the .batch(...)).")
-  for path, spec in _leaves(features):
+  for path, spec in leaves(features):
     if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
       kind = "ragged" if isinstance(spec, tf.RaggedTensorSpec) else "sparse"
       raise DataError(
@@ -99,7 +99,7 @@ def check_features(element_spec, expected, *, purpose):
           "shape. Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
           "tf.sparse.to_dense).")
   if expected is None:
-    for path, spec in _leaves(features):
+    for path, spec in leaves(features):
       if not spec.shape.is_fully_defined():
         raise DataError(
             f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, and the "
@@ -112,7 +112,7 @@ def check_features(element_spec, expected, *, purpose):
     raise DataError(
         f"{where}'s features are {_spec(features)} per example, but the model takes {_spec(expected)}: their "
         "structures differ.") from None
-  for (path, spec), want in zip(_leaves(features), tf.nest.flatten(expected)):
+  for (path, spec), want in zip(leaves(features), tf.nest.flatten(expected)):
     if spec.shape.rank == want.shape.rank + 1 and want.shape.is_compatible_with(spec.shape[1:]):
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example, one dimension more than the "
@@ -223,16 +223,19 @@ def _first_bad_record(files, compression_type):
   return None
 
 
-def _leaves(features, path=""):
-  """Yields `(path, spec)` for each feature: path '' for a single tensor, else like "['title']" or "[0]"."""
-  if isinstance(features, dict):
-    for key in sorted(features):
-      yield from _leaves(features[key], f"{path}[{key!r}]")
-  elif isinstance(features, (list, tuple)):
-    for index, part in enumerate(features):
-      yield from _leaves(part, f"{path}[{index}]")
+def leaves(nest, path=""):
+  """Yields `(path, leaf)` for each leaf of a nest of dicts (keys sorted), tuples and lists.
+
+  The path is '' for a single leaf, else like "['title']", "[0]" or "[0]['ids']".
+  """
+  if isinstance(nest, dict):
+    for key in sorted(nest):
+      yield from leaves(nest[key], f"{path}[{key!r}]")
+  elif isinstance(nest, (list, tuple)):
+    for index, part in enumerate(nest):
+      yield from leaves(part, f"{path}[{index}]")
   else:
-    yield path, features
+    yield path, nest
 
 
 def _shape(shape):

@@ -23,6 +23,8 @@ import re
 
 import tensorflow as tf
 
+from runner import data_checks
+
 # Dtypes a TPU computes in and takes from the host (int64 and uint64 emulated with 32-bit words).
 TPU_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.complex64, tf.bool, tf.int8, tf.int16, tf.int32, tf.int64,
               tf.uint8, tf.uint16, tf.uint32, tf.uint64)
@@ -72,7 +74,7 @@ def element_problem(element_spec, data_name):
     data's features['title']"), what a TPU rejects in it, and the fix.
   """
   for part, spec in zip(_ELEMENT_PARTS, element_spec):
-    for path, leaf in _leaves(spec, ""):
+    for path, leaf in data_checks.leaves(spec):
       where = f"{data_name}'s {part}{path}"
       if isinstance(leaf, tf.RaggedTensorSpec):
         return (f"{where} is a tf.RaggedTensor ({leaf}): a TPU takes only dense tensors of static shape. Pad or "
@@ -147,18 +149,6 @@ def walk(traced):
 
   for graph, ops in traced:
     yield from ops_of(graph, ops)
-
-
-def _leaves(spec, path):
-  """Yields (path, spec) for every tensor spec in a nest of dicts, tuples and lists."""
-  if isinstance(spec, dict):
-    for key in sorted(spec):
-      yield from _leaves(spec[key], f"{path}[{key!r}]")
-  elif isinstance(spec, (tuple, list)):
-    for i, item in enumerate(spec):
-      yield from _leaves(item, f"{path}[{i}]")
-  else:
-    yield path, spec
 
 
 def _called_functions(op):

@@ -120,6 +120,12 @@ def test_config_file_variants():
      r"config.trainer.eval_every=150 is not a multiple of config.trainer.steps_per_loop=100.* such as 200"),
     (["trainer.checkpoint_every=50"],
      r"config.trainer.checkpoint_every=50 is not a multiple of config.trainer.steps_per_loop=100.* such as 100"),
+    (["trainer.profile_steps=(5, 2)"], r"config.trainer.profile_steps must be None or a pair of steps \(first, "
+                                       r"last\) with 1 <= first <= last, e.g. \(5, 10\), got \(5, 2\)\."),
+    (["trainer.profile_steps=(0, 2)"], r"config.trainer.profile_steps must be None or a pair .* got \(0, 2\)\."),
+    (["trainer.profile_steps=(1, 2, 3)"], r"config.trainer.profile_steps must be None or a pair .* got \(1, 2, 3\)"),
+    (["trainer.profile_steps=(990, 1010)"], r"config.trainer.profile_steps=\(990, 1010\) goes past "
+                                            r"config.trainer.train_steps=1000; choose steps the run trains\."),
     (["mode=trian"], r"config.mode='trian' is not valid. Did you mean 'train'\?"),
     (["strategy.name=mirored"], r"config.strategy.name='mirored' is not valid. Did you mean 'mirrored'\?"),
     (["model.name=mpl"], r"Unknown model 'mpl'. Did you mean 'mlp'\? Built-in models: linear, mlp; or give an "

@@ -22,6 +22,9 @@ def fixture_one_device():
                                       r"Valid: float32, mixed_bfloat16, mixed_float16"),
     (dict(checkpoint_every=10), r"checkpoint_every=10 needs a model_dir"),
     (dict(max_to_keep=0), r"max_to_keep must be a positive int, got 0"),
+    (dict(profile_steps=(3, 5)), r"profile_steps=\(3, 5\) needs a model_dir to write the trace to\."),
+    (dict(profile_steps=5, model_dir="/tmp/unused"), r"profile_steps must be None or a pair of steps \(first, last\) "
+                                                     r"with 1 <= first <= last, e.g. \(5, 10\), got 5\."),
     (dict(clipnorm=-1.0), r"clipnorm must be None or a positive number, got -1\.0"),
     (dict(seed=1.5), r"seed must be None or an int, got 1\.5"),
     (dict(jit_compile="yes"), r"jit_compile must be True or False, got 'yes'"),

@@ -146,3 +146,18 @@ def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_
   assert run == f"train/{trace.parent.name}"
   assert {"overview_page", "trace_viewer@", "input_pipeline_analyzer", "framework_op_stats",
           "memory_profile"} <= set(plugin.run_tools_imp(run))
+
+
+def test_a_run_resumed_past_the_profile_window_takes_no_profile_and_says_so(tmp_path, caplog):
+  data = trainer_testlib.classification_data(64)
+  first = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
+                                       steps_per_loop=2)
+  first.train(data, global_batch_size=GLOBAL_BATCH, steps=4)
+  resumed = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
+                                         steps_per_loop=2, profile_steps=(3, 5))
+  with caplog.at_level(logging.WARNING):
+    resumed.train(data, global_batch_size=GLOBAL_BATCH, steps=6)
+  assert resumed.global_step == 6
+  assert ("profile_steps=(3, 5): training resumed at step 4, past step 3; no profile is taken. Choose steps after 4 "
+          "to profile this run.") in caplog.messages
+  assert not (tmp_path / "summaries" / "train" / "plugins").exists()
