@@ -220,10 +220,10 @@ def resume_step(workdir):
 def describe_workdir(workdir, step):
   """Returns one line on what `workdir` holds for a run: nothing yet, or a run to resume from `step`."""
   if workdir is None:
-    return "none given: a new temporary directory, training from step 0"
+    return "none given: a new temporary directory, a new run"
   if step is None:
     held = "does not exist yet" if not tf.io.gfile.exists(workdir) else "holds no checkpoint"
-    return f"{workdir} {held}: a new run, training from step 0"
+    return f"{workdir} {held}: a new run"
   return f"{workdir} holds a run at step {step} (checkpoint ckpt-{step}): it would resume from step {step}"
 
 

@@ -84,6 +84,7 @@ def cli_runs(tmp_path_factory):
   cases["verbose"] = [f"--config={SYNTHETIC}", "--dry_run"]
   cases["help"] = ["--help"]
   cases["bad_flag"] = [f"--config={SYNTHETIC}", "--mode=trian"]
+  cases["positional"] = [f"--config={SYNTHETIC}", "train"]
   log_levels = {"quiet": None, "verbose": "0"}
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
@@ -134,7 +135,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(cli_runs):
   assert "strategy: mirrored: 2 replicas on CPU:0, CPU:1" in stdout
   assert "replicas: 2" in stdout
   assert "per-replica batch size: train 32, eval 32" in stdout
-  assert f"workdir: {workdir} does not exist yet: a new run, training from step 0" in stdout
+  assert f"workdir: {workdir} does not exist yet: a new run" in stdout
   assert "plan: mode train: train to step 300 in 3 loop(s) of up to 100 steps" in stdout
   assert not workdir.exists()
 
@@ -151,6 +152,14 @@ def test_help_prints_the_usage_and_exits_0(cli_runs):
   returncode, stdout, stderr, workdir = cli_runs["help"]
   assert returncode == 0, stderr[-3000:]
   assert "python -m runner --config=FILE[:ARG]" in stdout and "--dry_run" in stdout and "--check_tpu" in stdout
+  assert not workdir.exists()
+
+
+def test_a_positional_argument_is_one_error_line_with_status_2(cli_runs):
+  returncode, _, stderr, workdir = cli_runs["positional"]
+  assert returncode == USER_ERROR_EXIT_CODE and "Traceback" not in stderr
+  assert _error_lines(stderr) == [
+      "error: Unexpected arguments ['train']; give overrides as --config.SECTION.FIELD=VALUE."]
   assert not workdir.exists()
 
 

@@ -261,10 +261,10 @@ def test_python_m_strategies_prints_a_config_error_in_one_line(subprocess_env):
   assert "Traceback" not in result.stderr
 
 
-def test_python_m_strategies_exits_2_for_a_bad_flag_and_0_for_help(subprocess_env):
+def test_python_m_strategies_exits_2_for_bad_input_and_0_for_help(subprocess_env):
   processes = {args[-1]: subprocess.Popen([sys.executable, "-m", "strategies", *args], env=subprocess_env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for args in (["--strategy=mirorred"], ["--help"])}
+               for args in (["--strategy=mirorred"], ["--help"], ["--virtual_cpus=2", "mirrored"])}
   outputs = {}
   for flag, process in processes.items():
     stdout, stderr = process.communicate(timeout=TIMEOUT_SECONDS)
@@ -275,6 +275,10 @@ def test_python_m_strategies_exits_2_for_a_bad_flag_and_0_for_help(subprocess_en
       "error: flag --strategy=mirorred: --strategy='mirorred' is not valid. Did you mean 'mirrored'? Valid: auto, "
       "default, one_device, mirrored, multi_worker_mirrored, parameter_server, tpu."]
   assert "Traceback" not in stderr and "FATAL" not in stderr
+  status, _, stderr = outputs["mirrored"]
+  assert status == 2 and "Traceback" not in stderr
+  assert [line for line in stderr.splitlines() if line.startswith("error:")] == [
+      "error: Unexpected arguments ['mirrored']; give flags as --NAME=VALUE."]
   status, stdout, stderr = outputs["--help"]
   assert status == 0, stderr
   assert "--strategy" in stdout and "--virtual_cpus" in stdout
