@@ -52,7 +52,13 @@ def _finish(processes):
 
 
 def _start(command, env):
-  return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  """Starts `command` with Ctrl-C (SIGINT) at its default, as from a terminal, even if this process ignores it.
+
+  A shell without job control starts background jobs with SIGINT ignored, and
+  Python then keeps it ignored instead of raising KeyboardInterrupt.
+  """
+  return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("num_workers", [2, 3])
