@@ -8,8 +8,11 @@ appear the same way for the length of the run and leaves logging as it was.
 """
 
 import contextlib
+import logging as python_logging
 
 from absl import logging
+
+from runner import tensorflow_logs
 
 
 @contextlib.contextmanager
@@ -18,24 +21,30 @@ def shown(*, quiet):
 
   Not quiet: absl's verbosity is raised to INFO if it is lower, and when no
   logging handler is set up at all (a plain Python program), absl's own
-  handler writes to stderr in the CLI's format. A program that configured
-  logging keeps its handlers. Quiet: only warnings and errors are logged.
+  handler goes on the root logger for the block, as under `absl.app.run`: the
+  lines come out once, in the CLI's format (absl alone would call
+  `logging.basicConfig()` and print them as `INFO:absl:...`). A program that
+  configured logging keeps its handlers. Quiet: only warnings and errors.
   """
   verbosity = logging.get_verbosity()
-  absl_logger = logging.get_absl_logger()
   handler = None
   if quiet:
     logging.set_verbosity(logging.WARNING)
   else:
-    logging.set_verbosity(max(verbosity, logging.INFO))
-    if not _has_handler(absl_logger):
+    logging.set_verbosity(max(verbosity, logging.INFO))  # absl: INFO 0, WARNING -1, DEBUG 1.
+    if not _has_handler(logging.get_absl_logger()):
       handler = logging.get_absl_handler()
-      absl_logger.addHandler(handler)
+      python_logging.root.addHandler(handler)
+  hides_tensorflow_info = handler is not None and tensorflow_logs.without_tensorflow_info not in handler.filters
+  if hides_tensorflow_info:  # As the CLI does: TensorFlow's own INFO lines (it logs some through absl) hidden.
+    handler.addFilter(tensorflow_logs.without_tensorflow_info)
   try:
     yield
   finally:
+    if hides_tensorflow_info:
+      handler.removeFilter(tensorflow_logs.without_tensorflow_info)
     if handler is not None:
-      absl_logger.removeHandler(handler)
+      python_logging.root.removeHandler(handler)
     logging.set_verbosity(verbosity)
 
 

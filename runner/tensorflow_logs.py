@@ -48,11 +48,11 @@ def quiet_start():
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.config.list_physical_devices()  # Loads the device platforms: the cuInit line comes here.
   logging.getLogger("tensorflow").setLevel(logging.WARNING)  # tf_logging, which has a handler of its own.
-  absl_logging.get_absl_handler().addFilter(_without_tensorflow_info)  # TensorFlow code that logs through absl.
+  absl_logging.get_absl_handler().addFilter(without_tensorflow_info)  # TensorFlow code that logs through absl.
   return True
 
 
-def _without_tensorflow_info(record):
+def without_tensorflow_info(record):
   """A logging filter: drops INFO (and DEBUG) records logged from TensorFlow's own Python code."""
   return record.levelno >= logging.WARNING or _TENSORFLOW_DIR not in record.pathname
 

@@ -279,7 +279,9 @@ def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path,
                       r"\d+ examples/s, ETA 0:00:\d\d", progress[0]), progress[0]
   assert re.fullmatch(r"step 40/40: loss [\d.]+, accuracy [\d.]+ \| [\d.]+ steps/s, \d+ examples/s, ETA 0:00:00",
                       progress[1]), progress[1]
-  assert "Saved checkpoint" in shown or "checkpoint" in shown.split(progress[1])[1]
+  assert re.search(rf"checkpointing.py:\d+\] Saved checkpoint {re.escape(str(workdir))}/checkpoints/ckpt-40\.\n", shown)
+  assert shown.count("step 20/40: ") == 1 and "INFO:absl:" not in shown  # Each line once, in the CLI's format.
+  assert not re.search(r"^I\d{4} .*(functional_saver|tensorflow)", shown, re.MULTILINE)  # TensorFlow's INFO hidden.
   assert not re.search(r"^I\d{4} ", quiet, re.MULTILINE), quiet[-3000:]  # Quiet: no INFO line at all.
   assert process.stdout.split() == ["-1", "-1"]  # absl's verbosity as the program had it.
   assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 80
