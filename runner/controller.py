@@ -128,4 +128,4 @@ class Controller:
     for action in self._actions:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
-    return size if self._profile is None else self._profile.loop_size(step, size)
+    return size if self._profile is None else self._profile.loop_size(step, size, self._steps_per_loop)

@@ -188,22 +188,47 @@ def first_label_outside(data, valid_labels):
 def read_error(error, data, *, step, purpose):
   """Returns the DataError for data that could not be read (a `tf.errors.DataLossError`).
 
-  For `runner.data.TFRecordFiles` the files are read again, in order, to name
-  the first damaged one and the number of its first bad record.
+  The TFRecord files the data reads (a `runner.data.TFRecordFiles`' files, or
+  the file names a plain `tf.data.TFRecordDataset` pipeline holds as
+  constants) are read again, in order, to name the first damaged one and the
+  number of its first bad record.
   """
-  reason = _first_line(getattr(error, "message", str(error)))
   at = f" at step {step}" if step is not None else ""
-  files = getattr(data, "files", None)
-  if isinstance(data, data_lib.TFRecordFiles) and files:
-    found = _first_bad_record(files, data.compression_type)
-    if found is not None:
-      path, record, detail = found
-      return DataError(
-          f"The {purpose} data cannot be read{at}: {path} is damaged at record {record} (counting from 0; "
-          f"{detail}). Replace or re-write that file, or leave it out of the file pattern.")
+  if isinstance(data, data_lib.TFRecordFiles) and data.files:
+    files, compression_type = data.files, data.compression_type
+  else:
+    files, compression_type = _tfrecord_files(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()))
+  found = _first_bad_record(files, compression_type) if files else None
+  if found is not None:
+    path, record, detail = found
+    return DataError(
+        f"The {purpose} data cannot be read{at}: {path} is damaged at record {record} (counting from 0; "
+        f"{detail}). Replace or re-write that file, or leave it out of the data.")
   return DataError(
-      f"The {purpose} data cannot be read{at}: {reason}. A file it reads is damaged or truncated; rewrite it or "
-      "leave it out.")
+      f"The {purpose} data cannot be read{at}: {_reason(getattr(error, 'message', str(error)))}. A file it reads "
+      "is damaged or truncated; rewrite it or leave it out.")
+
+
+def _tfrecord_files(dataset):
+  """Returns `(paths, compression type)`: the existing files named by string constants in `dataset`'s graph.
+
+  A pipeline built on `tf.data.TFRecordDataset(files)` holds its file names
+  as constants (in the main graph, or in its functions' graphs); ([], '')
+  when none are found or the graph cannot be read.
+  """
+  try:
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+  except (AttributeError, TypeError, ValueError, tf.errors.OpError):
+    return [], ""
+  nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
+  strings = []
+  for node in nodes:
+    if node.op == "Const" and node.attr["value"].tensor.dtype == tf.string.as_datatype_enum:
+      strings += [value.decode(errors="replace") for value in tf.make_ndarray(node.attr["value"].tensor).ravel()]
+  compression = [value for value in strings if value in ("GZIP", "ZLIB")]
+  paths = [value for value in dict.fromkeys(strings) if "/" in value or "." in value]
+  return [path for path in paths if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)], (
+      compression[0] if compression else "")
 
 
 def _first_bad_record(files, compression_type):
@@ -219,7 +244,7 @@ def _first_bad_record(files, compression_type):
         for _ in records.skip(good):
           good += 1
       except tf.errors.DataLossError as e:
-        return path, good, _first_line(e.message)
+        return path, good, _reason(e.message)
   return None
 
 
@@ -246,7 +271,12 @@ def _spec(spec):
   return str(spec).replace("\n", " ")
 
 
-def _first_line(message):
-  """The first line of TensorFlow's error message without its node and op annotations."""
-  line = _ANNOTATIONS.sub("", message.strip().splitlines()[0] if message.strip() else message)
-  return " ".join(line.split()) or "no reason given"
+def _reason(message):
+  """TensorFlow's reason in an error message, without its node and op annotations.
+
+  A graph's error puts the reason last, after a 'Graph execution error:'
+  header and the stack of the op that failed.
+  """
+  lines = [" ".join(_ANNOTATIONS.sub("", line).split()) for line in message.strip().splitlines()]
+  lines = [line for line in lines if any(character.isalnum() for character in line)]  # Not a bare "[[]]".
+  return lines[-1] if lines else "no reason given"

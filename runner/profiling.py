@@ -52,11 +52,17 @@ class ProfileWindow:
     self._active = False
     self._done = False
 
-  def loop_size(self, step: int, size: int) -> int:
-    """Returns `size` (the steps of the next loop from `step`), cut so loops end after `first - 1` and `last`."""
+  def loop_size(self, step: int, size: int, steps_per_loop: int) -> int:
+    """Returns `size` (the steps of the next loop from `step`), cut so loops end after `first - 1` and `last`.
+
+    After the window, the next loop ends at a multiple of `steps_per_loop`,
+    so that loops fall back in step.
+    """
     for boundary in (self._first - 1, self._last):
       if step < boundary < step + size:
         return boundary - step
+    if step >= self._last:
+      size = min(size, steps_per_loop - step % steps_per_loop)
     return size
 
   def before_loop(self, step: int) -> None:

@@ -9,6 +9,7 @@ appear the same way for the length of the run and leaves logging as it was.
 
 import contextlib
 import logging as python_logging
+import sys
 
 from absl import logging
 
@@ -20,11 +21,12 @@ def shown(*, quiet):
   """Shows (or, with `quiet`, hides) the absl INFO progress lines while the block runs; restores logging after.
 
   Not quiet: absl's verbosity is raised to INFO if it is lower, and when no
-  logging handler is set up at all (a plain Python program), absl's own
-  handler goes on the root logger for the block, as under `absl.app.run`: the
-  lines come out once, in the CLI's format (absl alone would call
-  `logging.basicConfig()` and print them as `INFO:absl:...`). A program that
-  configured logging keeps its handlers. Quiet: only warnings and errors.
+  logging handler is set up at all (a plain Python program), a stderr handler
+  with absl's formatter goes on the root logger for the block, as absl's own
+  does under `absl.app.run`: the lines come out once, in the CLI's format
+  (absl alone would call `logging.basicConfig()` and print `INFO:absl:...`),
+  with TensorFlow's own INFO lines hidden as the CLI hides them. A program
+  that configured logging keeps its handlers. Quiet: only warnings and errors.
   """
   verbosity = logging.get_verbosity()
   handler = None
@@ -33,16 +35,13 @@ def shown(*, quiet):
   else:
     logging.set_verbosity(max(verbosity, logging.INFO))  # absl: INFO 0, WARNING -1, DEBUG 1.
     if not _has_handler(logging.get_absl_logger()):
-      handler = logging.get_absl_handler()
+      handler = python_logging.StreamHandler(sys.stderr)
+      handler.setFormatter(logging.PythonFormatter())
+      handler.addFilter(tensorflow_logs.without_tensorflow_info)
       python_logging.root.addHandler(handler)
-  hides_tensorflow_info = handler is not None and tensorflow_logs.without_tensorflow_info not in handler.filters
-  if hides_tensorflow_info:  # As the CLI does: TensorFlow's own INFO lines (it logs some through absl) hidden.
-    handler.addFilter(tensorflow_logs.without_tensorflow_info)
   try:
     yield
   finally:
-    if hides_tensorflow_info:
-      handler.removeFilter(tensorflow_logs.without_tensorflow_info)
     if handler is not None:
       python_logging.root.removeHandler(handler)
     logging.set_verbosity(verbosity)

@@ -199,7 +199,24 @@ def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
   # TensorFlow's reason names the offset of the record's data, after its 12-byte header.
   assert str(raised.value) == (
       f"The training data cannot be read at step 6: {paths[1]} is damaged at record 20 (counting from 0; corrupted "
-      f"record at {offsets[1][20] + 12}). Replace or re-write that file, or leave it out of the file pattern.")
+      f"record at {offsets[1][20] + 12}). Replace or re-write that file, or leave it out of the data.")
+
+
+def test_a_damaged_file_of_a_plain_tfrecord_dataset_is_named_with_its_record(tmp_path, one_device):
+  features, labels = trainer_testlib.classification_arrays(64)
+  path = str(tmp_path / "train.tfrecord")
+  offsets = _write_records(path, features, labels)
+  damaged = bytearray(open(path, "rb").read())
+  damaged[offsets[50] + 40] ^= 0xFF  # Inside the data of record 50.
+  with open(path, "wb") as f:
+    f.write(bytes(damaged))
+  trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=10)
+  with pytest.raises(DataError) as raised:
+    trainer.train(tf.data.TFRecordDataset(path).map(_parse), global_batch_size=8, steps=10)
+  # Record 50 is in the batch of step 7 (records 48 to 55); the file name comes from the dataset's own graph.
+  assert str(raised.value) == (
+      f"The training data cannot be read at step 7: {path} is damaged at record 50 (counting from 0; corrupted "
+      f"record at {offsets[50] + 12}). Replace or re-write that file, or leave it out of the data.")
 
 
 def test_a_run_that_fails_on_its_data_leaves_the_workdir_as_it_found_it(tmp_path):

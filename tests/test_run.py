@@ -288,9 +288,9 @@ def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path,
 
 
 def test_config_profile_steps_trace_those_steps_into_the_workdirs_summaries(tmp_path):
-  result = runner.run(_quick(mode="train", trainer={"profile_steps": (21, 30)}), str(tmp_path))
+  result = runner.run(_quick(mode="train", trainer={"train_steps": 60, "profile_steps": (21, 30)}), str(tmp_path))
   assert result.config.trainer.profile_steps == (21, 30)
-  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
-    assert [json.loads(line)["step"] for line in f] == [20, 30, 40]  # A loop ends at step 30, the window's last.
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:  # Loops of 20 end at 30 too, the window's last.
+    assert [json.loads(line)["step"] for line in f] == [20, 30, 40, 60]
   (trace,) = (tmp_path / "summaries" / "train" / "plugins" / "profile").glob("*/*.xplane.pb")
   assert trace.stat().st_size > 1000
