@@ -1,7 +1,7 @@
 """The Trainer's ratio to the hand-written loop at two commits, measured side by side in one run.
 
 `python -m benchmarks.commits --before=REV [--after=REV] [--rounds=4]
-[--strategies=one_device,mirrored2]` checks both commits out into temporary
+[--strategies=one_device,mirrored2] [--workload=mlp|small]` checks both commits out into temporary
 git worktrees and runs, in every round, trainer_100, loop_100, trainer_1 and
 loop_1 of each commit on each strategy (`python -m benchmarks.contenders`,
 one process each, from that commit's tree), the commits' order alternating
@@ -78,6 +78,7 @@ def main(argv=None):
   parser.add_argument("--warmup_steps", type=int, default=200)
   parser.add_argument("--steps", type=int, default=2000, help="timed steps of every contender")
   parser.add_argument("--timeout", type=int, default=300, help="seconds allowed per process")
+  parser.add_argument("--workload", default="mlp", choices=sorted(contenders_lib.WORKLOADS))
   args = parser.parse_args(argv)
   try:
     args.strategies = throughput.parse_names(args.strategies, contenders_lib.STRATEGIES, "strategies")
@@ -101,7 +102,7 @@ def main(argv=None):
                        check=False, capture_output=True)
   print("\n## Machine\n")
   print("\n".join(machine))
-  print(f"\n## Trainer vs hand-written loop at two commits ({args.rounds} rounds, medians; "
+  print(f"\n## Trainer vs hand-written loop at two commits ({args.rounds} rounds, medians; workload {args.workload}; "
         f"{args.warmup_steps} warm-up steps, then {args.steps} timed)\n")
   print("\n".join(table(rows, list(trees), args.strategies)))
 

@@ -1,20 +1,24 @@
 """One throughput contender, measured in a process of its own.
 
 `python -m benchmarks.contenders --contender=loop_100 --strategy=mirrored2
---warmup_steps=200 --steps=2000` trains the benchmark MLP with that contender,
+--warmup_steps=200 --steps=2000 [--workload=mlp]` trains a workload's MLP with that contender,
 first for `warmup_steps` (tracing and the first loops, not timed), then for
 `steps` more, timed with `time.perf_counter` (wall) and `time.process_time`
 (CPU of all the process's threads), and prints one JSON line:
-`{"contender": ..., "strategy": ..., "steps": ..., "seconds": ...,
-"cpu_seconds": ..., "steps_per_sec": ...}`, or `{"contender": ..., "strategy": ..., "error": ...}`
+`{"contender": ..., "strategy": ..., "workload": ..., "steps": ..., "seconds": ...,
+"cpu_seconds": ..., "steps_per_sec": ...}`, or `{"contender": ..., "strategy": ..., "workload": ..., "error": ...}`
 when the contender raised. Every contender does the same work per step: the
 same MLP, synthetic data, global batch, optimizer, loss (averaged over the
-global batch) and accuracy metric, with variables made in `strategy.scope()`
-and input from `distribute_datasets_from_function` batched per replica.
+global batch) and, in the `mlp` workload, accuracy metric, with variables made
+in `strategy.scope()` and input from `distribute_datasets_from_function`
+batched per replica. Workloads (`WORKLOADS`): `mlp`, the benchmark MLP
+(64 -> 256 -> 256 -> 10, global batch 256, accuracy); `small`, a step where
+per-step overhead shows (64 -> 128 -> 10, global batch 64, loss only).
 """
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -32,13 +36,28 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import runner  # pylint: disable=g-import-not-at-top
 import strategies  # pylint: disable=g-import-not-at-top
 
-GLOBAL_BATCH_SIZE = 256
 NUM_FEATURES = 64
-HIDDEN_UNITS = (256, 256)
 NUM_CLASSES = 10
-NUM_EXAMPLES = 64 * GLOBAL_BATCH_SIZE
 LEARNING_RATE = 0.05
 SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """What every contender trains: the MLP's hidden layers, the global batch, and whether accuracy is tracked."""
+  hidden_units: tuple
+  global_batch_size: int
+  accuracy: bool
+
+  @property
+  def num_examples(self):
+    return 64 * self.global_batch_size
+
+
+WORKLOADS = {
+    "mlp": Workload(hidden_units=(256, 256), global_batch_size=256, accuracy=True),
+    "small": Workload(hidden_units=(128,), global_batch_size=64, accuracy=False),
+}
 
 # name -> (kind, steps per tf.function call).
 CONTENDERS = {
@@ -64,29 +83,29 @@ def make_strategy(name):
   return tf.distribute.MirroredStrategy([device.name for device in devices])
 
 
-def make_examples():
+def make_examples(workload):
   """Returns the unbatched synthetic dataset: seeded Gaussian features, linear labels."""
   rng = np.random.default_rng(SEED)
-  features = rng.standard_normal((NUM_EXAMPLES, NUM_FEATURES)).astype(np.float32)
+  features = rng.standard_normal((workload.num_examples, NUM_FEATURES)).astype(np.float32)
   labels = np.argmax(features @ rng.standard_normal((NUM_FEATURES, NUM_CLASSES)), axis=1)
   return tf.data.Dataset.from_tensor_slices((features, labels.astype(np.int32)))
 
 
-def make_distributed_dataset(strategy):
+def make_distributed_dataset(strategy, workload):
   """Returns the repeated examples batched per replica and distributed over `strategy`."""
 
   def dataset_fn(input_context):
-    batch_size = input_context.get_per_replica_batch_size(GLOBAL_BATCH_SIZE)
-    return make_examples().repeat().batch(batch_size, drop_remainder=True).prefetch(
+    batch_size = input_context.get_per_replica_batch_size(workload.global_batch_size)
+    return make_examples(workload).repeat().batch(batch_size, drop_remainder=True).prefetch(
         tf.data.AUTOTUNE)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def make_model():
-  """Returns the benchmark MLP: 64 -> 256 -> 256 -> 10 logits, ReLU Dense layers."""
+def make_model(workload):
+  """Returns the workload's MLP: 64 -> hidden units -> 10 logits, ReLU Dense layers."""
   layers = [keras.Input((NUM_FEATURES,))]
-  layers += [keras.layers.Dense(units, activation="relu") for units in HIDDEN_UNITS]
+  layers += [keras.layers.Dense(units, activation="relu") for units in workload.hidden_units]
   layers.append(keras.layers.Dense(NUM_CLASSES))
   return keras.Sequential(layers)
 
@@ -122,7 +141,7 @@ class FitStopwatch(keras.callbacks.Callback):
     self.seconds = time.perf_counter() - self.start[0], time.process_time() - self.start[1]
 
 
-def warm_loop(strategy, steps_per_call, warmup_steps):
+def warm_loop(strategy, steps_per_call, warmup_steps, workload):
   """Warms up a hand-written tf.distribute loop; returns it timed (see `timed`).
 
   Each `tf.function` call runs `steps_per_call` steps (all but the last in a
@@ -130,11 +149,11 @@ def warm_loop(strategy, steps_per_call, warmup_steps):
   once per call, as a practical loop that watches for NaN would.
   """
   with strategy.scope():
-    model = make_model()
+    model = make_model(workload)
     optimizer = make_optimizer()
     optimizer.build(model.trainable_variables)  # Slots made in a tf.function fail under mirrored.
-    accuracy = keras.metrics.SparseCategoricalAccuracy()
-  iterator = iter(make_distributed_dataset(strategy))
+    accuracy = keras.metrics.SparseCategoricalAccuracy() if workload.accuracy else None
+  iterator = iter(make_distributed_dataset(strategy, workload))
 
   def step_fn(inputs):
     features, labels = inputs
@@ -142,10 +161,11 @@ def warm_loop(strategy, steps_per_call, warmup_steps):
       logits = model(features, training=True)
       per_example_loss = keras.losses.sparse_categorical_crossentropy(
           labels, logits, from_logits=True)
-      loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=GLOBAL_BATCH_SIZE)
+      loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=workload.global_batch_size)
     gradients = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-    accuracy.update_state(labels, logits)
+    if accuracy is not None:
+      accuracy.update_state(labels, logits)
     return loss
 
   @tf.function
@@ -166,17 +186,17 @@ def warm_loop(strategy, steps_per_call, warmup_steps):
   return timed(train)
 
 
-def warm_keras_fit(strategy, steps_per_call, warmup_steps):
+def warm_keras_fit(strategy, steps_per_call, warmup_steps, workload):
   """Warms up Keras `fit` with `steps_per_execution=steps_per_call`; returns it timed by `FitStopwatch`."""
   with strategy.scope():
-    model = make_model()
+    model = make_model(workload)
     model.compile(
         optimizer=make_optimizer(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        metrics=[keras.metrics.SparseCategoricalAccuracy()] if workload.accuracy else [],
         steps_per_execution=steps_per_call,
         jit_compile=False)
-  dataset = make_distributed_dataset(strategy)
+  dataset = make_distributed_dataset(strategy, workload)
 
   def timed_train(num_steps):
     stopwatch = FitStopwatch()
@@ -187,21 +207,28 @@ def warm_keras_fit(strategy, steps_per_call, warmup_steps):
   return timed_train
 
 
-def warm_trainer(strategy, steps_per_call, warmup_steps):
+class _LossOnly(runner.tasks.Classification):
+  """Classification without the accuracy metric: the `small` workload's task."""
+
+  def metrics(self):
+    return []
+
+
+def warm_trainer(strategy, steps_per_call, warmup_steps, workload):
   """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns it timed (see `timed`).
 
   `Trainer.train` takes a total step count, so each call continues the last.
   """
   trainer = runner.Trainer(
       strategy,
-      model_fn=make_model,
+      model_fn=lambda: make_model(workload),
       optimizer_fn=make_optimizer,
-      task=runner.tasks.Classification(from_logits=True),
+      task=runner.tasks.Classification(from_logits=True) if workload.accuracy else _LossOnly(from_logits=True),
       steps_per_loop=steps_per_call)
-  examples = make_examples().repeat()
+  examples = make_examples(workload).repeat()
 
   def train(num_steps):
-    trainer.train(examples, global_batch_size=GLOBAL_BATCH_SIZE, steps=trainer.global_step + num_steps)
+    trainer.train(examples, global_batch_size=workload.global_batch_size, steps=trainer.global_step + num_steps)
 
   train(warmup_steps)
   return timed(train)
@@ -218,7 +245,7 @@ def describe_error(error):
   return f"{type(error).__name__}: {(causes or lines or [''])[0]}"[:300]
 
 
-def measure(contender, strategy_name, warmup_steps, steps):
+def measure(contender, strategy_name, warmup_steps, steps, workload="mlp"):
   """Runs one contender and returns its result row (a dict, see the module doc).
 
   Raises:
@@ -231,12 +258,12 @@ def measure(contender, strategy_name, warmup_steps, steps):
       raise ValueError(
           f"--{flag}={value} must be a positive multiple of {steps_per_call}, "
           f"the steps per call of {contender}.")
-  row = {"contender": contender, "strategy": strategy_name}
+  row = {"contender": contender, "strategy": strategy_name, "workload": workload}
   try:
     strategy = make_strategy(strategy_name)
     # Progress lines of the contender go to stderr; stdout carries the result only.
     with contextlib.redirect_stdout(sys.stderr):
-      timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps)
+      timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps, WORKLOADS[workload])
       seconds, cpu_seconds = timed_train(steps)
   except Exception as error:  # pylint: disable=broad-except
     traceback.print_exc()
@@ -252,10 +279,11 @@ def main(argv=None):
   parser.add_argument("--warmup_steps", type=int, required=True,
                       help="untimed steps first (tracing, first loops)")
   parser.add_argument("--steps", type=int, required=True, help="timed steps after the warm-up")
+  parser.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
   args = parser.parse_args(argv)
   absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
   try:
-    row = measure(args.contender, args.strategy, args.warmup_steps, args.steps)
+    row = measure(args.contender, args.strategy, args.warmup_steps, args.steps, args.workload)
   except ValueError as error:
     parser.error(str(error))
   print(json.dumps(row), flush=True)

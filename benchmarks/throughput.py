@@ -1,7 +1,7 @@
 """Steps/s of the Trainer side by side with hand-written loops and Keras fit.
 
 `python -m benchmarks.throughput [--rounds=3] [--strategies=one_device,mirrored2]
-[--contenders=trainer_1,...] [--steps=2000] [--quick]` runs every contender on
+[--contenders=trainer_1,...] [--steps=2000] [--workload=mlp|small] [--quick]` runs every contender on
 every strategy in a fresh process (`python -m benchmarks.contenders`), the
 contenders interleaved within each round and the order rotated from round to
 round, then prints the machine, a Markdown table of median steps/s with the
@@ -93,6 +93,8 @@ def run_contender(contender, strategy, args, root=REPO_ROOT):
       sys.executable, "-m", "benchmarks.contenders", f"--contender={contender}",
       f"--strategy={strategy}", f"--warmup_steps={args.warmup_steps}",
       f"--steps={timed_steps(contender, args)}"]
+  if args.workload != "mlp":  # Only then: a tree from before workloads (benchmarks.commits) knows no --workload.
+    command.append(f"--workload={args.workload}")
   env = dict(os.environ)
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -173,7 +175,7 @@ def machine_lines():
 
 def results_table(results, args):
   """Returns the Markdown table of medians and ratios, one row per contender and strategy."""
-  batch = contenders_lib.GLOBAL_BATCH_SIZE
+  batch = contenders_lib.WORKLOADS[args.workload].global_batch_size
   lines = [
       "| contender | strategy | steps/s (median) | examples/s | ratio | vs | CPU ms/step | steps/s per round |",
       "|---|---|---:|---:|---:|---|---:|---|",
@@ -252,6 +254,8 @@ def parse_args(argv=None):
   parser.add_argument("--single_step_steps", type=int, default=1000,
                       help="timed steps of the contenders with 1 step per call")
   parser.add_argument("--timeout", type=int, default=300, help="seconds allowed per process")
+  parser.add_argument("--workload", default="mlp", choices=sorted(contenders_lib.WORKLOADS),
+                      help="mlp: the benchmark MLP, global batch 256; small: 64 -> 128 -> 10, batch 64, loss only")
   parser.add_argument("--quick", action="store_true",
                       help="smoke run: 1 round, 100 warm-up, 200 + 100 timed steps")
   args = parser.parse_args(argv)
@@ -282,8 +286,9 @@ def main(argv=None):
   print("\n".join(machine_before))
   print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
   rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
-  print(f"\n## Throughput ({rounds}, {minutes:.1f} min; global batch "
-        f"{contenders_lib.GLOBAL_BATCH_SIZE}; {args.warmup_steps} warm-up steps, then {args.steps} "
+  batch = contenders_lib.WORKLOADS[args.workload].global_batch_size
+  print(f"\n## Throughput ({rounds}, {minutes:.1f} min; workload {args.workload}, global batch {batch}; "
+        f"{args.warmup_steps} warm-up steps, then {args.steps} "
         f"timed steps at 100 steps per call, {args.single_step_steps} at 1)\n")
   print("\n".join(results_table(results, args)))
   print("\n## Targets\n")
