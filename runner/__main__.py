@@ -53,8 +53,9 @@ from absl import flags
 from absl import logging as absl_logging
 
 import strategies
-from strategies.errors import ClusterError, ConfigError
+from strategies.errors import ClusterError, ConfigError, print_error_line
 
+from runner import checkpointing
 from runner import config as config_lib
 from runner import preemption
 from runner import run_lib
@@ -121,7 +122,7 @@ def parse_flags(argv):
 
 def exit_with_user_error(error, status=USER_ERROR_EXIT_CODE):
   """Prints `error` as one line `error: ...` on stderr and exits with `status`."""
-  print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+  print_error_line(error)
   sys.exit(status)
 
 
@@ -172,7 +173,7 @@ def _run(command_line):
     print(f"strategy: {strategies.describe(strategy)}")
     print(f"replicas: {strategy.num_replicas_in_sync}")
     print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
-    step = run_lib.resume_step(_WORKDIR.value)
+    step = checkpointing.latest_step(_WORKDIR.value)
     print(f"workdir: {run_lib.describe_workdir(_WORKDIR.value, step)}")
     print(f"plan: {run_lib.step_plan(config, step)}")
     print("dry run: nothing trained or written.")

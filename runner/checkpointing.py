@@ -17,6 +17,18 @@ def latest(model_dir):
   return tf.train.latest_checkpoint(os.path.join(model_dir, DIRECTORY))
 
 
+def latest_step(model_dir):
+  """Returns the global step of the newest checkpoint under `model_dir` (a run resumes there), or None.
+
+  None also when `model_dir` is None or does not exist. Checkpoints are named
+  `ckpt-STEP` by `Checkpoints.save`.
+  """
+  if model_dir is None or not tf.io.gfile.isdir(model_dir):
+    return None
+  path = latest(model_dir)
+  return None if path is None else int(path.rsplit("-", 1)[1])
+
+
 class CheckpointWriteError(ConfigError):
   """A checkpoint could not be written (disk full, no permission, ...); the previous ones are intact."""
 

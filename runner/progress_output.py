@@ -34,7 +34,7 @@ def shown(*, quiet):
     logging.set_verbosity(logging.WARNING)
   else:
     logging.set_verbosity(max(verbosity, logging.INFO))  # absl: INFO 0, WARNING -1, DEBUG 1.
-    if not _has_handler(logging.get_absl_logger()):
+    if not logging.get_absl_logger().hasHandlers():  # Its own, or its ancestors' while it propagates.
       handler = python_logging.StreamHandler(sys.stderr)
       handler.setFormatter(logging.PythonFormatter())
       handler.addFilter(tensorflow_logs.without_tensorflow_info)
@@ -45,12 +45,3 @@ def shown(*, quiet):
     if handler is not None:
       python_logging.root.removeHandler(handler)
     logging.set_verbosity(verbosity)
-
-
-def _has_handler(logger):
-  """Whether a record `logger` emits reaches a handler other than Python's last resort."""
-  while logger is not None:
-    if logger.handlers:
-      return True
-    logger = logger.parent if logger.propagate else None
-  return False

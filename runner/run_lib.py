@@ -208,15 +208,6 @@ def per_replica_batch_sizes(config, num_replicas):
           "eval": config.data.eval_global_batch_size // num_replicas}
 
 
-def resume_step(workdir):
-  """Returns the global step a run in `workdir` would resume from, or None when it holds no checkpoint.
-
-  The Trainer numbers each checkpoint by its global step (`ckpt-STEP`).
-  """
-  checkpoint = checkpointing.latest(workdir) if workdir is not None and tf.io.gfile.isdir(workdir) else None
-  return None if checkpoint is None else int(checkpoint.rsplit("-", 1)[1])
-
-
 def describe_workdir(workdir, step):
   """Returns one line on what `workdir` holds for a run: nothing yet, or a run to resume from `step`."""
   if workdir is None:

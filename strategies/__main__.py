@@ -14,19 +14,19 @@ import tensorflow as tf
 import strategies
 from strategies import auto
 from strategies import factory
-from strategies.errors import ConfigError
+from strategies.errors import ConfigError, print_error_line
 
 strategies.flags.define_flags()
 
 
 def main(argv):
   if len(argv) > 1:
-    print(f"error: Unexpected arguments {argv[1:]}; give flags as --NAME=VALUE.", file=sys.stderr)
+    print_error_line(f"Unexpected arguments {argv[1:]}; give flags as --NAME=VALUE.")
     sys.exit(2)
   try:
     report(strategies.flags.config_from_flags())
   except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
+    print_error_line(e)
     sys.exit(2)
 
 

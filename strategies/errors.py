@@ -1,4 +1,6 @@
-"""The one error type for bad user input, shared by `strategies` and `runner`."""
+"""The one error type for bad user input, shared by `strategies` and `runner`, and how a command line shows it."""
+
+import sys
 
 
 class ConfigError(ValueError):
@@ -17,3 +19,8 @@ class ClusterError(RuntimeError):
   its last checkpoint. The message names the peers that are missing. The CLI
   prints it as one line and exits with status 4.
   """
+
+
+def print_error_line(error):
+  """Prints `error` as the one line `error: ...` on stderr (its whitespace and newlines collapsed)."""
+  print(f"error: {' '.join(str(error).split())}", file=sys.stderr)

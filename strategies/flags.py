@@ -23,7 +23,7 @@ from absl import flags
 
 from strategies import factory
 from strategies import schema
-from strategies.errors import ConfigError
+from strategies.errors import ConfigError, print_error_line
 
 # Config field -> (flag name, absl DEFINE function, help).
 _FLAGS = {
@@ -82,7 +82,7 @@ def parse_flags(argv, flag_values=flags.FLAGS):
   try:
     return flag_values(argv)
   except flags.Error as e:
-    print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    print_error_line(e)
     sys.exit(2)
   except SystemExit:
     if any(argument.lstrip("-").split("=")[0] in _HELP_FLAGS for argument in argv[1:] if argument.startswith("-")):
