@@ -11,6 +11,7 @@ from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
+from runner import function_calls
 from strategies import sharded_variables
 from strategies.errors import ConfigError
 
@@ -57,13 +58,12 @@ class TrainLoopResult:
     return {"loss": self.loss, **self.metrics}
 
 
-# What every step sums over replicas, in this order (one all-reduce with the loss):
-# the loss, replicas whose worker noted SIGTERM / SIGINT, replicas whose gradients are not
-# finite, replicas whose batch's features / labels hold non-finite values, and replicas whose
-# batch holds a label outside the valid range. The last four stop training at that step.
-_STEP_SUMS = ("loss", "sigterm", "sigint", "bad_gradients", "bad_features", "bad_labels", "bad_label_values")
-# The vector one call returns: the call's totals, then the last step's sums but the loss.
-_RESULT = ("steps_run", "mean_loss", "learning_rate") + _STEP_SUMS
+# What one step gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
+# four checks, each finite when its part of the step was: the gradients, the batch's features, its
+# labels, and the labels' range (see `TrainLoop`). Under several workers, also the replicas whose
+# worker noted SIGTERM / SIGINT.
+_VALUES = ("loss", "replicas", "gradients", "features", "labels", "label_range")
+_STOP_VALUES = ("sigterm", "sigint")
 
 
 def _maybe_xla(fn, xla):
@@ -75,28 +75,37 @@ class TrainLoop:
 
   With `steps_per_loop == 1` the function runs one step, with no loop around
   it. Otherwise it runs `num_steps` steps (a tensor argument, so a shorter
-  last loop reuses the same trace) in a `tf.range` loop over the distributed
-  iterator, stopping early at the first step whose loss or gradients are not
-  finite. The iterator is an argument, not a capture: a function that
-  captures an iterator and applies a Keras optimizer is never freed (TF
-  2.21), which would leak the iterator's threads with every Trainer.
+  last loop reuses the same trace) in a `tf.while_loop` over the distributed
+  iterator, stopping at the first step that was not finite. The iterator is
+  an argument, not a capture: a function that captures an iterator and
+  applies a Keras optimizer is never freed (TF 2.21), which would leak the
+  iterator's threads with every Trainer.
 
-  The step variable advances with every step, so when the data runs out
-  part-way (the call raises `tf.errors.OutOfRangeError`) it still counts the
-  steps whose updates were applied.
+  A step adds as little to the hand-written step as it can, since on a small
+  model every op costs (docs/benchmarks.md#per-step-overhead): each replica
+  packs its loss with four sums that are finite exactly when its gradients,
+  its batch's features and its labels are, and its labels lie in
+  `valid_labels` (a log of 1 or 0); the vector is summed over replicas, added
+  to a running total in a variable (not a loop variable, each of which costs
+  several ops per step), and a step whose vector is not finite ends the loop
+  by moving the loop counter to its end. As steps before it were finite, the
+  totals then tell what was not. The global step advances once per call by
+  the steps run, also when the data runs out or a step raises part-way: the
+  call reads the totals then and advances it before passing the error on.
 
-  A call also takes this worker's stop request (a SIGTERM or SIGINT was
-  noted) and sums it over workers with the loss, so every worker learns of
-  any request after the same call, at no extra communication.
+  A worker's stop request (a SIGTERM or SIGINT was noted) is summed over
+  workers with each step's values when there are several workers, so every
+  worker learns of any request after the same call at no extra
+  communication; a single worker knows its own.
 
   A call returns one float32 vector, fetched to the host in one transfer
-  (layout `_RESULT`, then the metrics), decoded into a `TrainLoopResult`. The
-  metrics are reset at the start of each call, so they describe that call's
-  steps.
+  (the totals, the last step's values, the learning rate, the metrics),
+  decoded into a `TrainLoopResult`. The metrics are reset at the start of
+  each call, so they describe that call's steps.
   """
 
   def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, steps_per_loop,
-               xla, clipnorm, loss_scale, valid_labels=None):
+               xla, clipnorm, loss_scale, valid_labels=None, multi_worker=False):
     """Args:
       strategy: the `tf.distribute.Strategy` the variables were made under.
       model, optimizer: built Keras objects, made in `strategy.scope()`.
@@ -112,6 +121,8 @@ class TrainLoop:
         not stop training).
       valid_labels: None, or the `runner.tasks.LabelRange` every label must
         lie in; a step whose batch holds another stops training.
+      multi_worker: other workers take part, so stop requests are summed
+        over workers in the steps.
     """
     self._strategy = strategy
     self._model = model
@@ -125,9 +136,15 @@ class TrainLoop:
     self._valid_labels = valid_labels
     self._gradients = _maybe_xla(self._loss_and_gradients, xla)
     self._looping = steps_per_loop > 1
+    self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
     self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
                          signal.SIGINT: tf.constant([0.0, 1.0])}
+    if self._looping:
+      with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
+        self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
+        self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
+    self._caller = None  # A function_calls.FlatCall for the last iterator.
 
   def __call__(self, iterator, num_steps, stop_signal):
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
@@ -136,19 +153,21 @@ class TrainLoop:
       iterator: the distributed training iterator.
       num_steps: the steps to run.
       stop_signal: None, or the signal this worker noted (SIGTERM or SIGINT).
+
+    Raises:
+      tf.errors.OpError: as a step raised it (e.g. `OutOfRangeError`: the
+        data ran out); the global step counts the steps before it.
     """
     stop = self._stop_values[stop_signal]
-    if self._looping:
-      vector = self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+    if not self._looping:
+      vector = self._call(iterator, stop).numpy()
     else:
-      vector = self.function(iterator, stop).numpy()
-    values = dict(zip(_RESULT, vector.tolist()))
-    return TrainLoopResult(
-        steps_run=int(values["steps_run"]), loss=values["mean_loss"], learning_rate=values["learning_rate"],
-        metrics={metric.name: value for metric, value in zip(self._metrics, vector[len(_RESULT):].tolist())},
-        stop_signal=(signal.SIGINT if values["sigint"] > 0 else signal.SIGTERM if values["sigterm"] > 0 else None),
-        non_finite=non_finite_cause(values), non_finite_data=non_finite_data(values),
-        labels_out_of_range=values["bad_label_values"] > 0)
+      try:
+        vector = self._call(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+      except tf.errors.OpError:
+        self._step.assign_add(self._steps_in(self._totals.numpy()))
+        raise
+    return self._decoded(vector)
 
   def trace(self, iterator):
     """Traces the loop's function for `iterator` without running a step; returns whether it was traced now.
@@ -162,74 +181,93 @@ class TrainLoop:
     if self.function.experimental_get_tracing_count():
       return False
     if self._looping:
-      self.function(iterator, tf.constant(0, tf.int32), self._stop_values[None])
+      self._call(iterator, tf.constant(0, tf.int32), self._stop_values[None])
     else:
-      self.function.get_concrete_function(iterator, self._stop_values[None])
+      self._caller_for(iterator, self._stop_values[None])
     return True
+
+  def _call(self, iterator, *tensors):
+    return self._caller_for(iterator, *tensors)(*tensors)
+
+  def _caller_for(self, iterator, *tensors):
+    if self._caller is None or self._caller.fixed is not iterator:
+      self._caller = function_calls.FlatCall(self.function, iterator, *tensors)
+    return self._caller
+
+  def _steps_in(self, totals):
+    return int(round(float(totals[1]) / self._strategy.num_replicas_in_sync))
+
+  def _decoded(self, vector):
+    size = len(self._names)
+    totals = dict(zip(self._names, vector[:size].tolist()))
+    last = dict(zip(self._names, vector[size:2 * size].tolist()))
+    steps_run = self._steps_in(vector)
+    return TrainLoopResult(
+        steps_run=steps_run, loss=totals["loss"] / steps_run if steps_run else math.nan,
+        learning_rate=float(vector[2 * size]),
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[2 * size + 1:].tolist())},
+        stop_signal=(signal.SIGINT if totals.get("sigint", 0) > 0 else
+                     signal.SIGTERM if totals.get("sigterm", 0) > 0 else None),
+        non_finite=non_finite_cause(last), non_finite_data=non_finite_data(last),
+        labels_out_of_range=not math.isfinite(last["label_range"]))
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
       metric.reset_state()
-    sums = self._step_sums(iterator, stop)
-    with tf.control_dependencies([sums]):  # Counted once its batch was read, as in `_many_steps`.
-      self._step.assign_add(1)
-    return self._results(tf.constant(1.0), sums[0], sums)
+    values = self._step_values(iterator, stop)
+    self._step.assign_add(1)
+    return self._results(values, values)
 
   def _many_steps(self, iterator, num_steps, stop):
     for metric in self._metrics:
       metric.reset_state()
-    loss_sum = tf.constant(0.0)
-    sums = tf.zeros([len(_STEP_SUMS)])
-    steps_run = tf.constant(0)
-    for _ in tf.range(num_steps):
-      sums = self._step_sums(iterator, stop)
-      with tf.control_dependencies([sums]):  # Counted once its batch was read: true when the data runs out.
-        self._step.assign_add(1)
-      loss_sum += sums[0]
-      steps_run += 1
-      if tf.logical_not(tf.math.is_finite(sums[0])) | tf.reduce_any(sums[3:] > 0):  # Not `or`: AutoGraph's cond.
-        break
-    steps_run = tf.cast(steps_run, tf.float32)
-    return self._results(steps_run, loss_sum / steps_run, sums)
+    self._totals.assign(tf.zeros_like(self._totals))
 
-  def _step_sums(self, iterator, stop):
-    """Runs one step; returns its `_STEP_SUMS`, summed over replicas."""
+    def step(i):
+      values = self._step_values(iterator, stop)
+      self._totals.assign_add(values)
+      self._last.assign(values)
+      return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
+
+    tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
+    totals = self._totals.read_value()
+    self._step.assign_add(tf.cast(tf.round(totals[1] / self._strategy.num_replicas_in_sync), self._step.dtype))
+    return self._results(totals, self._last.read_value())
+
+  def _step_values(self, iterator, stop):
+    """Runs one step; returns its values (`self._names`), summed over replicas."""
     per_replica = self._strategy.run(self._replica_step, args=(next(iterator), stop))
     return self._strategy.reduce(SUM, per_replica, axis=None)
 
-  def _results(self, steps_run, mean_loss, sums):
+  def _results(self, totals, last):
     learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)
-    values = [steps_run, mean_loss, learning_rate] + tf.unstack(sums) + [_scalar(m) for m in self._metrics]
-    return tf.stack(values)
+    return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
   def _replica_step(self, batch, stop):
-    loss, outputs, flags = self._replica_update(batch)
+    loss, outputs, checks = self._replica_update(batch)
     for metric in self._metrics:
       metric.update_state(batch[1], outputs, sample_weight=batch[2] if len(batch) == 3 else None)
-    return tf.concat([tf.reshape(loss, [1]), stop, flags], axis=0)
+    values = tf.stack([loss, 1.0, *checks])
+    return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
 
   def _replica_update(self, batch):
     """One replica's forward and backward pass and optimizer update.
 
     Returns:
-      `(loss, outputs, flags)`: this replica's share of the global loss, the
-      model's float32 outputs, and `[bad_gradients, bad_features,
-      bad_labels, bad_label_values]` (1.0 where the gradients, the batch's
-      features or its labels hold non-finite values, or where a label lies
-      outside `valid_labels`).
+      `(loss, outputs, checks)`: this replica's share of the global loss, the
+      model's float32 outputs, and four float32 scalars, each finite exactly
+      when its part was fine: the gradients, the batch's features and its
+      labels hold only finite values, and the labels lie in `valid_labels`.
     """
     features, labels = batch[0], batch[1]
     sample_weight = batch[2] if len(batch) == 3 else None
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
-    variables = self._model.trainable_variables
-    if self._loss_scale:
-      bad_gradients = tf.constant(0.0)
-    else:
-      bad_gradients = 1.0 - tf.cast(_all_finite([g for g in gradients if g is not None]), tf.float32)
-    self._optimizer.apply(self._agreed_and_clipped(gradients), variables)
-    bad_data = 1.0 - tf.cast(tf.stack([_all_finite(tf.nest.flatten(features)), _all_finite([labels]),
-                                       _labels_in(labels, self._valid_labels)]), tf.float32)
-    return loss, outputs, tf.concat([tf.reshape(bad_gradients, [1]), bad_data], axis=0)
+    self._optimizer.apply(self._agreed_and_clipped(gradients), self._model.trainable_variables)
+    # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
+    gradient_check = tf.constant(0.0) if self._loss_scale else _finite_sum([g for g in gradients if g is not None])
+    label_range_check = tf.math.log(tf.cast(_labels_in(labels, self._valid_labels), tf.float32))
+    return loss, outputs, (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]),
+                           label_range_check)
 
   def _loss_and_gradients(self, features, labels, sample_weight):
     with tf.GradientTape() as tape:
@@ -345,15 +383,18 @@ class EvalLoop:
     ])
 
 
-def _all_finite(tensors):
-  """Whether every floating tensor of `tensors` holds only finite values (True when there is none).
+def _finite_sum(tensors):
+  """The sum of every floating tensor of `tensors` in float32 (0.0 when there is none): finite iff they all are.
 
-  One sum per tensor and one check: far fewer ops per step than checking
-  each element's finiteness. A sum overflows only past 3.4e38, which a
-  training step never reaches unless it diverged.
+  One op per tensor, far fewer than checking each element's finiteness; a
+  sum overflows only past 3.4e38, which a training step never reaches unless
+  it diverged. A `tf.IndexedSlices` (a sparse gradient) is summed by its values.
   """
-  sums = [tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors if t.dtype.is_floating]
-  return tf.math.is_finite(tf.add_n(sums)) if sums else tf.constant(True)
+  values = [t.values if isinstance(t, tf.IndexedSlices) else t for t in tensors]
+  sums = [tf.reduce_sum(tf.cast(t, tf.float32)) for t in values if t.dtype.is_floating]
+  if not sums:
+    return tf.constant(0.0)
+  return sums[0] if len(sums) == 1 else tf.add_n(sums)
 
 
 def _labels_in(labels, valid_labels, mask=None):
@@ -377,23 +418,23 @@ def _labels_in(labels, valid_labels, mask=None):
 
 
 def non_finite_data(values):
-  """Returns the parts of a loop's last batch, of ("features", "labels"), that held NaN or inf values.
+  """Returns the parts of a step's batch, of ("features", "labels"), that held NaN or inf values.
 
   Args:
-    values: the last step's `bad_features` and `bad_labels` by name (as
-      decoded from `_RESULT`).
+    values: the step's checks `features` and `labels` by name (each finite
+      exactly when that part was), as `TrainLoop` decodes them.
   """
-  return tuple(part for part in ("features", "labels") if values[f"bad_{part}"] > 0)
+  return tuple(part for part in ("features", "labels") if not math.isfinite(values[part]))
 
 
 def non_finite_cause(values):
-  """Says what was not finite at a loop's last step although its batch was finite; None if all was.
+  """Says what was not finite at a step although its batch was finite; None if all was.
 
   Args:
-    values: the last step's `loss`, `bad_gradients`, `bad_features` and
-      `bad_labels` by name (as decoded from `_RESULT`).
+    values: the step's `loss` and its checks `gradients`, `features` and
+      `labels` by name, as `TrainLoop` decodes them.
   """
-  if non_finite_data(values) or (math.isfinite(values["loss"]) and values["bad_gradients"] == 0):
+  if non_finite_data(values) or (math.isfinite(values["loss"]) and math.isfinite(values["gradients"])):
     return None
   what = (f"the loss became {values['loss']}" if not math.isfinite(values["loss"])
           else f"the gradients became non-finite (the loss was {values['loss']:.4g})")

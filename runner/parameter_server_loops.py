@@ -22,6 +22,7 @@ parts differ from the synchronous loops of `runner.loops`:
   counts every example exactly once.
 """
 
+import math
 import re
 
 import tensorflow as tf
@@ -34,8 +35,9 @@ from strategies import peers
 from strategies.errors import ClusterError
 
 SUM = tf.distribute.ReduceOp.SUM
-# What a scheduled function returns, besides the metric states: its steps and loss sum, then its last step's sums.
-_RESULT = ("steps_run", "loss_sum", "loss", "bad_gradients", "bad_features", "bad_labels", "bad_label_values")
+# What a scheduled function returns, besides the metric states: its steps and loss sum, then its last step's loss
+# and checks (each finite exactly when that part of the step was; see `loops.TrainLoop`).
+_RESULT = ("steps_run", "loss_sum", "loss", "gradients", "features", "labels", "label_range")
 _PS_TASK = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)")
 
 
@@ -147,13 +149,13 @@ class ScheduledTrainLoop(loops.TrainLoop):
     learning_rate = float(tf.cast(self._optimizer.learning_rate, tf.float32).numpy())
     values = [dict(zip(_RESULT, vector.tolist())) for vector, _ in outputs]
     steps_run = sum(v["steps_run"] for v in values)
-    bad = [v for v in values if loops.non_finite_data(v) or loops.non_finite_cause(v) or v["bad_label_values"] > 0]
+    bad = [v for v in values if not all(math.isfinite(v[name]) for name in _RESULT[2:])]
     return loops.TrainLoopResult(
         steps_run=step - first, loss=sum(v["loss_sum"] for v in values) / max(steps_run, 1),
         learning_rate=learning_rate, metrics=self._metric_results([states for _, states in outputs]),
         stop_signal=stop_signal, non_finite=loops.non_finite_cause(bad[0]) if bad else None,
         non_finite_data=loops.non_finite_data(bad[0]) if bad else (),
-        labels_out_of_range=bool(bad) and bad[0]["bad_label_values"] > 0)
+        labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]))
 
   def trace(self, iterator):
     """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
@@ -189,7 +191,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
       changes = tf.nest.map_structure(tf.add, changes, step_changes)
       loss_sum += sums[0]
       steps_run += 1.0
-      if tf.logical_not(tf.math.is_finite(sums[0])) | tf.reduce_any(sums[1:] > 0):
+      if not tf.math.is_finite(tf.reduce_sum(sums)):  # The loss or a check (see `loops.TrainLoop`).
         break
     return tf.concat([tf.stack([steps_run, loss_sum]), sums], axis=0), changes
 
@@ -206,14 +208,14 @@ class ScheduledTrainLoop(loops.TrainLoop):
 
   def _replica_step_with_metric_changes(self, batch):
     batch = (batch[0][1],) + tuple(batch[1:])
-    loss, outputs, flags = self._replica_update(batch)
+    loss, outputs, checks = self._replica_update(batch)
     sample_weight = batch[2] if len(batch) == 3 else None
     changes = []
     for metric in self._metrics:
       initial = metric.stateless_reset_state()
       updated = metric.stateless_update_state(initial, batch[1], outputs, sample_weight=sample_weight)
       changes.append([new - old for new, old in zip(updated, initial)])
-    return tf.concat([tf.reshape(loss, [1]), flags], axis=0), changes
+    return tf.stack([loss, *checks]), changes
 
 
 def function_sizes(num_steps, steps_per_function, workers):

@@ -467,7 +467,8 @@ class Trainer:
         loop = parameter_server_loops.ScheduledTrainLoop(
             coordinator=self._coordinator, steps_per_function=self._options.steps_per_loop, **arguments)
       else:
-        loop = loops.TrainLoop(steps_per_loop=self._options.steps_per_loop, **arguments)
+        loop = loops.TrainLoop(steps_per_loop=self._options.steps_per_loop,
+                               multi_worker=not _is_single_worker(self._strategy), **arguments)
       self._train_loops[global_batch_size, label_range] = loop
     return loop
 
