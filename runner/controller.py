@@ -1,12 +1,13 @@
 """The outer loop: calls the inner train loop until the target step, and runs the actions after each call."""
 
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 from runner import actions as actions_lib
 from runner import data as data_lib
 from runner import loops
 from runner import profiling
+from runner import steps_per_loop as steps_per_loop_lib
 
 
 class LabelsOutOfRange(Exception):
@@ -31,13 +32,17 @@ class Controller:
   between calls, outside the compiled loop.
   """
 
-  def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[actions_lib.Action], steps_per_loop: int,
+  def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[actions_lib.Action],
+               steps_per_loop: Union[int, steps_per_loop_lib.MeasuredStepsPerLoop],
                global_batch_size: int, is_chief: bool, single_worker: bool,
                profile: Optional[profiling.ProfileWindow] = None):
     """Args:
       train_loop: the inner loop.
       actions: run after every call, in order, when due.
-      steps_per_loop: the most steps per call.
+      steps_per_loop: the most steps per call, or a `MeasuredStepsPerLoop`
+        that chooses them from the times this controller records (the
+        loop's function must loop: it is called for zero steps to time a
+        call's own cost).
       global_batch_size: examples per step, for the throughput.
       is_chief: this worker writes the run's files (passed on to actions).
       single_worker: no other worker takes part, so a signal noted during a
@@ -77,10 +82,14 @@ class Controller:
     """
     end = total_steps
     tracing_seconds = None
+    measured = None if isinstance(self._steps_per_loop, int) else self._steps_per_loop
     if step < end:
       trace_start = time.perf_counter()
       if self._train_loop.trace(iterator):
         tracing_seconds = time.perf_counter() - trace_start
+      if measured is not None:
+        measured.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
+    previous_end = None
     try:
       while step < end:
         size = self._loop_size(step, end)
@@ -89,6 +98,10 @@ class Controller:
         loop_start = time.perf_counter()
         result = self._train_loop(iterator, size, stop_signal())
         seconds = time.perf_counter() - loop_start
+        if measured is not None:
+          measured.record_loop(steps=result.steps_run, seconds=seconds,
+                               host_seconds=None if previous_end is None else loop_start - previous_end)
+        previous_end = loop_start + seconds
         step += result.steps_run
         advance(step, result.results)
         if self._profile is not None:
@@ -122,10 +135,21 @@ class Controller:
       if self._profile is not None:
         self._profile.close(step)
 
+  def _timed_empty_call(self, iterator):
+    start = time.perf_counter()
+    self._train_loop(iterator, 0, None)
+    return time.perf_counter() - start
+
   def _loop_size(self, step, end):
-    """Steps for the next call: `steps_per_loop`, cut at `end`, where an action is next due and around profiling."""
-    size = min(self._steps_per_loop, end - step)
+    """Steps for the next call: `steps_per_loop` (measured: to its next multiple), cut at `end`, where an action is
+    next due and around profiling."""
+    if isinstance(self._steps_per_loop, int):
+      steps_per_loop = self._steps_per_loop
+      size = min(steps_per_loop, end - step)
+    else:  # Measured: loops end at multiples of the size, as fixed sizes do from step 0.
+      steps_per_loop = self._steps_per_loop.size
+      size = min(steps_per_loop - step % steps_per_loop, end - step)
     for action in self._actions:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
-    return size if self._profile is None else self._profile.loop_size(step, size, self._steps_per_loop)
+    return size if self._profile is None else self._profile.loop_size(step, size, steps_per_loop)

@@ -234,10 +234,14 @@ def step_plan(config, step=None):
   if step >= trainer.train_steps:
     line = f"mode {config.mode}: nothing to train, step {step} is at train_steps={trainer.train_steps}"
     return line + (f"; {evaluation}" if config.mode == "train_and_eval" else "")
-  loops = -(-(trainer.train_steps - step) // trainer.steps_per_loop)
   start = f"from step {step} " if step else ""
-  line = (f"mode {config.mode}: train {start}to step {trainer.train_steps} in {loops} loop(s) of up to "
-          f"{trainer.steps_per_loop} steps")
+  line = f"mode {config.mode}: train {start}to step {trainer.train_steps} in "
+  if trainer.steps_per_loop is None:
+    line += (f"loops of a size chosen from the measured step time (auto: at most {steps_per_loop_lib.MOST} "
+             "steps, host overhead under 2%)")
+  else:
+    loops = -(-(trainer.train_steps - step) // trainer.steps_per_loop)
+    line += f"{loops} loop(s) of up to {trainer.steps_per_loop} steps"
   if config.mode == "train_and_eval" and trainer.eval_every and trainer.eval_every < trainer.train_steps:
     line += f", {evaluation} every {trainer.eval_every} steps"
   if trainer.checkpoint_every and trainer.checkpoint_every < trainer.train_steps:
@@ -281,7 +285,7 @@ def create_trainer(config, strategy, workdir):
       optimizer_fn=lambda: optimizers.create(config.optimizer, trainer.train_steps),
       task=task,
       model_dir=workdir,
-      steps_per_loop=trainer.steps_per_loop,
+      steps_per_loop=steps_per_loop_lib.trainer_value(trainer.steps_per_loop),
       checkpoint_every=trainer.checkpoint_every,
       max_to_keep=trainer.max_to_keep,
       jit_compile=trainer.jit_compile,

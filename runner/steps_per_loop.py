@@ -1,47 +1,178 @@
-"""`config.trainer.steps_per_loop`: an int, or None for auto, which is resolved once the strategy is known.
+"""Steps per loop: a fixed int, or "auto", chosen from the measured step time.
 
-Every loop is one `tf.function` call, one host round trip and one report.
-On a TPU a step takes microseconds to milliseconds, so the round trip would
-dominate unless a loop holds many steps: auto is `ON_TPU` steps per loop
-under a TPUStrategy and `DEFAULT` elsewhere, lowered to the largest divisor
-of `eval_every` and `checkpoint_every` (those set), so that evaluations and
-checkpoints fall between loops, as they must for an explicit value.
+Every loop is one `tf.function` call, one host round trip and one report, so
+a loop costs the host a fixed time on top of its steps: a call's own cost
+(dispatch, the result's fetch) and the actions between calls (the progress
+report, the stop-request check). With few steps per loop that cost dominates
+a small step; with many, progress is reported rarely. "auto"
+(`config.trainer.steps_per_loop=None`, or `Trainer(steps_per_loop="auto")`)
+measures both and picks the fewest steps per loop that keep the host's share
+of a loop under `OVERHEAD_SHARE` (`MeasuredStepsPerLoop`):
+
+- the call's cost is measured once, by two calls of zero steps after tracing;
+  the actions' cost after every loop; the step time from every loop;
+- the first loop has `FIRST` step(s); each loop after it has
+  `ceil(host / (OVERHEAD_SHARE / (1 - OVERHEAD_SHARE) * step))` steps from the
+  latest figures, rounded up to 1, 2 or 5 times a power of ten, and changed
+  only when the figures call for at least twice or at most half the size;
+- at most `MOST` steps, and at most `REPORT_SECONDS` of steps, so progress is
+  reported at least about that often;
+- where evaluations or checkpoints are due every N steps, a divisor of N (of
+  their greatest common divisor), so that loops end at those steps without
+  being cut short.
+
+Across several workers every worker must run loops of the same sizes, which
+times measured apart would not give: there, and under parameter servers,
+"auto" is `DEFAULT` steps per loop (`ON_TPU` under a TPUStrategy), lowered to
+the largest divisor of `eval_every` and `checkpoint_every` (`fixed_auto`);
+`tpu_check` builds its steps with that value too.
 """
 
 import copy
 import math
+import statistics
 
 from strategies import description
 
+AUTO = "auto"
+FIRST = 1
+MOST = 1000
+OVERHEAD_SHARE = 0.02
+REPORT_SECONDS = 10.0
 DEFAULT = 100
 ON_TPU = 1000
 
 
 def auto(trainer_config, *, tpu):
-  """Returns the auto steps per loop for `config.trainer` (see the module doc).
+  """Returns `fixed_auto` for `config.trainer`'s `eval_every` and `checkpoint_every`."""
+  return fixed_auto((trainer_config.eval_every, trainer_config.checkpoint_every), tpu=tpu)
+
+
+def fixed_auto(cadences, *, tpu):
+  """Returns the fixed "auto" of several workers: `DEFAULT` (`ON_TPU` on a TPU), lowered to a divisor of `cadences`.
 
   Args:
-    trainer_config: `config.trainer`, with `eval_every` and `checkpoint_every`.
+    cadences: the every-N-steps of evaluations and checkpoints (None: not set).
     tpu: whether the steps run under a TPUStrategy.
   """
   most = ON_TPU if tpu else DEFAULT
-  cadences = [trainer_config[field] for field in ("eval_every", "checkpoint_every")
-              if trainer_config[field] is not None]
+  cadences = [cadence for cadence in cadences if cadence is not None]
   if not cadences:
     return most
-  common = math.gcd(*cadences)
-  return max(n for n in range(1, min(common, most) + 1) if common % n == 0)
+  return _largest_divisor_at_most(math.gcd(*cadences), most)
 
 
 def resolved(config, strategy):
-  """Returns `config` if it sets `trainer.steps_per_loop`, else a copy with the auto value for `strategy`.
+  """Returns `config` with `trainer.steps_per_loop` as the Trainer will run it: an int, or None for measured auto.
+
+  An unset value stays None (measured auto) when this process runs every
+  replica; with several workers it becomes `fixed_auto`'s value (in a copy).
 
   Args:
     config: a validated run config (`runner.config.validate`).
     strategy: the `tf.distribute.Strategy` the run uses.
   """
-  if config.trainer.steps_per_loop is not None:
+  measured = description.is_single_worker(strategy) and description.kind(strategy) != "parameter_server"
+  if config.trainer.steps_per_loop is not None or measured:
     return config
   config = copy.deepcopy(config)
   config.trainer.steps_per_loop = auto(config.trainer, tpu=description.kind(strategy) == "tpu")
   return config
+
+
+def trainer_value(steps_per_loop):
+  """Returns `config.trainer.steps_per_loop` as the Trainer's argument: None becomes "auto"."""
+  return AUTO if steps_per_loop is None else steps_per_loop
+
+
+class MeasuredStepsPerLoop:
+  """The steps of the next loop under "auto", from the times the controller records (see the module doc)."""
+
+  def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS):
+    """Args:
+      cadences: the every-N-steps at which evaluations or checkpoints are due
+        (None: not set); loop sizes divide their greatest common divisor.
+      most: the most steps per loop.
+      overhead_share: the largest share of a loop the host's cost may take.
+      report_seconds: the most seconds of steps per loop.
+    """
+    cadences = [cadence for cadence in cadences if cadence is not None]
+    self._cadence = math.gcd(*cadences) if cadences else None
+    self._most = most if self._cadence is None else _largest_divisor_at_most(self._cadence, most)
+    self._overhead_share = overhead_share
+    self._report_seconds = report_seconds
+    self._call_seconds = 0.0
+    self._between_loops = []
+    self._step_seconds = None
+    self.size = min(FIRST, self._most)
+
+  def record_call_overhead(self, seconds):
+    """Records the time of a call that runs no step."""
+    self._call_seconds = seconds
+
+  def record_loop(self, *, steps, seconds, host_seconds=None):
+    """Records a loop of `steps` steps that took `seconds`, and the host's time since the loop before; updates `size`.
+
+    Args:
+      steps: the steps the loop ran.
+      seconds: the wall time of its call.
+      host_seconds: the host's time between the previous call's end and this
+        call's start (actions, reports); None for the first loop.
+    """
+    if host_seconds is not None:
+      self._between_loops = (self._between_loops + [host_seconds])[-5:]
+    if steps:
+      self._step_seconds = max(seconds - self._call_seconds, 1e-9) / steps
+    wanted = self._wanted()
+    if wanted is not None and not self.size / 2 < wanted < self.size * 2:
+      self.size = wanted
+
+  @property
+  def figures(self):
+    """`(call seconds, host seconds between loops, step seconds)` as last measured (None: not yet)."""
+    between = statistics.median(self._between_loops) if self._between_loops else None
+    return self._call_seconds, between, self._step_seconds
+
+  def _wanted(self):
+    if self._step_seconds is None:
+      return None
+    host = self._call_seconds + (statistics.median(self._between_loops) if self._between_loops else 0.0)
+    share = self._overhead_share / (1.0 - self._overhead_share)
+    steps = _round_up(math.ceil(host / (share * self._step_seconds)))
+    cap = min(self._most, max(1, int(self._report_seconds / self._step_seconds)))
+    if steps > cap:
+      steps = _round_down(cap)
+    if self._cadence is not None:
+      steps = min(d for d in _divisors(self._cadence) if d >= min(steps, self._cadence))
+      steps = steps if steps <= cap else _largest_divisor_at_most(self._cadence, cap)
+    return max(1, steps)
+
+
+def _nice_numbers():
+  scale = 1
+  while True:
+    for factor in (1, 2, 5):
+      yield factor * scale
+    scale *= 10
+
+
+def _round_up(steps):
+  """The smallest of 1, 2, 5, 10, 20, 50, ... at least `steps`."""
+  return next(n for n in _nice_numbers() if n >= steps)
+
+
+def _round_down(steps):
+  """The largest of 1, 2, 5, 10, 20, 50, ... at most `steps` (at least 1)."""
+  below = 1
+  for n in _nice_numbers():
+    if n > steps:
+      return below
+    below = n
+
+
+def _divisors(number):
+  return [d for d in range(1, number + 1) if number % d == 0]
+
+
+def _largest_divisor_at_most(number, most):
+  return max(d for d in _divisors(number) if d <= most)

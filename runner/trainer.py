@@ -25,8 +25,10 @@ from runner import parameter_server_loops
 from runner import preemption
 from runner import profiling
 from runner import reporting
+from runner import steps_per_loop as steps_per_loop_lib
 from runner import trainer_options
 from strategies import checks
+from strategies import description
 from strategies import peers
 from strategies import sharded_variables
 from strategies.errors import ConfigError
@@ -226,7 +228,7 @@ class Trainer:
           if self._coordinator is not None:
             raise parameter_server_loops.lost_ps(
                 e, self._strategy, step=self._global_step, saved_step=self._saved_step) from None
-          if _is_single_worker(self._strategy):
+          if description.is_single_worker(self._strategy):
             raise
           raise peers.lost(e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step,
                            saved_step=self._saved_step) from None
@@ -446,14 +448,26 @@ class Trainer:
     builtin_after = []
     if self._options.checkpoint_every is not None:
       builtin_after.append(actions_lib.SaveCheckpoint(self._save, every_steps=self._options.checkpoint_every))
-    steps_per_loop = self._options.steps_per_loop
+    steps_per_loop = self._steps_per_loop((eval_every, self._options.checkpoint_every))
     if self._coordinator is not None:
       steps_per_loop *= parameter_server_loops.num_workers(self._strategy)
     return controller_lib.Controller(
         train_loop=self._train_loop(global_batch_size, label_range), steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
         global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
-        single_worker=_is_single_worker(self._strategy), profile=self._profile)
+        single_worker=description.is_single_worker(self._strategy), profile=self._profile)
+
+  def _steps_per_loop(self, cadences):
+    """The option `steps_per_loop`, or for "auto" a `MeasuredStepsPerLoop`, or under several workers a fixed value.
+
+    Args:
+      cadences: the every-N-steps of evaluations and checkpoints (None: not set).
+    """
+    if self._options.steps_per_loop != steps_per_loop_lib.AUTO:
+      return self._options.steps_per_loop
+    if self._coordinator is None and description.is_single_worker(self._strategy):
+      return steps_per_loop_lib.MeasuredStepsPerLoop(cadences=cadences)
+    return steps_per_loop_lib.fixed_auto(cadences, tpu=_is_tpu(self._strategy))
 
   def _train_loop(self, global_batch_size, label_range):
     loop = self._train_loops.get((global_batch_size, label_range))
@@ -465,10 +479,12 @@ class Trainer:
           valid_labels=label_range)
       if self._coordinator is not None:
         loop = parameter_server_loops.ScheduledTrainLoop(
-            coordinator=self._coordinator, steps_per_function=self._options.steps_per_loop, **arguments)
+            coordinator=self._coordinator, steps_per_function=self._steps_per_loop((self._options.checkpoint_every,)),
+            **arguments)
       else:
-        loop = loops.TrainLoop(steps_per_loop=self._options.steps_per_loop,
-                               multi_worker=not _is_single_worker(self._strategy), **arguments)
+        auto = self._options.steps_per_loop == steps_per_loop_lib.AUTO
+        loop = loops.TrainLoop(steps_per_loop=steps_per_loop_lib.MOST if auto else self._options.steps_per_loop,
+                               multi_worker=not description.is_single_worker(self._strategy), **arguments)
       self._train_loops[global_batch_size, label_range] = loop
     return loop
 
@@ -500,14 +516,6 @@ class Trainer:
       self._save()
     self._reporter.flush()
     return None if self._checkpoints is None else checkpointing.latest(self._checkpoints.model_dir)
-
-
-def _is_single_worker(strategy):
-  """Whether this process runs every replica (no other worker takes part)."""
-  try:
-    return len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync
-  except RuntimeError:  # The default strategy lists no worker devices: it is this process alone.
-    return True
 
 
 def _is_tpu(strategy):

@@ -1,7 +1,7 @@
 """The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import keras
 import tensorflow as tf
@@ -9,6 +9,7 @@ import tensorflow as tf
 from runner import actions as actions_lib
 from runner import global_state
 from runner import profiling
+from runner import steps_per_loop as steps_per_loop_lib
 from runner.tasks import Task
 from strategies import checks
 from strategies.errors import ConfigError
@@ -26,7 +27,8 @@ class TrainerOptions:
       nothing on disk.
     steps_per_loop: steps per `tf.function` call (and per report); under
       parameter servers, per scheduled function (a report then covers one
-      function per worker).
+      function per worker). "auto": chosen from the measured step time so
+      that the host's cost stays under 2% of a loop (`runner.steps_per_loop`).
     checkpoint_every: save every this many steps (needs `model_dir`); a
       checkpoint is also always written at the end of `train`.
     max_to_keep: how many recent checkpoints to keep (None: all).
@@ -43,7 +45,7 @@ class TrainerOptions:
     ConfigError: from the constructor, naming the first invalid option.
   """
   model_dir: Optional[str] = None
-  steps_per_loop: int = 1
+  steps_per_loop: Union[int, str] = 1
   checkpoint_every: Optional[int] = None
   max_to_keep: Optional[int] = 3
   jit_compile: bool = False
@@ -54,7 +56,12 @@ class TrainerOptions:
   profile_steps: Optional[Tuple[int, int]] = None
 
   def __post_init__(self):
-    checks.positive_int(self.steps_per_loop, "steps_per_loop")
+    if self.steps_per_loop != steps_per_loop_lib.AUTO:
+      try:
+        checks.positive_int(self.steps_per_loop, "steps_per_loop")
+      except ConfigError:
+        raise ConfigError(f"steps_per_loop must be a positive int or {steps_per_loop_lib.AUTO!r}, got "
+                          f"{self.steps_per_loop!r}.") from None
     checks.positive_int(self.checkpoint_every, "checkpoint_every", optional=True)
     checks.positive_int(self.max_to_keep, "max_to_keep", optional=True)
     if self.checkpoint_every is not None and self.model_dir is None:

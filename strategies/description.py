@@ -24,6 +24,14 @@ def kind(strategy):
   return type(strategy).__name__
 
 
+def is_single_worker(strategy):
+  """Whether this process runs every replica of `strategy` (no other worker takes part)."""
+  try:
+    return len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync
+  except RuntimeError:  # The default strategy lists no worker devices: it is this process alone.
+    return True
+
+
 def describe(strategy):
   """Returns one line, e.g. 'mirrored: 2 replicas on CPU:0, CPU:1'.
 

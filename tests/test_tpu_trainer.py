@@ -61,7 +61,7 @@ def test_evaluation_pads_to_static_shapes(cpu_devices):
   assert _unknown_shapes(traced) == []
 
 
-def test_steps_per_loop_defaults_to_auto_which_is_high_on_a_tpu():
+def test_steps_per_loop_defaults_to_auto_whose_fixed_value_is_high_on_a_tpu():
   trainer_config = config_lib.default_config().trainer
   assert trainer_config.steps_per_loop is None
   assert steps_per_loop.auto(trainer_config, tpu=False) == steps_per_loop.DEFAULT == 100
@@ -83,12 +83,15 @@ def test_auto_steps_per_loop_divides_the_evaluation_and_checkpoint_steps(eval_ev
   assert steps_per_loop.auto(trainer_config, tpu=True) == on_tpu
 
 
-def test_a_run_resolves_auto_for_its_strategy_and_records_it(tmp_path):
+def test_a_run_on_one_worker_keeps_auto_to_measure_it_and_records_it_unset(tmp_path):
   config = {"strategy": {"name": "one_device"}, "data": {"num_examples": 256, "num_eval_examples": 64},
             "model": {"hidden_units": (8,)}, "trainer": {"train_steps": 20}}
   result = runner.run(config, str(tmp_path))
-  assert result.config.trainer.steps_per_loop == 100
+  assert result.config.trainer.steps_per_loop is None
   with open(tmp_path / "config.json", encoding="utf-8") as f:
-    assert json.load(f)["trainer"]["steps_per_loop"] == 100
+    assert json.load(f)["trainer"]["steps_per_loop"] is None
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+    train_steps = [row["step"] for row in map(json.loads, f) if row["split"] == "train"]
+  assert train_steps[0] == steps_per_loop.FIRST and train_steps[-1] == 20  # Measured loops: the first has 1 step.
   explicit = config_lib.validate({"trainer": {"steps_per_loop": 7}})
   assert steps_per_loop.resolved(explicit, result.strategy) is explicit

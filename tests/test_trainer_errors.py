@@ -17,7 +17,8 @@ def fixture_one_device():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(steps_per_loop=0), r"steps_per_loop must be a positive int, got 0"),
+    (dict(steps_per_loop=0), r"steps_per_loop must be a positive int or 'auto', got 0\."),
+    (dict(steps_per_loop="fast"), r"steps_per_loop must be a positive int or 'auto', got 'fast'\."),
     (dict(precision="mixed_float32"), r"precision='mixed_float32' is not valid\. Did you mean 'mixed_float16'\? "
                                       r"Valid: float32, mixed_bfloat16, mixed_float16"),
     (dict(checkpoint_every=10), r"checkpoint_every=10 needs a model_dir"),
