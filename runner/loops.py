@@ -114,7 +114,8 @@ class TrainLoop:
       step: the global step variable, advanced by the steps run.
       global_batch_size: examples per step over all replicas.
       steps_per_loop: steps per call; 1 builds the loop-free function.
-      xla: compile each replica's forward and backward pass with XLA.
+      xla: compile with XLA each replica's whole step when there is one
+        replica, else each replica's forward and backward pass.
       clipnorm: None, or the bound on the global norm of the summed gradient.
       loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
         (which skips steps with non-finite gradients by itself, so those do
@@ -134,7 +135,11 @@ class TrainLoop:
     self._clipnorm = clipnorm
     self._loss_scale = loss_scale
     self._valid_labels = valid_labels
-    self._gradients = _maybe_xla(self._loss_and_gradients, xla)
+    # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
+    # update and the checks included (docs/benchmarks.md#xla); with more, the forward and backward pass.
+    self._whole_step_xla = xla and strategy.num_replicas_in_sync == 1 and not multi_worker
+    self._gradients = _maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
+    self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
     self._looping = steps_per_loop > 1
     self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
     self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
@@ -251,7 +256,7 @@ class TrainLoop:
     return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
 
   def _replica_update(self, batch):
-    """One replica's forward and backward pass and optimizer update.
+    """One replica's forward and backward pass and optimizer update (with `xla` and one replica, one XLA program).
 
     Returns:
       `(loss, outputs, checks)`: this replica's share of the global loss, the
@@ -259,8 +264,9 @@ class TrainLoop:
       when its part was fine: the gradients, the batch's features and its
       labels hold only finite values, and the labels lie in `valid_labels`.
     """
-    features, labels = batch[0], batch[1]
-    sample_weight = batch[2] if len(batch) == 3 else None
+    return self._update(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
+
+  def _update_and_checks(self, features, labels, sample_weight):
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
     self._optimizer.apply(self._agreed_and_clipped(gradients), self._model.trainable_variables)
     # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.

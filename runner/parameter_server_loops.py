@@ -123,7 +123,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
       steps_per_function: the most steps one scheduled function runs.
       **kwargs: as for `loops.TrainLoop` (`steps_per_loop` excluded).
     """
-    super().__init__(steps_per_loop=1, **kwargs)
+    super().__init__(steps_per_loop=1, multi_worker=True, **kwargs)
     self._coordinator = coordinator
     self._steps_per_function = steps_per_function
     self._num_workers = num_workers(coordinator.strategy)

@@ -92,7 +92,7 @@ def plugin_config(data="numbers", model="mlp", global_batch_size=32):
           "trainer": {"train_steps": 10}}
 
 
-@pytest.mark.parametrize("variant, steps_per_loop, eval_examples", [("", 100, 128), (":tpu", 500, 360)])
+@pytest.mark.parametrize("variant, steps_per_loop, eval_examples", [("", 500, 128), (":tpu", 500, 360)])
 def test_digits_passes(variant, steps_per_loop, eval_examples, cpu_devices):
   result = runner.check_tpu(runner.load_config(DIGITS + variant))
   assert result.passed and result.problem is None, result.problem
