@@ -3,9 +3,15 @@
 A `tf.function` called with a distributed iterator rebuilds the iterator's
 type spec and flattens it on every call: on this project's 2-core machine
 about 0.5 ms of Python per call, as much as a whole small training step
-(docs/benchmarks.md#per-step-overhead). The iterator's components (its
-resource handles) never change, so `FlatCall` flattens them once and calls
-the traced concrete function with them directly.
+(docs/benchmarks.md#per-step-overhead). The iterator's type spec never
+changes, so `FlatCall` builds it once, takes the iterator's components (its
+resource handles) from it at each call, and calls the traced concrete
+function with them directly.
+
+The components are not kept between calls: a list that outlived the
+iterator would hold the last reference to its resource, whose destructor
+would then run in Python's deallocation with the GIL held, and hang waiting
+for input threads that need the GIL (seen with `Dataset.from_generator`).
 """
 
 import tensorflow as tf
@@ -14,10 +20,11 @@ import tensorflow as tf
 class FlatCall:
   """Calls `function(fixed, *tensors)` for one fixed first argument (e.g. an iterator), at the cost of the op alone.
 
-  The function is traced for `fixed` and the tensors' specs once, here; each
-  call passes `fixed`'s flattened components and the tensors to the traced
-  concrete function. Where this TensorFlow's concrete functions lack the flat
-  call (`_call_flat`, internal API), it calls `function` as usual: same
+  The function is traced for `fixed` and the tensors' specs once, here, and
+  `fixed`'s type spec built once; each call passes `fixed`'s components and
+  the tensors to the traced concrete function. Where this TensorFlow's
+  concrete functions lack the flat call (`_call_flat`, internal API) or
+  `fixed` is not a composite tensor, it calls `function` as usual: same
   results, slower.
   """
 
@@ -31,9 +38,10 @@ class FlatCall:
     self._function = function
     self._fixed = fixed
     self._concrete = function.get_concrete_function(fixed, *example_tensors)
-    self._fixed_components = tf.nest.flatten(fixed, expand_composites=True)
-    self._flat = hasattr(self._concrete, "_call_flat") and len(self._concrete.inputs) == (
-        len(self._fixed_components) + len(example_tensors) + len(self._concrete.captured_inputs))
+    self._spec = getattr(fixed, "_type_spec", None)
+    self._flat = (hasattr(self._concrete, "_call_flat") and hasattr(self._spec, "_to_components") and
+                  len(self._concrete.inputs) == (len(self._fixed_components()) + len(example_tensors) +
+                                                 len(self._concrete.captured_inputs)))
 
   @property
   def fixed(self):
@@ -45,4 +53,7 @@ class FlatCall:
     if not self._flat:
       return self._function(self._fixed, *tensors)
     return self._concrete._call_flat(  # pylint: disable=protected-access
-        self._fixed_components + list(tensors), self._concrete.captured_inputs)
+        self._fixed_components() + list(tensors), self._concrete.captured_inputs)
+
+  def _fixed_components(self):
+    return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # pylint: disable=protected-access

@@ -136,7 +136,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(cli_runs):
   assert "replicas: 2" in stdout
   assert "per-replica batch size: train 32, eval 32" in stdout
   assert f"workdir: {workdir} does not exist yet: a new run" in stdout
-  assert "plan: mode train: train to step 300 in 3 loop(s) of up to 100 steps" in stdout
+  assert ("plan: mode train: train to step 300 in loops of a size chosen from the measured step time (auto: at most "
+          "1000 steps, host overhead under 2%)") in stdout
   assert not workdir.exists()
 
 

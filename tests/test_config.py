@@ -116,9 +116,9 @@ def test_config_file_variants():
     (["trainer.train_steps=None"], r"config.trainer.train_steps must be an int, got None"),
     (["trainer.train_steps=0"], r"config.trainer.train_steps must be a positive int, got 0"),
     (["trainer.train_steps=-5"], r"config.trainer.train_steps must be a positive int, got -5"),
-    (["trainer.eval_every=150"],
+    (["trainer.steps_per_loop=100", "trainer.eval_every=150"],
      r"config.trainer.eval_every=150 is not a multiple of config.trainer.steps_per_loop=100.* such as 200"),
-    (["trainer.checkpoint_every=50"],
+    (["trainer.steps_per_loop=100", "trainer.checkpoint_every=50"],
      r"config.trainer.checkpoint_every=50 is not a multiple of config.trainer.steps_per_loop=100.* such as 100"),
     (["trainer.profile_steps=(5, 2)"], r"config.trainer.profile_steps must be None or a pair of steps \(first, "
                                        r"last\) with 1 <= first <= last, e.g. \(5, 10\), got \(5, 2\)\."),
