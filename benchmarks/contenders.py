@@ -63,6 +63,8 @@ WORKLOADS = {
 CONTENDERS = {
     "trainer_1": ("trainer", 1),
     "trainer_100": ("trainer", 100),
+    "trainer_1000": ("trainer", 1000),
+    "trainer_auto": ("trainer", "auto"),  # steps_per_loop="auto": chosen from the measured step time.
     "loop_1": ("loop", 1),
     "loop_100": ("loop", 100),
     "keras_fit_1": ("keras_fit", 1),
@@ -254,7 +256,7 @@ def measure(contender, strategy_name, warmup_steps, steps, workload="mlp"):
   """
   kind, steps_per_call = CONTENDERS[contender]
   for flag, value in (("warmup_steps", warmup_steps), ("steps", steps)):
-    if value < steps_per_call or value % steps_per_call:
+    if kind != "trainer" and (value < steps_per_call or value % steps_per_call):  # A Trainer takes any total.
       raise ValueError(
           f"--{flag}={value} must be a positive multiple of {steps_per_call}, "
           f"the steps per call of {contender}.")

@@ -82,7 +82,7 @@ class TrainLoop:
   iterator's threads with every Trainer.
 
   A step adds as little to the hand-written step as it can, since on a small
-  model every op costs (docs/benchmarks.md#per-step-overhead): each replica
+  model every op costs (docs/benchmarks.md#per-step-overhead-issue-13-2026-11-24): each replica
   packs its loss with four sums that are finite exactly when its gradients,
   its batch's features and its labels are, and its labels lie in
   `valid_labels` (a log of 1 or 0); the vector is summed over replicas, added
@@ -136,7 +136,7 @@ class TrainLoop:
     self._loss_scale = loss_scale
     self._valid_labels = valid_labels
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
-    # update and the checks included (docs/benchmarks.md#xla); with more, the forward and backward pass.
+    # update and the checks included (docs/benchmarks.md, per-step overhead); with more, the forward and backward pass.
     self._whole_step_xla = xla and strategy.num_replicas_in_sync == 1 and not multi_worker
     self._gradients = _maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
     self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)

@@ -171,7 +171,7 @@ def test_the_command_line_passes_fails_in_one_line_and_writes_nothing(plugins, t
   (stdout, stderr), returncode = outputs["digits"]
   assert returncode == 0, stderr[-3000:]
   assert stdout.splitlines()[-1].startswith(
-      "PASS: 2 training steps (steps_per_loop=100) and 128 evaluation examples in padded batches compiled with XLA "
+      "PASS: 2 training steps (steps_per_loop=500) and 128 evaluation examples in padded batches compiled with XLA "
       "and ran on 8 mirrored logical CPUs; both batch sizes split over 8 TPU replicas;")
   for case, message in (
       ("strings", "error: TPU check failed: the training data's features['name'] is string: a TPU has no strings;"),
