@@ -87,7 +87,7 @@ class Controller:
       trace_start = time.perf_counter()
       if self._train_loop.trace(iterator):
         tracing_seconds = time.perf_counter() - trace_start
-      if measured is not None:
+      if measured is not None and measured.needs_call_overhead:
         measured.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
     previous_end = None
     try:

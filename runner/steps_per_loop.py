@@ -9,8 +9,13 @@ a small step; with many, progress is reported rarely. "auto"
 measures both and picks the fewest steps per loop that keep the host's share
 of a loop under `OVERHEAD_SHARE` (`MeasuredStepsPerLoop`):
 
-- the call's cost is measured once, by two calls of zero steps after tracing;
-  the actions' cost after every loop; the step time from every loop;
+- the call's cost is measured once, by two calls of zero steps after tracing,
+  and, once loops of sizes at least `_FIT_SPAN` apart have run, fitted as the
+  intercept of their times (a real call costs more than an empty one: its
+  first step wakes threads and the input's prefetch); the actions' cost after
+  every loop; the step time from every loop;
+- one Trainer keeps its measurements across `train` calls, so a later call
+  starts at the size the earlier ones settled on;
 - the first loop has `FIRST` step(s); each loop after it has
   `ceil(host / (OVERHEAD_SHARE / (1 - OVERHEAD_SHARE) * step))` steps from the
   latest figures, rounded up to 1, 2 or 5 times a power of ten, and changed
@@ -41,6 +46,8 @@ OVERHEAD_SHARE = 0.02
 REPORT_SECONDS = 10.0
 DEFAULT = 100
 ON_TPU = 1000
+_FIT_SPAN = 4  # Loop sizes this far apart fit a call's cost (MeasuredStepsPerLoop._fitted).
+_MOST_SIZES_FITTED = 8
 
 
 def auto(trainer_config, *, tpu):
@@ -101,10 +108,16 @@ class MeasuredStepsPerLoop:
     self._most = most if self._cadence is None else _largest_divisor_at_most(self._cadence, most)
     self._overhead_share = overhead_share
     self._report_seconds = report_seconds
-    self._call_seconds = 0.0
+    self._call_seconds = None  # A call of zero steps.
     self._between_loops = []
+    self._loop_seconds = {}  # steps -> the seconds of the latest warm loops of that many steps
     self._step_seconds = None
     self.size = min(FIRST, self._most)
+
+  @property
+  def needs_call_overhead(self):
+    """Whether a call's own cost is still to be recorded (`record_call_overhead`): only once per instance."""
+    return self._call_seconds is None
 
   def record_call_overhead(self, seconds):
     """Records the time of a call that runs no step."""
@@ -117,12 +130,22 @@ class MeasuredStepsPerLoop:
       steps: the steps the loop ran.
       seconds: the wall time of its call.
       host_seconds: the host's time between the previous call's end and this
-        call's start (actions, reports); None for the first loop.
+        call's start (actions, reports); None for the first loop of a
+        `train` call, whose time also holds the input pipeline's start and
+        so is not used to fit the call's cost.
     """
     if host_seconds is not None:
       self._between_loops = (self._between_loops + [host_seconds])[-5:]
+      if steps:
+        self._loop_seconds.pop(steps, None)  # Re-inserted last: the dict drops its least recently seen sizes.
+        self._loop_seconds[steps] = (self._loop_seconds.get(steps, []) + [seconds])[-5:]
+        while len(self._loop_seconds) > _MOST_SIZES_FITTED:
+          del self._loop_seconds[next(iter(self._loop_seconds))]
     if steps:
-      self._step_seconds = max(seconds - self._call_seconds, 1e-9) / steps
+      self._step_seconds = max(seconds - (self._call_seconds or 0.0), 1e-9) / steps
+    fitted = self._fitted()
+    if fitted is not None:
+      self._step_seconds = fitted[1]
     wanted = self._wanted()
     if wanted is not None and not self.size / 2 < wanted < self.size * 2:
       self.size = wanted
@@ -131,12 +154,37 @@ class MeasuredStepsPerLoop:
   def figures(self):
     """`(call seconds, host seconds between loops, step seconds)` as last measured (None: not yet)."""
     between = statistics.median(self._between_loops) if self._between_loops else None
-    return self._call_seconds, between, self._step_seconds
+    return self._call_cost(), between, self._step_seconds
+
+  def _call_cost(self):
+    """A call's own cost: fitted from loops of different sizes (`_fitted`), at least a zero-step call's time."""
+    fitted = self._fitted()
+    return self._call_seconds if fitted is None else fitted[0]
+
+  def _fitted(self):
+    """`(call seconds, step seconds)` of the line through the median time of each loop size, or None.
+
+    A call costs more than a call of zero steps: its first step starts
+    threads and the input's prefetch. Loop times of sizes at least
+    `_FIT_SPAN` apart show that cost as the line's intercept (a least-squares
+    fit); it is never taken below the zero-step call's time. None while the
+    warm loops recorded have too narrow a range of sizes.
+    """
+    points = [(steps, statistics.median(times)) for steps, times in self._loop_seconds.items()]
+    if len(points) < 2 or max(p[0] for p in points) < _FIT_SPAN * min(p[0] for p in points):
+      return None
+    mean_steps = statistics.fmean(p[0] for p in points)
+    mean_seconds = statistics.fmean(p[1] for p in points)
+    slope = (sum((n - mean_steps) * (t - mean_seconds) for n, t in points) /
+             sum((n - mean_steps) ** 2 for n, _ in points))
+    if slope <= 0:
+      return None
+    return max(mean_seconds - slope * mean_steps, self._call_seconds or 0.0), slope
 
   def _wanted(self):
     if self._step_seconds is None:
       return None
-    host = self._call_seconds + (statistics.median(self._between_loops) if self._between_loops else 0.0)
+    host = (self._call_cost() or 0.0) + (statistics.median(self._between_loops) if self._between_loops else 0.0)
     share = self._overhead_share / (1.0 - self._overhead_share)
     steps = _round_up(math.ceil(host / (share * self._step_seconds)))
     cap = min(self._most, max(1, int(self._report_seconds / self._step_seconds)))

@@ -125,6 +125,7 @@ class Trainer:
     self._saved_step = None
     self._evaluated_step = None
     self._train_loops = {}
+    self._measured_steps_per_loop = {}  # cadences -> the MeasuredStepsPerLoop that "auto" keeps across train calls
     self._train_input = None  # ((id(data), global_batch_size), data, distributed iterator)
     self._eval_loop = None  # (the LabelRange it checks, the EvalLoop)
     self._last_train_results = {}
@@ -460,13 +461,19 @@ class Trainer:
   def _steps_per_loop(self, cadences):
     """The option `steps_per_loop`, or for "auto" a `MeasuredStepsPerLoop`, or under several workers a fixed value.
 
+    A `MeasuredStepsPerLoop` is kept for the Trainer's life: a later `train`
+    call starts at the size the earlier ones settled on, not at 1 step.
+
     Args:
       cadences: the every-N-steps of evaluations and checkpoints (None: not set).
     """
     if self._options.steps_per_loop != steps_per_loop_lib.AUTO:
       return self._options.steps_per_loop
     if self._coordinator is None and description.is_single_worker(self._strategy):
-      return steps_per_loop_lib.MeasuredStepsPerLoop(cadences=cadences)
+      cadences = tuple(cadences)
+      if cadences not in self._measured_steps_per_loop:
+        self._measured_steps_per_loop[cadences] = steps_per_loop_lib.MeasuredStepsPerLoop(cadences=cadences)
+      return self._measured_steps_per_loop[cadences]
     return steps_per_loop_lib.fixed_auto(cadences, tpu=_is_tpu(self._strategy))
 
   def _train_loop(self, global_batch_size, label_range):
