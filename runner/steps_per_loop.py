@@ -9,11 +9,12 @@ a small step; with many, progress is reported rarely. "auto"
 measures both and picks the fewest steps per loop that keep the host's share
 of a loop under `OVERHEAD_SHARE` (`MeasuredStepsPerLoop`):
 
-- the call's cost is measured once, by two calls of zero steps after tracing,
-  and, once loops of sizes at least `_FIT_SPAN` apart have run, fitted as the
-  intercept of their times (a real call costs more than an empty one: its
-  first step wakes threads and the input's prefetch); the actions' cost after
-  every loop; the step time from every loop;
+- the call's cost: first the time of a call of zero steps (two, after
+  tracing); once warm loops of sizes at least `_FIT_SPAN` apart have run,
+  the intercept of the line through the smallest and the latest large one's
+  times, as a real call costs more than an empty one (its first step wakes
+  threads and the input's prefetch); the actions' cost after every loop; the
+  step time from every loop (the slope of that line, once there is one);
 - one Trainer keeps its measurements across `train` calls, so a later call
   starts at the size the earlier ones settled on;
 - the first loop has `FIRST` step(s); each loop after it has
@@ -162,24 +163,28 @@ class MeasuredStepsPerLoop:
     return self._call_seconds if fitted is None else fitted[0]
 
   def _fitted(self):
-    """`(call seconds, step seconds)` of the line through the median time of each loop size, or None.
+    """`(call seconds, step seconds)` of the line through the median times of a small and a large loop size.
 
-    A call costs more than a call of zero steps: its first step starts
-    threads and the input's prefetch. Loop times of sizes at least
-    `_FIT_SPAN` apart show that cost as the line's intercept (a least-squares
-    fit); it is never taken below the zero-step call's time. None while the
-    warm loops recorded have too narrow a range of sizes.
+    A call costs more than a call of zero steps: its first step wakes
+    threads and the input's prefetch. A line through the times of the
+    smallest loop and the latest large one (at least `_FIT_SPAN` times as
+    many steps) shows that cost as its intercept, which the small loop pins
+    down (a large loop's noise moves it by little); it is never taken below
+    the zero-step call's time. None until such loops have run.
     """
-    points = [(steps, statistics.median(times)) for steps, times in self._loop_seconds.items()]
-    if len(points) < 2 or max(p[0] for p in points) < _FIT_SPAN * min(p[0] for p in points):
+    if len(self._loop_seconds) < 2:
       return None
-    mean_steps = statistics.fmean(p[0] for p in points)
-    mean_seconds = statistics.fmean(p[1] for p in points)
-    slope = (sum((n - mean_steps) * (t - mean_seconds) for n, t in points) /
-             sum((n - mean_steps) ** 2 for n, _ in points))
-    if slope <= 0:
+    small, small_times = min(self._loop_seconds.items())
+    # The large loop: the latest size far enough from the small one (the dict holds sizes in the order last run).
+    large = next((size for size in reversed(self._loop_seconds) if size >= _FIT_SPAN * small), None)
+    if large is None:
       return None
-    return max(mean_seconds - slope * mean_steps, self._call_seconds or 0.0), slope
+    large_times = self._loop_seconds[large]
+    small_seconds, large_seconds = statistics.median(small_times), statistics.median(large_times)
+    step_seconds = (large_seconds - small_seconds) / (large - small)
+    if step_seconds <= 0:
+      return None
+    return max(small_seconds - small * step_seconds, self._call_seconds or 0.0), step_seconds
 
   def _wanted(self):
     if self._step_seconds is None:
