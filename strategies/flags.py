@@ -21,7 +21,6 @@ import sys
 
 from absl import flags
 
-from strategies import factory
 from strategies import schema
 from strategies.errors import ConfigError, print_error_line
 
@@ -113,6 +112,7 @@ def create_from_flags(flag_values=flags.FLAGS):
   Raises:
     ConfigError: any bad input.
   """
+  from strategies import factory  # pylint: disable=g-import-not-at-top  # Imports TensorFlow: only here.
   return factory.create(config_from_flags(flag_values))
 
 
