@@ -133,7 +133,8 @@ def main(argv=None):
   print("\n## Machine\n")
   print("\n".join(machine))
   print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
-  print(f"\n## Start-up ({args.rounds} rounds, {minutes:.1f} min; each command a fresh process, wall clock)\n")
+  rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
+  print(f"\n## Start-up ({rounds}, {minutes:.1f} min; each command a fresh process, wall clock)\n")
   print("\n".join(table(times, trees)))
   print(f"\n- {target_line(times)}")
 
