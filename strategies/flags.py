@@ -15,6 +15,8 @@ and so on work, with the same names, defaults and checks as `config.strategy`
 are parsed. With `parse_flags` as absl's flags parser, a bad flag is one
 line `error: ...` on stderr and exit status 2 (absl's own parser prints
 "FATAL Flags parsing error" and exits 1), and `--help` exits 0 (absl: 1).
+Defining, parsing and checking the flags imports no TensorFlow; building the
+strategy does.
 """
 
 import sys
