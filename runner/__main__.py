@@ -33,11 +33,14 @@ and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
 second Ctrl-C aborts); 1 any other error, a bug, with its traceback.
 TensorFlow's C++ start-up chatter is hidden unless TF_CPP_MIN_LOG_LEVEL is set
 (see `tensorflow_logs`).
+
+TensorFlow is imported only once the config is loaded and checked: --help,
+a bad flag and a config error answer without loading it.
 """
 
 from runner import tensorflow_logs
 
-tensorflow_logs.quiet_start()  # Before anything below imports TensorFlow.
+tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
@@ -55,13 +58,8 @@ from absl import logging as absl_logging
 import strategies
 from strategies.errors import ClusterError, ConfigError, print_error_line
 
-from runner import checkpointing
 from runner import config as config_lib
 from runner import preemption
-from runner import run_lib
-from runner import steps_per_loop as steps_per_loop_lib
-from runner import task_server
-from runner import tpu_check
 
 USER_ERROR_EXIT_CODE = 2
 NON_FINITE_EXIT_CODE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
@@ -152,6 +150,12 @@ def _run(command_line):
     raise ConfigError("--dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
   config = config_lib.load_config(_CONFIG.value, overrides)
+  # The config holds; what follows needs TensorFlow's devices.
+  from runner import checkpointing
+  from runner import run_lib
+  from runner import steps_per_loop as steps_per_loop_lib
+  from runner import task_server
+  from runner import tpu_check
   if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
     verdict = tpu_check.check_tpu(config)
     if not verdict.passed:

@@ -2,8 +2,10 @@
 
 Each returns a DatasetProvider of unbatched `(features, labels)`: the train
 split shuffled (seeded; the Trainer repeats it), the eval split in order.
+Their checks import no TensorFlow; making the data does (`runner.data`).
 """
 
+import importlib.util
 import math
 
 import numpy as np
@@ -11,7 +13,8 @@ import numpy as np
 from strategies import checks
 from strategies.errors import ConfigError
 
-from runner import data
+_NO_SKLEARN = ("Dataset 'digits' needs scikit-learn, which is not installed: "
+               "pip install 'tf-runner[examples]' (or pip install scikit-learn).")
 
 
 def _sklearn_datasets():
@@ -23,9 +26,7 @@ def _sklearn_datasets():
   try:
     from sklearn import datasets as sklearn_datasets  # pylint: disable=g-import-not-at-top
   except ImportError:
-    raise ConfigError(
-        "Dataset 'digits' needs scikit-learn, which is not installed: "
-        "pip install 'tf-runner[examples]' (or pip install scikit-learn).") from None
+    raise ConfigError(_NO_SKLEARN) from None
   return sklearn_datasets
 
 
@@ -46,14 +47,16 @@ def digits(config, split):
   order = np.random.RandomState(config.seed).permutation(len(labels))
   num_eval = math.ceil(len(labels) * config.test_fraction)
   chosen = order[num_eval:] if split == "train" else order[:num_eval]
+  from runner import data  # pylint: disable=g-import-not-at-top
   return data.InMemory(features[chosen], labels[chosen], shuffle=split == "train", seed=config.seed)
 
 
 def check_digits(config):
-  """Raises ConfigError for a `digits` config that cannot load, or without scikit-learn."""
+  """Raises ConfigError for a `digits` config that cannot load, or without scikit-learn (found, not imported)."""
   if not 0.0 < config.test_fraction < 1.0:
     raise ConfigError(f"config.data.test_fraction must be in (0, 1), got {config.test_fraction!r}.")
-  _sklearn_datasets()
+  if importlib.util.find_spec("sklearn") is None:
+    raise ConfigError(_NO_SKLEARN)
 
 
 def synthetic(config, split):
@@ -82,6 +85,7 @@ def synthetic(config, split):
   else:
     scores = features @ teacher + config.noise * rng.normal(size=(count, config.num_classes))
     labels = scores.argmax(axis=1).astype(np.int32)
+  from runner import data  # pylint: disable=g-import-not-at-top
   return data.InMemory(features, labels, shuffle=training and config.shuffle, seed=config.seed)
 
 

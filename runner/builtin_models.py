@@ -3,12 +3,17 @@
 The models build on their first batch, so they take any feature shape; they
 flatten the features first. The output layer computes in float32 under a
 mixed-precision policy, so logits and the loss keep full precision.
-"""
 
-import keras
+Their checks import no TensorFlow (Keras imports it), so a config's mistakes
+are found before it loads; building a model imports Keras.
+"""
 
 from strategies import checks
 from strategies.errors import ConfigError
+
+# Activation names that every Keras 3 accepts: `check_mlp` takes them without importing Keras.
+KERAS_ACTIVATIONS = ("elu", "exponential", "gelu", "hard_sigmoid", "leaky_relu", "linear", "log_softmax", "mish",
+                     "relu", "relu6", "selu", "sigmoid", "silu", "softmax", "softplus", "softsign", "tanh")
 
 
 def mlp(config):
@@ -18,6 +23,7 @@ def mlp(config):
     config: `config.model` with `hidden_units` (a tuple of layer widths),
       `activation`, `dropout` (a rate in [0, 1)) and `num_outputs`.
   """
+  import keras  # pylint: disable=g-import-not-at-top
   layers = [keras.layers.Flatten()]
   for units in config.hidden_units:
     layers.append(keras.layers.Dense(units, activation=config.activation))
@@ -34,6 +40,9 @@ def check_mlp(config):
     checks.positive_int(units, f"Each of config.model.hidden_units={config.hidden_units!r}")
   if not 0.0 <= config.dropout < 1.0:
     raise ConfigError(f"config.model.dropout must be in [0, 1), got {config.dropout!r}.")
+  if config.activation in KERAS_ACTIVATIONS:
+    return
+  import keras  # pylint: disable=g-import-not-at-top  # A name of a newer Keras, or not one.
   try:
     keras.activations.get(config.activation)
   except ValueError:
@@ -48,6 +57,7 @@ def linear(config):
   Args:
     config: `config.model` with `num_outputs`.
   """
+  import keras  # pylint: disable=g-import-not-at-top
   return keras.Sequential(
       [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear")
 

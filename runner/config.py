@@ -19,11 +19,11 @@ from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
 
-from runner import data as data_lib
 from runner import global_state
 from runner import optimizers
 from runner import profiling
 from runner import registry
+from runner import sharding
 
 MODES = ("train", "eval", "train_and_eval", "export")
 # The sections that name a model, dataset or task; besides their common fields
@@ -246,7 +246,7 @@ def validate(config):
   if config.data.eval_global_batch_size is None:
     config.data.eval_global_batch_size = config.data.global_batch_size
   checks.positive_int(config.data.eval_global_batch_size, "config.data.eval_global_batch_size")
-  checks.one_of(config.data.sharding, data_lib.SHARDING, "config.data.sharding")
+  checks.one_of(config.data.sharding, sharding.SHARDING, "config.data.sharding")
   for section, kind in NAMED_SECTIONS.items():
     registry.resolve(kind, config[section].name)
     found = registry.builtin(kind, config[section].name)

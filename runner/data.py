@@ -4,10 +4,7 @@ Providers: a plain dataset (`DatasetShards`), in-memory arrays (`InMemory`), a
 function (`FromFunction`) and TFRecord files (`TFRecordFiles`).
 
 How a provider shards across input pipelines is its `sharding` policy, one of
-`SHARDING`: 'file' (pipeline i of n reads files i, i + n, ...), 'data' (every
-pipeline reads everything and keeps examples i, i + n, ...) or 'auto' ('file'
-when there are at least as many files as pipelines, else 'data'). Data
-without files is sharded by example whatever the policy.
+`SHARDING` ('auto', 'file' or 'data'; what each means: `runner.sharding`).
 """
 
 import abc
@@ -18,7 +15,7 @@ import tensorflow as tf
 from strategies import checks
 from strategies.errors import ConfigError
 
-SHARDING = ("auto", "file", "data")
+from runner.sharding import SHARDING
 
 
 class DataError(ConfigError):

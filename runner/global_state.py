@@ -1,9 +1,11 @@
-"""Process-wide settings the Trainer changes only for a while: the dtype policy and the random seeds."""
+"""Process-wide settings the Trainer changes only for a while: the dtype policy and the random seeds.
+
+Imports no TensorFlow until the dtype policy is set: the config checks use PRECISIONS before it loads.
+"""
 
 import contextlib
 import random
 
-import keras
 import numpy as np
 
 from strategies import checks
@@ -27,6 +29,7 @@ def dtype_policy(precision):
   Layers take the policy when they are created, so a model made inside the
   block keeps it afterwards.
   """
+  import keras  # pylint: disable=g-import-not-at-top
   previous = keras.mixed_precision.global_policy()
   keras.mixed_precision.set_global_policy(precision)
   try:

@@ -1,14 +1,16 @@
-"""The optimizer and learning-rate schedule named in `config.optimizer`."""
+"""The optimizer and learning-rate schedule named in `config.optimizer`.
 
-import keras
+`check` imports no TensorFlow; making the optimizer or schedule imports Keras.
+"""
 
 from strategies import checks
 from strategies.errors import ConfigError
 
+# Name -> the class in keras.optimizers.
 OPTIMIZERS = {
-    "sgd": keras.optimizers.SGD,
-    "adam": keras.optimizers.Adam,
-    "adamw": keras.optimizers.AdamW,
+    "sgd": "SGD",
+    "adam": "Adam",
+    "adamw": "AdamW",
 }
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
@@ -52,6 +54,7 @@ def learning_rate(config, train_steps):
   """
   if config.schedule == "constant":
     return config.learning_rate
+  import keras  # pylint: disable=g-import-not-at-top
   if config.schedule == "cosine":
     return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=train_steps)
   return keras.optimizers.schedules.CosineDecay(
@@ -70,5 +73,6 @@ def create(config, train_steps):
     config: `config.optimizer`, checked by `check`.
     train_steps: the total number of training steps, the length of the schedule.
   """
-  return OPTIMIZERS[config.name](
+  import keras  # pylint: disable=g-import-not-at-top
+  return getattr(keras.optimizers, OPTIMIZERS[config.name])(
       learning_rate=learning_rate(config, train_steps), weight_decay=config.weight_decay)

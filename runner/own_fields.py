@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from ml_collections import config_dict
 
+from strategies.errors import ConfigError
+
 _ATTRIBUTE = "_tf_runner_config_fields"
 _TYPES = (bool, int, float, str, tuple)
 _VALID = ("a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
@@ -48,14 +50,14 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
   def declare(fn):
     where = f"@runner.config_fields on {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
     if "name" in fields:
-      raise _config_error(f"{where}: 'name' is the field that names the function; give the field another name.")
+      raise ConfigError(f"{where}: 'name' is the field that names the function; give the field another name.")
     for field, default in fields.items():
       _check_default(where, field, default)
     try:
       setattr(fn, _ATTRIBUTE, dict(fields))
     except AttributeError:
-      raise _config_error(f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python "
-                          "function (def).") from None
+      raise ConfigError(f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python "
+                        "function (def).") from None
     return fn
   return declare
 
@@ -77,19 +79,13 @@ def _check_default(where, field, default):
   """Raises ConfigError for a default that is not a value a config field can have (see `config_fields`)."""
   if isinstance(default, config_dict.FieldReference):
     if default.get() is not None or default.get_type() not in _TYPES:
-      raise _config_error(
+      raise ConfigError(
           f"{where}: the default of {field!r} is a reference to {default.get()!r} of type "
           f"{default.get_type().__name__}; a default is {_VALID}.")
   elif default is None:
-    raise _config_error(
+    raise ConfigError(
         f"{where}: the default of {field!r} is None, whose type the config cannot know; for an optional "
         f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple).")
   elif not isinstance(default, _TYPES):
-    raise _config_error(f"{where}: the default of {field!r} is {default!r} ({type(default).__name__}); "
-                        f"a default is {_VALID}.")
-
-
-def _config_error(message):
-  # pylint: disable-next=g-import-not-at-top
-  from strategies.errors import ConfigError  # Here: the `strategies` package imports TensorFlow.
-  return ConfigError(message)
+    raise ConfigError(f"{where}: the default of {field!r} is {default!r} ({type(default).__name__}); "
+                      f"a default is {_VALID}.")

@@ -7,12 +7,12 @@ goes to `logdir/plugins/profile/<session>/<host>.xplane.pb`; with `logdir` a
 run's summary directory (`model_dir/summaries/train`), `tensorboard
 --logdir=model_dir` lists it in the Profile tab (from the
 `tensorboard-plugin-profile` package) under run `summaries/train/<session>`.
+`check_steps` imports no TensorFlow (config checks use it before it loads).
 """
 
 from typing import Optional
 
 from absl import logging
-import tensorflow as tf
 
 from strategies import checks
 from strategies.errors import ConfigError
@@ -74,6 +74,7 @@ class ProfileWindow:
                       "Choose steps after %d to profile this run.", self._first, self._last, step, self._first, step)
       self._done = True
     elif step == self._first - 1:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
       tf.profiler.experimental.start(self._logdir)
       self._active = True
 
@@ -88,6 +89,7 @@ class ProfileWindow:
       self._stop(step)
 
   def _stop(self, step):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     tf.profiler.experimental.stop()
     self._active, self._done = False, True
     logging.info("Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "

@@ -8,6 +8,8 @@ sets `TF_CPP_MIN_LOG_LEVEL` themselves gets TensorFlow's output untouched.
 """
 
 import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import re
@@ -32,24 +34,63 @@ _TENSORFLOW_DIR = f"{os.sep}tensorflow{os.sep}"
 
 
 def quiet_start():
-  """Imports TensorFlow and lists its physical devices with the start-up chatter hidden; returns whether it did.
+  """Hides TensorFlow's start-up chatter from its first import on, importing nothing; returns whether it will.
 
   Call it before anything imports TensorFlow. Unless the user set
-  `TF_CPP_MIN_LOG_LEVEL`, it sets it to QUIET_LEVEL, keeps TensorFlow's Python
-  logger at WARNING, and drops the known start-up lines (the cuInit error
-  only on a machine without an NVIDIA device). Every other line printed
-  meanwhile is written to stderr as it was. Logical devices are not
-  initialized, so `strategies.virtual_cpus` still works after it.
+  `TF_CPP_MIN_LOG_LEVEL`, it sets it to QUIET_LEVEL and arranges that
+  TensorFlow's first import, whoever asks for it (the runner once it needs a
+  device, or a user's module as the config loads), runs with the known
+  start-up lines dropped and lists the physical devices; then TensorFlow's
+  Python logger stays at WARNING. Every other line printed meanwhile is
+  written to stderr as it was. A command line that never needs TensorFlow
+  (`--help`, a config error) never loads it. Logical devices are not
+  initialized, so `strategies.virtual_cpus` still works after the import.
   """
   if os.environ.get(LEVEL_VARIABLE) is not None:
     return False
   os.environ[LEVEL_VARIABLE] = QUIET_LEVEL
+  if "tensorflow" in sys.modules:
+    _quiet(sys.modules["tensorflow"], lambda: None)
+  else:
+    sys.meta_path.insert(0, _QuietFirstImport())
+  return True
+
+
+def _quiet(tensorflow_module, load):
+  """Runs `load` (the import of TensorFlow's package) and lists the devices with the chatter dropped."""
   with _filtered_stderr(_is_chatter):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.config.list_physical_devices()  # Loads the device platforms: the cuInit line comes here.
+    load()
+    tensorflow_module.config.list_physical_devices()  # Loads the device platforms: the cuInit line comes here.
   logging.getLogger("tensorflow").setLevel(logging.WARNING)  # tf_logging, which has a handler of its own.
   absl_logging.get_absl_handler().addFilter(without_tensorflow_info)  # TensorFlow code that logs through absl.
-  return True
+
+
+class _QuietFirstImport(importlib.abc.MetaPathFinder):
+  """A finder on `sys.meta_path` that makes the first import of `tensorflow` a quiet one, then steps aside."""
+
+  def find_spec(self, fullname, path=None, target=None):
+    del path, target  # The top-level package only.
+    if fullname != "tensorflow":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(fullname)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _QuietLoader(spec.loader)
+    return spec
+
+
+class _QuietLoader(importlib.abc.Loader):
+  """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
+
+  def __init__(self, loader):
+    self._loader = loader
+
+  def create_module(self, spec):
+    return self._loader.create_module(spec)
+
+  def exec_module(self, module):
+    module.__loader__ = module.__spec__.loader = self._loader  # What the package would have had.
+    _quiet(module, lambda: self._loader.exec_module(module))
 
 
 def without_tensorflow_info(record):

@@ -3,17 +3,14 @@
 Prints the physical and logical devices, the strategy `auto` would choose and
 why, and, when --strategy names another strategy, that strategy's one-line
 description once built. Bad input prints one line `error: ...` and exits with
-status 2; --help exits 0.
+status 2; --help exits 0. Both come back before TensorFlow loads.
 """
 
 import sys
 
 from absl import app
-import tensorflow as tf
 
 import strategies
-from strategies import auto
-from strategies import factory
 from strategies.errors import ConfigError, print_error_line
 
 strategies.flags.define_flags()
@@ -32,6 +29,11 @@ def main(argv):
 
 def report(config):
   """Prints the devices, auto's choice, and the strategy `config` names unless it is auto."""
+  # pylint: disable=g-import-not-at-top  # TensorFlow loads here, once the flags hold.
+  import tensorflow as tf
+
+  from strategies import auto
+  from strategies import factory
   if config["virtual_cpus"] is not None:
     factory.split_cpus(config["virtual_cpus"])
   print("Physical devices:")

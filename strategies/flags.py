@@ -15,13 +15,14 @@ and so on work, with the same names, defaults and checks as `config.strategy`
 are parsed. With `parse_flags` as absl's flags parser, a bad flag is one
 line `error: ...` on stderr and exit status 2 (absl's own parser prints
 "FATAL Flags parsing error" and exits 1), and `--help` exits 0 (absl: 1).
+Defining, parsing and checking the flags imports no TensorFlow; building the
+strategy does.
 """
 
 import sys
 
 from absl import flags
 
-from strategies import factory
 from strategies import schema
 from strategies.errors import ConfigError, print_error_line
 
@@ -113,6 +114,7 @@ def create_from_flags(flag_values=flags.FLAGS):
   Raises:
     ConfigError: any bad input.
   """
+  from strategies import factory  # pylint: disable=g-import-not-at-top  # Imports TensorFlow: only here.
   return factory.create(config_from_flags(flag_values))
 
 

@@ -85,7 +85,7 @@ def cli_runs(tmp_path_factory):
   cases["help"] = ["--help"]
   cases["bad_flag"] = [f"--config={SYNTHETIC}", "--mode=trian"]
   cases["positional"] = [f"--config={SYNTHETIC}", "train"]
-  log_levels = {"quiet": None, "verbose": "0"}
+  log_levels = {"quiet": None, "verbose": "0", "data_labels": None}  # data_labels: TF imported by the config's module
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
     cases[f"worker_{index}"] = [
@@ -228,13 +228,18 @@ def test_a_typo_in_a_declared_field_is_one_line_with_a_did_you_mean(cli_runs):
 _LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ (?P<file>[\w.]+):\d+\] ")
 
 
+def _foreign_lines(stderr):
+  """The lines of `stderr` that are neither the project's own log lines nor an `error:` line."""
+  return [line for line in stderr.splitlines() if not line.startswith("error:")
+          and not (_LOG_LINE.match(line) and _LOG_LINE.match(line)["file"] in _OWN_FILES)]
+
+
 def test_a_successful_run_prints_only_the_projects_own_lines_on_stderr(cli_runs):
   returncode, stdout, stderr, _ = cli_runs["quiet"]
   assert returncode == 0, stderr[-3000:]
   assert "global step: 40" in stdout
   lines = stderr.splitlines()
-  foreign = [line for line in lines if not (_LOG_LINE.match(line) and _LOG_LINE.match(line)["file"] in _OWN_FILES)]
-  assert not foreign, "\n".join(foreign)
+  assert not _foreign_lines(stderr), "\n".join(_foreign_lines(stderr))
   assert sum(bool(re.search(r"reporting.py:\d+\] step \d+/40: ", line)) for line in lines) == 2  # One per loop.
 
 
@@ -281,3 +286,58 @@ def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs,
   assert _error_lines(stderr) == [message]
   assert "Traceback" not in stderr
   assert not workdir.exists()
+
+
+def test_tensorflow_imported_by_the_configs_own_module_starts_quietly_too(cli_runs):
+  _, _, stderr, _ = cli_runs["data_labels"]  # mistakes.py imports TensorFlow as the config loads; level unset.
+  assert not _foreign_lines(stderr), "\n".join(_foreign_lines(stderr))
+
+
+# Answers that need no device, each (arguments after `python`, exit status, the start of its one `error:` line).
+_ANSWERS_WITHOUT_TENSORFLOW = {
+    "help": (["-m", "runner", "--help"], 0, None),
+    "dry_run_typo": (["-m", "runner", f"--config={DIGITS}", "--dry_run", "--config.trainer.train_stepz=5"], 2,
+                     "error: Override 'trainer.train_stepz=5': config.trainer has no field 'train_stepz'. "
+                     "Did you mean 'train_steps'?"),
+    "mode": (["-m", "runner", f"--config={DIGITS}", "--config.mode=trian"], 2,
+             "error: config.mode='trian' is not valid. Did you mean 'train'?"),
+    "strategy_name": (["-m", "runner", f"--config={DIGITS}", "--config.strategy.name=mirored"], 2,
+                      "error: config.strategy.name='mirored' is not valid. Did you mean 'mirrored'?"),
+    "unused_field": (["-m", "runner", f"--config={DIGITS}", "--config.strategy.name=one_device",
+                      "--config.strategy.num_packs=2"], 2,
+                     "error: config.strategy.num_packs=2 is not used by strategy 'one_device'"),
+    "type": (["-m", "runner", f"--config={DIGITS}", "--config.trainer.train_steps=abc"], 2,
+             "error: Override 'trainer.train_steps=abc': config.trainer.train_steps must be an int, got 'abc'."),
+    "dataset": (["-m", "runner", f"--config={DIGITS}", "--config.data.name=digitz"], 2,
+                "error: Unknown dataset 'digitz'. Did you mean 'digits'?"),
+    "precision": (["-m", "runner", f"--config={DIGITS}", "--config.trainer.precision=float16"], 2,
+                  "error: config.trainer.precision='float16' is not valid."),
+    "no_config": (["-m", "runner", "--dry_run"], 2, "error: --config is required"),
+    "no_file": (["-m", "runner", "--config=configs/nope.py"], 2, "error: Config file 'configs/nope.py' does not exist"),
+    "variant": (["-m", "runner", f"--config={DIGITS}:tpux"], 2, "error: configs/digits.py has no variant 'tpux'"),
+    "strategies_help": (["-m", "strategies", "--help"], 0, None),
+    "strategies_flag": (["-m", "strategies", "--strategy=mirored"], 2,
+                        "error: flag --strategy=mirored: --strategy='mirored' is not valid."),
+    "launch_help": (["-m", "runner.launch", "--help"], 0, None),
+}
+_IMPORT_TIME = re.compile(r"^import time: +\d+ \| +\d+ \| +(?P<module>[\w.]+)$")
+
+
+def _imported(stderr):
+  """The top-level packages that `python -X importtime` reports importing in `stderr`."""
+  return {match["module"].split(".")[0] for match in map(_IMPORT_TIME.match, stderr.splitlines()) if match}
+
+
+def test_help_and_config_errors_answer_before_tensorflow_loads():
+  env = dict(os.environ, PYTHONPATH=REPO)
+  processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + args, env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()}
+  for case, process in processes.items():
+    _, status, error = _ANSWERS_WITHOUT_TENSORFLOW[case]
+    stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
+    assert process.returncode == status, (case, stderr[-3000:])
+    errors = _error_lines(stderr)
+    assert (len(errors) == 1 and errors[0].startswith(error)) if error else ("--" in stdout and not errors), case
+    assert "absl" in _imported(stderr), case  # What -X importtime prints is read.
+    assert not {"tensorflow", "keras", "sklearn"} & _imported(stderr), case
