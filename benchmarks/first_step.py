@@ -1,13 +1,15 @@
 """A Trainer's way to its first step, in a process of its own: the times it reaches each stage.
 
 `python -m benchmarks.first_step --strategy=one_device` imports TensorFlow,
-then `runner.Trainer` (runner's modules load on first use), creates the strategy (`benchmarks.contenders.make_strategy`) and
-trains the `small` workload's Trainer (`steps_per_loop=100`) for one step, with
-its progress line on stderr (`step 1/1: ... | traced in T s, then S steps/s, ...`:
-the tracing apart from the first loop). It then prints one JSON line on
-stdout of `time.time()` stamps: `started` (this module's first line runs),
-`tensorflow_imported`, `runner_imported`, `strategy_created`, `trained`
-(the first `train` call returned). The driver (`benchmarks.scaling`) stamps
+then `runner.Trainer` (runner's modules load on first use), creates the
+strategy (`benchmarks.contenders.make_strategy`) and trains the `small`
+workload's Trainer (`steps_per_loop=100`) for one step, with its progress
+line on stderr (`step 1/1: ... | traced in T s, then S steps/s, ...`: the
+tracing apart from the first loop). It then prints one JSON line on stdout of
+`time.time()` stamps: `started` (this module's first line runs),
+`tensorflow_imported`, `runner_imported`, `strategy_start` (the benchmark's
+helpers imported), `strategy_created`, `trained` (the first `train` call
+returned). The driver (`benchmarks.scaling`) stamps
 the process's start and the progress line's arrival itself.
 """
 
