@@ -251,47 +251,52 @@ def errors(runs):
   return f"{len(failed)}/{len(runs)} failed: {failed[0]}".replace("|", "/")[:200] if failed else ""
 
 
-def versus_row(trainer_runs, loop_runs, batch, cpu):
-  """Returns the cells of a Trainer-against-loop row: steps/s, examples/s (and CPU ms/step) of each, the ratio."""
+def versus_row(trainer_runs, loop_runs, batch):
+  """Returns the cells of a Trainer-against-loop row.
+
+  Steps/s, examples/s and CPU ms/step of each; the ratio Trainer/loop of the
+  median steps/s and of the median CPU per step (loop's / Trainer's, so above
+  1 is the Trainer ahead either way: CPU time varies less than wall time when
+  other processes share the cores); and the steps/s ratio within each round.
+  """
   out = []
   for runs in (trainer_runs, loop_runs):
     steps = median(runs, "steps_per_sec")
-    if steps is None:
-      out += ["not working"] + [""] * (2 if cpu else 1)
-      continue
-    out += [f"{steps:,.0f}", f"{steps * batch:,.0f}"] + ([f"{median(runs, 'cpu_ms_per_step'):.2f}"] if cpu else [])
+    out += (["not working", "", ""] if steps is None else
+            [f"{steps:,.0f}", f"{steps * batch:,.0f}", f"{median(runs, 'cpu_ms_per_step'):.2f}"])
   trainer, loop = median(trainer_runs, "steps_per_sec"), median(loop_runs, "steps_per_sec")
   if trainer is None or loop is None:
-    return out + ["", errors(trainer_runs) or errors(loop_runs)]
+    return out + ["", "", errors(trainer_runs) or errors(loop_runs)]
+  cpu = median(loop_runs, "cpu_ms_per_step") / median(trainer_runs, "cpu_ms_per_step")
   per_round = ", ".join(f"{t['steps_per_sec'] / l['steps_per_sec']:.2f}" for t, l in zip(trainer_runs, loop_runs))
-  return out + [f"{trainer / loop:.2f}x", per_round]
+  return out + [f"{trainer / loop:.2f}x", f"{cpu:.2f}x", per_round]
+
+
+VERSUS_HEADER = ("Trainer steps/s | examples/s | CPU ms/step | loop steps/s | examples/s | CPU ms/step | "
+                 "Trainer/loop | by CPU | per round |")
+VERSUS_ALIGN = "---:|---:|---:|---:|---:|---:|---:|---:|---|"
 
 
 def steps_per_loop_table(rows, args):
   """Returns the Markdown lines of the steps_per_loop table."""
-  lines = ["| workload | strategy | steps per call | Trainer steps/s | examples/s | CPU ms/step | loop steps/s | "
-           "examples/s | CPU ms/step | Trainer/loop | per round |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+  lines = ["| workload | strategy | steps per call | " + VERSUS_HEADER, "|---|---|---:|" + VERSUS_ALIGN]
   for workload in STEPS_PER_LOOP_WORKLOADS:
     for strategy in args.strategies:
       for steps in STEPS_PER_LOOP:
         trainer, loop = (rows[throughput_cell(kind, workload, steps), strategy] for kind in CONTENDER_OF_KIND)
         batch = contenders_lib.WORKLOADS[workload].global_batch_size
-        cells_ = versus_row(trainer, loop, batch, cpu=True)
-        lines.append(f"| {workload} | {strategy} | {steps} | " + " | ".join(cells_) + " |")
+        lines.append(f"| {workload} | {strategy} | {steps} | " + " | ".join(versus_row(trainer, loop, batch)) + " |")
   return lines
 
 
 def batch_table(rows, args):
   """Returns the Markdown lines of the global batch table."""
-  lines = ["| strategy | global batch | Trainer steps/s | examples/s | loop steps/s | examples/s | Trainer/loop | "
-           "per round |",
-           "|---|---:|---:|---:|---:|---:|---:|---|"]
+  lines = ["| strategy | global batch | " + VERSUS_HEADER, "|---|---:|" + VERSUS_ALIGN]
   for strategy in args.strategies:
     for batch in BATCHES:
       trainer, loop = (rows[throughput_cell(kind, BATCH_WORKLOAD, BATCH_STEPS_PER_LOOP, batch), strategy]
                        for kind in CONTENDER_OF_KIND)
-      lines.append(f"| {strategy} | {batch} | " + " | ".join(versus_row(trainer, loop, batch, cpu=False)) + " |")
+      lines.append(f"| {strategy} | {batch} | " + " | ".join(versus_row(trainer, loop, batch)) + " |")
   return lines
 
 
