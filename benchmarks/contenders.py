@@ -1,7 +1,8 @@
 """One throughput contender, measured in a process of its own.
 
 `python -m benchmarks.contenders --contender=loop_100 --strategy=mirrored2
---warmup_steps=200 --steps=2000 [--workload=mlp]` trains a workload's MLP with that contender,
+--warmup_steps=200 --steps=2000 [--workload=mlp] [--steps_per_call=N] [--global_batch_size=B]`
+trains a workload's MLP with that contender,
 first for `warmup_steps` (tracing and the first loops, not timed), then for
 `steps` more, timed with `time.perf_counter` (wall) and `time.process_time`
 (CPU of all the process's threads), and prints one JSON line:
@@ -14,6 +15,9 @@ in `strategy.scope()` and input from `distribute_datasets_from_function`
 batched per replica. Workloads (`WORKLOADS`): `mlp`, the benchmark MLP
 (64 -> 256 -> 256 -> 10, global batch 256, accuracy); `small`, a step where
 per-step overhead shows (64 -> 128 -> 10, global batch 64, loss only).
+`--steps_per_call` runs the contender's kind (trainer, loop, keras_fit) with
+that many steps per call instead of its own, `--global_batch_size` the workload
+with that global batch (and 64 batches of data); the row then names both.
 """
 
 import argparse
@@ -247,25 +251,35 @@ def describe_error(error):
   return f"{type(error).__name__}: {(causes or lines or [''])[0]}"[:300]
 
 
-def measure(contender, strategy_name, warmup_steps, steps, workload="mlp"):
+def measure(contender, strategy_name, warmup_steps, steps, workload="mlp", steps_per_call=None,
+            global_batch_size=None):
   """Runs one contender and returns its result row (a dict, see the module doc).
+
+  `steps_per_call` and `global_batch_size`, where given, replace the
+  contender's steps per call and the workload's global batch.
 
   Raises:
     ValueError: a step count is not a positive multiple of the contender's
       steps per call.
   """
-  kind, steps_per_call = CONTENDERS[contender]
+  kind, own_steps_per_call = CONTENDERS[contender]
+  steps_per_call = steps_per_call or own_steps_per_call
+  sized = WORKLOADS[workload]
+  if global_batch_size is not None:
+    sized = dataclasses.replace(sized, global_batch_size=global_batch_size)
   for flag, value in (("warmup_steps", warmup_steps), ("steps", steps)):
     if kind != "trainer" and (value < steps_per_call or value % steps_per_call):  # A Trainer takes any total.
       raise ValueError(
           f"--{flag}={value} must be a positive multiple of {steps_per_call}, "
           f"the steps per call of {contender}.")
   row = {"contender": contender, "strategy": strategy_name, "workload": workload}
+  if steps_per_call != own_steps_per_call or sized != WORKLOADS[workload]:
+    row.update(steps_per_call=steps_per_call, global_batch_size=sized.global_batch_size)
   try:
     strategy = make_strategy(strategy_name)
     # Progress lines of the contender go to stderr; stdout carries the result only.
     with contextlib.redirect_stdout(sys.stderr):
-      timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps, WORKLOADS[workload])
+      timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps, sized)
       seconds, cpu_seconds = timed_train(steps)
   except Exception as error:  # pylint: disable=broad-except
     traceback.print_exc()
@@ -282,10 +296,16 @@ def main(argv=None):
                       help="untimed steps first (tracing, first loops)")
   parser.add_argument("--steps", type=int, required=True, help="timed steps after the warm-up")
   parser.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
+  parser.add_argument("--steps_per_call", type=int, help="run the contender's kind with this many steps per call")
+  parser.add_argument("--global_batch_size", type=int, help="train the workload with this global batch")
   args = parser.parse_args(argv)
+  for flag in ("steps_per_call", "global_batch_size"):
+    if getattr(args, flag) is not None and getattr(args, flag) < 1:
+      parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
   absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
   try:
-    row = measure(args.contender, args.strategy, args.warmup_steps, args.steps, args.workload)
+    row = measure(args.contender, args.strategy, args.warmup_steps, args.steps, args.workload,
+                  args.steps_per_call, args.global_batch_size)
   except ValueError as error:
     parser.error(str(error))
   print(json.dumps(row), flush=True)
