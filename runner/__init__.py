@@ -4,7 +4,7 @@ The public names load on first use (PEP 562), so that `python -m runner` can
 quiet TensorFlow's start-up before anything imports it.
 """
 
-import importlib
+from strategies import lazy_names
 
 # Public name -> the module that defines it (a module's own name: the module itself).
 _PUBLIC = {
@@ -22,15 +22,4 @@ _PUBLIC = {
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name):
-  if name not in _PUBLIC:
-    raise AttributeError(f"module 'runner' has no attribute {name!r}")
-  module = importlib.import_module(_PUBLIC[name])
-  value = module if _PUBLIC[name] == f"runner.{name}" else getattr(module, name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names.module_hooks(__name__, _PUBLIC)

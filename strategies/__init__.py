@@ -6,7 +6,7 @@ and check its input before TensorFlow loads; the wrappers, `create`,
 `describe` and `virtual_cpus` import it.
 """
 
-import importlib
+from strategies import lazy_names
 
 # Public name -> the module that defines it (a module's own name: the module itself).
 _PUBLIC = {
@@ -27,15 +27,4 @@ _PUBLIC = {
 }
 __all__ = sorted(_PUBLIC)
 
-
-def __getattr__(name):
-  if name not in _PUBLIC:
-    raise AttributeError(f"module 'strategies' has no attribute {name!r}")
-  module = importlib.import_module(_PUBLIC[name])
-  value = module if _PUBLIC[name] == f"strategies.{name}" else getattr(module, name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names.module_hooks(__name__, _PUBLIC)

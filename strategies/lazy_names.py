@@ -1,0 +1,27 @@
+"""A package's public names loaded on first use (PEP 562), so that importing the package imports nothing heavy."""
+
+import importlib
+import sys
+
+
+def module_hooks(package, public):
+  """Returns the module-level `(__getattr__, __dir__)` for `package` that load its `public` names on first use.
+
+  Args:
+    package: the package's name (its `__name__`).
+    public: each public name -> the module that defines it; a submodule's
+      own name maps to itself (e.g. `"data": "runner.data"`).
+  """
+
+  def __getattr__(name):  # pylint: disable=invalid-name
+    if name not in public:
+      raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    module = importlib.import_module(public[name])
+    value = module if public[name] == f"{package}.{name}" else getattr(module, name)
+    setattr(sys.modules[package], name, value)  # Later lookups find it without this hook.
+    return value
+
+  def __dir__():  # pylint: disable=invalid-name
+    return sorted(set(vars(sys.modules[package])) | set(public))
+
+  return __getattr__, __dir__
