@@ -160,7 +160,7 @@ def results_of(contender, strategy, runs):
 
 def run_all(args):
   """Runs the schedule; returns {(row name, strategy): Result}, Keras fit's around-fit rows after its own."""
-  skipped = {c: contenders_lib.unavailable(c) for c in args.contenders if contenders_lib.unavailable(c)}
+  skipped = {c: reason for c in args.contenders if (reason := contenders_lib.unavailable(c))}
   for contender, reason in skipped.items():
     print(f"{contender}: {reason}", file=sys.stderr, flush=True)
   runnable = [c for c in args.contenders if c not in skipped]
