@@ -7,8 +7,10 @@ first for `warmup_steps` (tracing and the first loops, not timed), then for
 `steps` more, timed with `time.perf_counter` (wall) and `time.process_time`
 (CPU of all the process's threads), and prints one JSON line:
 `{"contender": ..., "strategy": ..., "workload": ..., "steps": ..., "seconds": ...,
-"cpu_seconds": ..., "steps_per_sec": ...}`, or `{"contender": ..., "strategy": ..., "workload": ..., "error": ...}`
-when the contender raised. Every contender does the same work per step: the
+"cpu_seconds": ..., "steps_per_sec": ...}` (Keras `fit` also with `"around_fit_seconds"` and
+`"around_fit_cpu_seconds"`, see `warm_keras_fit`), or `{"contender": ..., "strategy": ..., "workload": ...,
+"error": ...}` when the contender raised or needs a package that is not installed (`unavailable`). Every
+contender does the same work per step: the
 same MLP, synthetic data, global batch, optimizer, loss (averaged over the
 global batch) and, in the `mlp` workload, accuracy metric, with variables made
 in `strategy.scope()` and input from `distribute_datasets_from_function`
@@ -23,6 +25,8 @@ with that global batch (and 64 batches of data); the row then names both.
 import argparse
 import contextlib
 import dataclasses
+import functools
+import importlib.util
 import json
 import os
 import re
@@ -63,18 +67,36 @@ WORKLOADS = {
     "small": Workload(hidden_units=(128,), global_batch_size=64, accuracy=False),
 }
 
-# name -> (kind, steps per tf.function call).
+# name -> (kind, steps per tf.function call); a kind ending in "_jit" compiles its step with XLA.
 CONTENDERS = {
     "trainer_1": ("trainer", 1),
     "trainer_100": ("trainer", 100),
     "trainer_1000": ("trainer", 1000),
     "trainer_auto": ("trainer", "auto"),  # steps_per_loop="auto": chosen from the measured step time.
+    "trainer_jit_100": ("trainer_jit", 100),
     "loop_1": ("loop", 1),
     "loop_100": ("loop", 100),
+    "orbit_100": ("orbit", 100),
     "keras_fit_1": ("keras_fit", 1),
     "keras_fit_100": ("keras_fit", 100),
+    "keras_fit_jit_100": ("keras_fit_jit", 100),
 }
 STRATEGIES = ("one_device", "mirrored2")
+# kind -> the module it needs beyond the project's requirements, and how to install it. Orbit ships in
+# tf-models-official, whose requirements pin an older TensorFlow: hence --no-deps, and tf-keras (which
+# Orbit imports) at the installed TensorFlow's version. Neither changes what `import keras` gives (Keras 3).
+OPTIONAL_MODULES = {
+    "orbit": ("orbit", "pip install --no-deps tf-models-official tf-keras=={}.*".format(
+        ".".join(tf.__version__.split(".")[:2]))),
+}
+
+
+def unavailable(contender):
+  """Returns why `contender` cannot run here ("not installed: <pip command>"), or None when it can."""
+  module, install = OPTIONAL_MODULES.get(CONTENDERS[contender][0], (None, None))
+  if module is None or importlib.util.find_spec(module) is not None:
+    return None
+  return f"not installed: {install}"
 
 
 def make_strategy(name):
@@ -122,12 +144,12 @@ def make_optimizer():
 
 
 def timed(train):
-  """Returns `train` timed: a function `steps -> (wall seconds, CPU seconds)` of `train(steps)`."""
+  """Returns `train` timed: a function `steps -> {"seconds": wall, "cpu_seconds": CPU}` of `train(steps)`."""
 
   def timed_train(num_steps):
     wall, cpu = time.perf_counter(), time.process_time()
     train(num_steps)
-    return time.perf_counter() - wall, time.process_time() - cpu
+    return {"seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu}
 
   return timed_train
 
@@ -144,22 +166,21 @@ class FitStopwatch(keras.callbacks.Callback):
     self.start = time.perf_counter(), time.process_time()
 
   def on_train_end(self, logs=None):
-    self.seconds = time.perf_counter() - self.start[0], time.process_time() - self.start[1]
+    self.timing = {"seconds": time.perf_counter() - self.start[0],
+                   "cpu_seconds": time.process_time() - self.start[1]}
 
 
-def warm_loop(strategy, steps_per_call, warmup_steps, workload):
-  """Warms up a hand-written tf.distribute loop; returns it timed (see `timed`).
+def make_replica_step(strategy, workload):
+  """Returns `step_fn(inputs) -> loss`: one replica's hand-written training step, for `strategy.run`.
 
-  Each `tf.function` call runs `steps_per_call` steps (all but the last in a
-  `tf.range` loop) and returns the last step's loss, which the host fetches
-  once per call, as a practical loop that watches for NaN would.
+  The model, optimizer and (in the `mlp` workload) accuracy metric are made in
+  `strategy.scope()`; the loss is averaged over the global batch.
   """
   with strategy.scope():
     model = make_model(workload)
     optimizer = make_optimizer()
     optimizer.build(model.trainable_variables)  # Slots made in a tf.function fail under mirrored.
     accuracy = keras.metrics.SparseCategoricalAccuracy() if workload.accuracy else None
-  iterator = iter(make_distributed_dataset(strategy, workload))
 
   def step_fn(inputs):
     features, labels = inputs
@@ -173,6 +194,19 @@ def warm_loop(strategy, steps_per_call, warmup_steps, workload):
     if accuracy is not None:
       accuracy.update_state(labels, logits)
     return loss
+
+  return step_fn
+
+
+def warm_loop(strategy, steps_per_call, warmup_steps, workload):
+  """Warms up a hand-written tf.distribute loop; returns it timed (see `timed`).
+
+  Each `tf.function` call runs `steps_per_call` steps (all but the last in a
+  `tf.range` loop) and returns the last step's loss, which the host fetches
+  once per call, as a practical loop that watches for NaN would.
+  """
+  step_fn = make_replica_step(strategy, workload)
+  iterator = iter(make_distributed_dataset(strategy, workload))
 
   @tf.function
   def train_loop(iterator):
@@ -192,8 +226,62 @@ def warm_loop(strategy, steps_per_call, warmup_steps, workload):
   return timed(train)
 
 
-def warm_keras_fit(strategy, steps_per_call, warmup_steps, workload):
-  """Warms up Keras `fit` with `steps_per_execution=steps_per_call`; returns it timed by `FitStopwatch`."""
+def warm_orbit(strategy, steps_per_call, warmup_steps, workload):
+  """Warms up Orbit's `StandardTrainer` driven by `orbit.Controller`, as Orbit's users run it; returns it timed.
+
+  The trainer runs `steps_per_call` steps per loop in a `tf.while_loop`
+  (`StandardTrainerOptions(use_tf_while_loop=True)`) over the distributed
+  dataset's iterator, which it keeps between `Controller.train` calls. Each
+  step is `make_replica_step`'s, plus what Orbit asks of a trainer and its
+  examples do: the loss's running mean in a Keras `Mean` metric (reset at each
+  loop's start and returned at its end, which the Controller fetches and logs)
+  and the global step advanced by one (`orbit.utils.create_global_step`, as
+  Model Garden's trainer does). Timed around `Controller.train`, up to
+  `steps` more steps.
+  """
+  import orbit  # pylint: disable=g-import-not-at-top  # Optional: see OPTIONAL_MODULES.
+
+  step_fn = make_replica_step(strategy, workload)
+  with strategy.scope():
+    global_step = orbit.utils.create_global_step()
+    mean_loss = keras.metrics.Mean()
+  replicas = strategy.num_replicas_in_sync
+
+  class BenchmarkTrainer(orbit.StandardTrainer):
+    """The workload's steps for `orbit.Controller`."""
+
+    def train_loop_begin(self):
+      mean_loss.reset_state()
+
+    def train_step(self, iterator):
+      def replica_step(inputs):
+        mean_loss.update_state(step_fn(inputs) * replicas)  # A replica's loss is its share of the global mean.
+        global_step.assign_add(1)
+
+      strategy.run(replica_step, args=(next(iterator),))
+
+    def train_loop_end(self):
+      return {"loss": mean_loss.result()}
+
+  trainer = BenchmarkTrainer(make_distributed_dataset(strategy, workload),
+                             options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
+  controller = orbit.Controller(strategy=strategy, trainer=trainer, global_step=global_step,
+                                steps_per_loop=steps_per_call)
+
+  def train(num_steps):
+    controller.train(steps=int(global_step.numpy()) + num_steps)
+
+  train(warmup_steps)
+  return timed(train)
+
+
+def warm_keras_fit(strategy, steps_per_call, warmup_steps, workload, jit_compile=False):
+  """Warms up Keras `fit` with `steps_per_execution=steps_per_call`; returns it timed both ways.
+
+  `seconds` and `cpu_seconds` are `FitStopwatch`'s (the steps only);
+  `around_fit_seconds` and `around_fit_cpu_seconds` are timed around the
+  `fit` call, what its caller waits for: set-up, steps and tear-down.
+  """
   with strategy.scope():
     model = make_model(workload)
     model.compile(
@@ -201,13 +289,15 @@ def warm_keras_fit(strategy, steps_per_call, warmup_steps, workload):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy()] if workload.accuracy else [],
         steps_per_execution=steps_per_call,
-        jit_compile=False)
+        jit_compile=jit_compile)
   dataset = make_distributed_dataset(strategy, workload)
 
   def timed_train(num_steps):
     stopwatch = FitStopwatch()
-    model.fit(dataset, steps_per_epoch=num_steps, epochs=1, verbose=0, callbacks=[stopwatch])
-    return stopwatch.seconds
+    around_fit = timed(lambda steps: model.fit(
+        dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[stopwatch]))(num_steps)
+    return {**stopwatch.timing, "around_fit_seconds": around_fit["seconds"],
+            "around_fit_cpu_seconds": around_fit["cpu_seconds"]}
 
   timed_train(warmup_steps)
   return timed_train
@@ -220,7 +310,7 @@ class _LossOnly(runner.tasks.Classification):
     return []
 
 
-def warm_trainer(strategy, steps_per_call, warmup_steps, workload):
+def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=False):
   """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns it timed (see `timed`).
 
   `Trainer.train` takes a total step count, so each call continues the last.
@@ -230,7 +320,8 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload):
       model_fn=lambda: make_model(workload),
       optimizer_fn=make_optimizer,
       task=runner.tasks.Classification(from_logits=True) if workload.accuracy else _LossOnly(from_logits=True),
-      steps_per_loop=steps_per_call)
+      steps_per_loop=steps_per_call,
+      jit_compile=jit_compile)
   examples = make_examples(workload).repeat()
 
   def train(num_steps):
@@ -240,7 +331,14 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload):
   return timed(train)
 
 
-WARM_UPS = {"trainer": warm_trainer, "loop": warm_loop, "keras_fit": warm_keras_fit}
+WARM_UPS = {
+    "trainer": warm_trainer,
+    "trainer_jit": functools.partial(warm_trainer, jit_compile=True),
+    "loop": warm_loop,
+    "orbit": warm_orbit,
+    "keras_fit": warm_keras_fit,
+    "keras_fit_jit": functools.partial(warm_keras_fit, jit_compile=True),
+}
 
 
 def describe_error(error):
@@ -268,24 +366,25 @@ def measure(contender, strategy_name, warmup_steps, steps, workload="mlp", steps
   if global_batch_size is not None:
     sized = dataclasses.replace(sized, global_batch_size=global_batch_size)
   for flag, value in (("warmup_steps", warmup_steps), ("steps", steps)):
-    if kind != "trainer" and (value < steps_per_call or value % steps_per_call):  # A Trainer takes any total.
+    if not kind.startswith("trainer") and (value < steps_per_call or value % steps_per_call):  # Any total.
       raise ValueError(
           f"--{flag}={value} must be a positive multiple of {steps_per_call}, "
           f"the steps per call of {contender}.")
   row = {"contender": contender, "strategy": strategy_name, "workload": workload}
   if steps_per_call != own_steps_per_call or sized != WORKLOADS[workload]:
     row.update(steps_per_call=steps_per_call, global_batch_size=sized.global_batch_size)
+  if unavailable(contender):
+    return {**row, "error": unavailable(contender)}
   try:
     strategy = make_strategy(strategy_name)
     # Progress lines of the contender go to stderr; stdout carries the result only.
     with contextlib.redirect_stdout(sys.stderr):
       timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps, sized)
-      seconds, cpu_seconds = timed_train(steps)
+      timing = timed_train(steps)
   except Exception as error:  # pylint: disable=broad-except
     traceback.print_exc()
     return {**row, "error": describe_error(error)}
-  return {**row, "steps": steps, "seconds": seconds, "cpu_seconds": cpu_seconds,
-          "steps_per_sec": steps / seconds}
+  return {**row, "steps": steps, **timing, "steps_per_sec": steps / timing["seconds"]}
 
 
 def main(argv=None):
