@@ -345,9 +345,7 @@ def main(argv=None):
   start = time.perf_counter()
   rows = run_all(args)
   minutes = (time.perf_counter() - start) / 60
-  print("\n## Machine\n")
-  print("\n".join(machine_before))
-  print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+  throughput.print_machine(machine_before)
   print(f"- {args.rounds} round{'s' if args.rounds > 1 else ''}, {minutes:.1f} min; {args.warmup_steps} warm-up "
         f"steps, then about {args.timed_examples:,} examples of timed steps per measurement (whole calls)")
   if "steps_per_loop" in args.parts:

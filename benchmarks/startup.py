@@ -130,9 +130,7 @@ def main(argv=None):
         subprocess.run(["git", "-C", throughput.REPO_ROOT, "worktree", "remove", "--force", before_dir],
                        check=False, capture_output=True)
   minutes = (time.perf_counter() - start) / 60
-  print("\n## Machine\n")
-  print("\n".join(machine))
-  print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+  throughput.print_machine(machine)
   rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
   print(f"\n## Start-up ({rounds}, {minutes:.1f} min; each command a fresh process, wall clock)\n")
   print("\n".join(table(times, trees)))

@@ -217,6 +217,13 @@ def machine_lines():
   ]
 
 
+def print_machine(machine_before):
+  """Prints the report's Machine section: `machine_lines()` as taken before the run, and the load after it."""
+  print("\n## Machine\n")
+  print("\n".join(machine_before))
+  print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
 def results_table(results, args):
   """Returns the Markdown table of medians and ratios, one row per contender and strategy."""
   batch = contenders_lib.WORKLOADS[args.workload].global_batch_size
@@ -341,9 +348,7 @@ def main(argv=None):
   start = time.perf_counter()
   results = run_all(args)
   minutes = (time.perf_counter() - start) / 60
-  print("\n## Machine\n")
-  print("\n".join(machine_before))
-  print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
+  print_machine(machine_before)
   rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
   batch = contenders_lib.WORKLOADS[args.workload].global_batch_size
   print(f"\n## Throughput ({rounds}, {minutes:.1f} min; workload {args.workload}, global batch {batch}; "
