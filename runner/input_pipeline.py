@@ -33,8 +33,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
 
   Each input pipeline repeats its share and batches it by
   `input_context.get_per_replica_batch_size(global_batch_size)` with
-  `drop_remainder=True`, so shapes are static and a step always sees a full
-  global batch.
+  `drop_remainder=True` (the provider's `get_repeated_batches`), so shapes
+  are static and a step always sees a full global batch.
 
   The order of the batches is a function of the step: a pipeline whose data
   is deterministic (a seeded shuffle, or none) gives the batches of step `s`
@@ -61,8 +61,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
   def dataset_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-    dataset = _checked(provider.get_repeated_dataset(input_context, start_step * replicas * batch_size), "training")
-    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    batches = provider.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
+    return _checked_batches(batches, "training").prefetch(tf.data.AUTOTUNE)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -70,8 +70,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
 def for_evaluation(strategy, data, global_batch_size, *, bounded):
   """Distributes `data` for evaluation, padded so that every example counts exactly once.
 
-  Each input pipeline batches its elements by the per-replica batch size and
-  maps each batch to `(features, labels, weight, mask)` (weight: the sample
+  Each input pipeline batches its elements by the per-replica batch size
+  (the provider's `get_batches`) and maps each batch to `(features, labels, weight, mask)` (weight: the sample
   weights or 1; mask: 1 per example), its final partial batch filled up with
   padding examples (zeros with weight 0 and mask 0); endless batches of
   padding follow. Every batch is therefore full and of static shape (as TPUs
@@ -99,14 +99,14 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
   pipelines = []
 
   def dataset_fn(input_context):
-    dataset = _checked(provider.get_dataset(input_context), "evaluation")
-    if not bounded and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    batches = _checked_batches(provider.get_batches(input_context, batch_size), "evaluation")
+    if not bounded and batches.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
           "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
           "pass evaluate(..., steps=N) or give data that does not repeat.")
-    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     pipelines.append(input_context.num_input_pipelines)
-    batches = dataset.batch(batch_size).map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
+    batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
     return batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE)
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
@@ -127,6 +127,14 @@ def _checked(dataset, purpose):
         f"The sample_weight of the {purpose} data must be one scalar per example, got {spec[2]}; "
         f"elements must be {ELEMENT_CONTRACT} and unbatched.")
   return dataset
+
+
+def _checked_batches(batches, purpose):
+  """Returns a provider's `batches` if they are batches of elements that follow the contract, else raises ConfigError."""
+  if not isinstance(batches, tf.data.Dataset):
+    raise ConfigError(f"The {purpose} DatasetProvider returned {type(batches).__name__}, not a tf.data.Dataset.")
+  _checked(batches.unbatch(), purpose)
+  return batches
 
 
 def _weighted_masked_and_full(features, labels, sample_weight=None, *, batch_size):
