@@ -137,6 +137,7 @@ def _checked_batches(batches, purpose):
   return batches
 
 
+@tf.autograph.experimental.do_not_convert  # Plain graph code: converting it would only add to the first call.
 def _weighted_masked_and_full(features, labels, sample_weight=None, *, batch_size):
   """Maps a batch to `(features, labels, weight, mask)` of `batch_size` examples, a partial one filled with padding."""
   real = tf.shape(labels)[0]
