@@ -8,6 +8,7 @@ How a provider shards across input pipelines is its `sharding` policy, one of
 """
 
 import abc
+import re
 
 from absl import logging
 import tensorflow as tf
@@ -57,9 +58,10 @@ class DatasetProvider(abc.ABC):
     self._sharding = sharding
 
   def _say_once(self, log, message, *args):
-    """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says something."""
-    if not getattr(self, "_said", False):
-      self._said = True
+    """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says it."""
+    said = self.__dict__.setdefault("_said", set())
+    if message not in said:
+      said.add(message)
       log(message, *args)
 
   def _by_example(self, dataset, input_context):
@@ -100,6 +102,24 @@ class DatasetProvider(abc.ABC):
     """
     dataset = self.get_dataset(input_context).repeat()
     return dataset.skip(start) if start else dataset
+
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+    """Returns `get_dataset(input_context)` in batches of `batch_size`, the last one possibly smaller.
+
+    What evaluation reads. The default batches `get_dataset`; a provider may
+    make the same batches more cheaply (TFRecordFiles parses a batch of
+    records at once).
+    """
+    return self.get_dataset(input_context).batch(batch_size)
+
+  def get_repeated_batches(self, input_context: tf.distribute.InputContext, batch_size: int,
+                           start: int) -> tf.data.Dataset:
+    """Returns `get_repeated_dataset(input_context, start)` in full batches of `batch_size`.
+
+    What training reads; as `get_batches`, a provider may make the same
+    batches more cheaply.
+    """
+    return self.get_repeated_dataset(input_context, start).batch(batch_size, drop_remainder=True)
 
 
 class DatasetShards(DatasetProvider):
@@ -227,6 +247,17 @@ class TFRecordFiles(DatasetProvider):
   The record stream is a function of the file list alone, the same on every
   host: up to `FILES_READ_AT_ONCE` files are read at once, one record from
   each in turn (TensorFlow's autotuned default depends on the host's cores).
+
+  The Trainer reads batches (`get_batches`, `get_repeated_batches`): a batch
+  of serialized records is read, then parsed by one vectorized call of
+  `parse_fn` (`tf.vectorized_map`, which turns e.g. `parse_single_example`
+  into `parse_example`), several batches at once. That needs every part
+  `parse_fn` returns to have a fixed shape, and TensorFlow to vectorize each
+  of its ops; otherwise (said in one logged line) records are parsed one by
+  one, as in `get_dataset`. Either way the batches hold the same examples in
+  the same order, and a record that cannot be read fails the batch it is in.
+  (A random op in `parse_fn` then draws for a whole batch at once: other
+  values than record by record, as deterministic for a seeded op.)
   """
 
   FILES_READ_AT_ONCE = 8
@@ -269,8 +300,15 @@ class TFRecordFiles(DatasetProvider):
 
   def get_repeated_dataset(self, input_context, start):
     """As `DatasetProvider.get_repeated_dataset`, skipping serialized records before parsing them."""
-    records = self._records(input_context).repeat()
-    return self._parsed(records.skip(start) if start else records)
+    return self._parsed(self._repeated_records(input_context, start))
+
+  def get_batches(self, input_context, batch_size):
+    """As `DatasetProvider.get_batches`, a batch of records parsed at once where `parse_fn` vectorizes (see the class)."""
+    return self._parsed_batches(self._records(input_context), batch_size, drop_remainder=False)
+
+  def get_repeated_batches(self, input_context, batch_size, start):
+    """As `DatasetProvider.get_repeated_batches`, skipping records before parsing and parsing a batch at once."""
+    return self._parsed_batches(self._repeated_records(input_context, start), batch_size, drop_remainder=True)
 
   def _by_file(self, num_pipelines):
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
@@ -303,5 +341,36 @@ class TFRecordFiles(DatasetProvider):
       records = records.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
     return records
 
+  def _repeated_records(self, input_context, start):
+    records = self._records(input_context).repeat()
+    return records.skip(start) if start else records
+
   def _parsed(self, records):
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def _parsed_batches(self, records, batch_size, *, drop_remainder):
+    """`records` parsed and batched: by a vectorized `parse_fn` on batches of records where it vectorizes."""
+    one_by_one = self._parsed(records)
+    spec = one_by_one.element_spec
+    batches = records.batch(batch_size, drop_remainder=drop_remainder)
+    why_not = None
+    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+      why_not = f"it returns parts without a fixed shape ({spec})"
+    else:
+      try:
+        parsed = batches.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
+      except (ValueError, TypeError, NotImplementedError) as error:  # An op without a vectorization.
+        reason = re.search(r"No pfor vectorization defined for \S+", str(error))
+        why_not = reason.group() if reason else type(error).__name__
+      else:
+        size = batch_size if drop_remainder else None
+        if parsed.element_spec == tf.nest.map_structure(lambda s: tf.TensorSpec([size, *s.shape], s.dtype), spec):
+          return parsed
+        why_not = f"vectorized, it gives {parsed.element_spec}"  # e.g. a list where one record gives a tuple
+    self._say_once(
+        logging.info, "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
+        getattr(self.parse_fn, "__name__", self.parse_fn), why_not)
+    return one_by_one.batch(batch_size, drop_remainder=drop_remainder)
+
+  def _parse_batch(self, records):
+    return tf.vectorized_map(self.parse_fn, records, fallback_to_while_loop=False)

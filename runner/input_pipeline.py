@@ -1,5 +1,7 @@
 """How the user's data becomes per-replica batches distributed over a strategy."""
 
+import functools
+
 import tensorflow as tf
 
 from runner import data as data_lib
@@ -31,8 +33,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
 
   Each input pipeline repeats its share and batches it by
   `input_context.get_per_replica_batch_size(global_batch_size)` with
-  `drop_remainder=True`, so shapes are static and a step always sees a full
-  global batch.
+  `drop_remainder=True` (the provider's `get_repeated_batches`), so shapes
+  are static and a step always sees a full global batch.
 
   The order of the batches is a function of the step: a pipeline whose data
   is deterministic (a seeded shuffle, or none) gives the batches of step `s`
@@ -59,8 +61,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
   def dataset_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-    dataset = _checked(provider.get_repeated_dataset(input_context, start_step * replicas * batch_size), "training")
-    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    batches = provider.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
+    return _checked_batches(batches, "training").prefetch(tf.data.AUTOTUNE)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -68,13 +70,16 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
 def for_evaluation(strategy, data, global_batch_size, *, bounded):
   """Distributes `data` for evaluation, padded so that every example counts exactly once.
 
-  Each input pipeline maps its elements to `(features, labels, weight, mask)`
-  (weight: the sample weight or 1; mask: 1), appends endless padding elements
-  (zeros with weight 0 and mask 0) and batches by the per-replica batch size
-  with `drop_remainder=True`. Every batch is therefore full and of static
-  shape (as TPUs and XLA need); the padding adds nothing to the loss, metrics
-  or example count, and the evaluation loop stops once the real examples are
-  used up.
+  Each input pipeline batches its elements by the per-replica batch size
+  (the provider's `get_batches`) and maps each batch to `(features, labels, weight, mask)` (weight: the sample
+  weights or 1; mask: 1 per example), its final partial batch filled up with
+  padding examples (zeros with weight 0 and mask 0); endless batches of
+  padding follow. Every batch is therefore full and of static shape (as TPUs
+  and XLA need); the padding adds nothing to the loss, metrics or example
+  count, and the evaluation loop stops once the real examples are used up.
+  The batches are those of padding the elements one by one and then
+  batching, made a batch at a time (one vectorized map per batch, not per
+  example) and prefetched.
 
   Args:
     strategy: the `tf.distribute.Strategy`.
@@ -94,16 +99,15 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
   pipelines = []
 
   def dataset_fn(input_context):
-    dataset = _checked(provider.get_dataset(input_context), "evaluation")
-    if not bounded and dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
+    batches = _checked_batches(provider.get_batches(input_context, batch_size), "evaluation")
+    if not bounded and batches.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
           "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
           "pass evaluate(..., steps=N) or give data that does not repeat.")
-    dataset = dataset.map(_weighted_and_masked)
-    dataset = dataset.concatenate(_padding(dataset))
-    batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     pipelines.append(input_context.num_input_pipelines)
-    return dataset.batch(batch_size, drop_remainder=True)
+    batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
+    return batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE)
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
   return distributed, pipelines[0]
@@ -125,19 +129,39 @@ def _checked(dataset, purpose):
   return dataset
 
 
-def _weighted_and_masked(features, labels, sample_weight=None):
-  weight = tf.ones([]) if sample_weight is None else tf.cast(sample_weight, tf.float32)
-  return features, labels, weight, tf.ones([])
+def _checked_batches(batches, purpose):
+  """Returns a provider's `batches` if they are batches of elements that follow the contract, else raises ConfigError."""
+  if not isinstance(batches, tf.data.Dataset):
+    raise ConfigError(f"The {purpose} DatasetProvider returned {type(batches).__name__}, not a tf.data.Dataset.")
+  _checked(batches.unbatch(), purpose)
+  return batches
 
 
-def _padding(dataset):
-  """Returns endless zero-weight, zero-mask elements shaped like `dataset`'s."""
-  spec = dataset.element_spec
+@tf.autograph.experimental.do_not_convert  # Plain graph code: converting it would only add to the first call.
+def _weighted_masked_and_full(features, labels, sample_weight=None, *, batch_size):
+  """Maps a batch to `(features, labels, weight, mask)` of `batch_size` examples, a partial one filled with padding."""
+  real = tf.shape(labels)[0]
+  weight = tf.ones([real]) if sample_weight is None else tf.cast(sample_weight, tf.float32)
+  return tf.nest.map_structure(lambda t: _filled_up(t, batch_size), (features, labels, weight, tf.ones([real])))
+
+
+def _filled_up(batch, batch_size):
+  """Returns `batch` with zeros appended on its first axis up to `batch_size` rows, that size static."""
+  missing = batch_size - tf.shape(batch)[:1]
+  full = tf.concat([batch, tf.zeros(tf.concat([missing, tf.shape(batch)[1:]], 0), batch.dtype)], 0)
+  if batch.shape.rank is not None:
+    full.set_shape([batch_size, *batch.shape[1:]])
+  return full
+
+
+def _padding(batches):
+  """Returns endless zero-weight, zero-mask batches shaped like `batches`' (full batches)."""
+  spec = batches.element_spec
   if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
     zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
     return tf.data.Dataset.from_tensors(zeros).repeat()
-  # Shapes known only from the data: copy the first element, with weight and mask 0.
-  return dataset.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
+  # Shapes known only from the data: copy the first batch, with weights and mask 0.
+  return batches.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
 
 
 def element_spec(data, purpose):

@@ -326,6 +326,13 @@ class EvalLoop:
   `valid_labels`. It is fetched as one float64 vector `[loss, num_examples,
   labels_out_of_range, *metric_results]`. Metrics are reset at the start of
   each call.
+
+  The function is traced without AutoGraph, as Keras traces its own steps
+  (converting the loop and the step's code cost a first evaluation about
+  2 s; docs/benchmarks.md#input-and-evaluation-issue-13-target-5), so the
+  loop is an explicit `tf.while_loop`. The task's loss alone is still
+  converted, as in training: it is a `tf.function` of its own, so a loss
+  with Python control flow on tensors evaluates as it trains.
   """
 
   def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None):
@@ -337,12 +344,12 @@ class EvalLoop:
     """
     self._strategy = strategy
     self._model = model
-    self._task_loss = task_loss
+    self._task_loss = tf.function(task_loss)
     self._metrics = metrics
     self._single_pipeline = num_input_pipelines == 1
     self._valid_labels = valid_labels
     self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
-    self.function = tf.function(self._evaluate)
+    self.function = tf.function(self._evaluate, autograph=False)
 
   def __call__(self, iterator, max_steps):
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
@@ -354,20 +361,21 @@ class EvalLoop:
     for metric in self._metrics:
       metric.reset_state()
     replicas = float(self._strategy.num_replicas_in_sync)
-    loss_sum = tf.constant(0.0, tf.float64)
-    count = tf.constant(0, tf.int64)
-    bad_labels = tf.constant(0.0)
-    steps = tf.constant(0, tf.int64)
-    done = tf.constant(False)
-    while not done and steps < max_steps:
+
+    def step(steps, unused_done, loss_sum, count, bad_labels):
       # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example,
       #  replicas with a label outside valid_labels]
       sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
-      loss_sum += tf.cast(sums[0], tf.float64)
-      count += tf.cast(sums[1], tf.int64)
-      bad_labels += sums[4]
-      steps += 1
-      done = sums[3] == 0.0 or (self._single_pipeline and sums[2] < replicas)
+      done = sums[3] == 0.0
+      if self._single_pipeline:
+        done |= sums[2] < replicas
+      return (steps + 1, done, loss_sum + tf.cast(sums[0], tf.float64), count + tf.cast(sums[1], tf.int64),
+              bad_labels + sums[4])
+
+    _, _, loss_sum, count, bad_labels = tf.while_loop(
+        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps), step,
+        [tf.constant(0, tf.int64), tf.constant(False), tf.constant(0.0, tf.float64), tf.constant(0, tf.int64),
+         tf.constant(0.0)])
     loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
     results = [loss, tf.cast(count, tf.float64), tf.cast(bad_labels, tf.float64)] + [
         tf.cast(_scalar(metric), tf.float64) for metric in self._metrics]

@@ -158,6 +158,36 @@ def test_every_policy_gives_every_pipeline_a_disjoint_share_of_every_record(tmp_
             == _values(provider.get_dataset(context).repeat().skip(5).take(9), index=1))
 
 
+def _batches(dataset):
+  return [[np.asarray(part).tolist() for part in batch] for batch in dataset.as_numpy_iterator()]
+
+
+def _parse_with_string_length(record):
+  """As `_parse`, through StringLength, an op TensorFlow cannot vectorize (a Python op would hang the iterator's end)."""
+  features, value = _parse(record)
+  return features * tf.cast(tf.strings.length(record) > 0, tf.float32), value
+
+
+@pytest.mark.parametrize("parse_fn", [_parse, _parse_with_string_length], ids=["vectorized", "record_by_record"])
+@pytest.mark.parametrize("shuffle", [0, 5])
+def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record(tmp_path, caplog, parse_fn, shuffle):
+  pattern = _write_records(tmp_path, num_files=3, per_file=7)
+  provider = data.TFRecordFiles(pattern, parse_fn, shuffle_buffer_size=shuffle, seed=2, sharding="data")
+  with caplog.at_level(logging.INFO, logger="absl"):
+    for context in (_context(0, 1), _context(1, 2)):
+      assert _batches(provider.get_batches(context, 4)) == _batches(provider.get_dataset(context).batch(4))
+      for start in (0, 5, 23):  # Within the first epoch, and two epochs in.
+        batches = _batches(provider.get_repeated_batches(context, 4, start).take(8))
+        assert batches == _batches(provider.get_repeated_dataset(context, start).batch(4, drop_remainder=True).take(8))
+        assert len(batches) == 8
+  said = [r.getMessage() for r in caplog.records if "record by record" in r.getMessage()]
+  if parse_fn is _parse:
+    assert said == []
+  else:  # once per provider, with TensorFlow's reason
+    assert said == ["TFRecordFiles: parsing record by record, as parse_fn '_parse_with_string_length' does not "
+                    "vectorize: No pfor vectorization defined for StringLength."]
+
+
 def test_the_record_stream_is_a_function_of_the_file_list_alone(tmp_path):
   pattern = _write_records(tmp_path, num_files=3, per_file=2)
   provider = data.TFRecordFiles(pattern, _parse, sharding="data")

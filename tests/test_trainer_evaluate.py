@@ -93,3 +93,19 @@ def test_evaluations_inside_train_use_their_own_batch_size_and_steps(cpu_devices
   assert trainer.evaluate(eval_data, global_batch_size=8, steps=3) == trainer.last_eval_metrics
   assert trainer.evaluate(eval_data, global_batch_size=20)["num_examples"] == 100
   assert trainer.last_eval_metrics["num_examples"] == 100
+
+
+class CappedLoss(runner.tasks.Classification):
+  """A loss with Python control flow on a tensor, which only AutoGraph turns into graph ops."""
+
+  def loss(self, labels, outputs):
+    per_example = super().loss(labels, outputs)
+    if tf.reduce_max(per_example) > 0.0:
+      per_example = tf.zeros_like(per_example) + 1.0
+    return per_example
+
+
+def test_the_tasks_loss_is_converted_by_autograph_as_in_training():
+  trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), task=CappedLoss())
+  results = trainer.evaluate(trainer_testlib.classification_data(30), global_batch_size=8)
+  assert results["loss"] == pytest.approx(1.0) and results["num_examples"] == 30
