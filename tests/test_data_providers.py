@@ -326,3 +326,17 @@ def test_two_workers_over_one_file_with_sharding_file_each_say_so_once_and_finis
     assert worker.returncode == 0 and "global step: 20" in stdout, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if "too few to shard by file" in line]
     assert len(lines) == 1 and lines[0].startswith("W") and lines[0].endswith(said), lines
+
+
+def test_the_trainers_input_runs_without_the_autotuning_model_whose_thread_stalls_iterator_deletion(cpu_devices):
+  """The model thread of tf.data's autotuning (TensorFlow 2.21) made deleting a long-used iterator wait for its timer."""
+  from runner import input_pipeline  # pylint: disable=g-import-not-at-top
+  examples = tf.data.Dataset.from_tensor_slices((np.zeros((16, 3), np.float32), np.zeros(16, np.int32)))
+  mirrored = tf.distribute.MirroredStrategy(cpu_devices(2))
+  training = input_pipeline.for_training(mirrored, examples, 4)
+  evaluation, _ = input_pipeline.for_evaluation(mirrored, examples, 4, bounded=False)
+  # The per-worker datasets that distribute_datasets_from_function built (TensorFlow keeps them in `_datasets`).
+  for distributed in (training, evaluation):
+    assert [d.options().autotune.enabled for d in distributed._datasets] == [False]  # pylint: disable=protected-access
+  features, _ = next(iter(training))
+  assert [tuple(t.shape) for t in mirrored.experimental_local_results(features)] == [(2, 3), (2, 3)]
