@@ -22,7 +22,7 @@ as the Trainer's steps read their iterator), no Python per batch:
 - `hand_vectorized_ordered`: `hand_vectorized` with the provider's record order:
   8 files at once (`TFRecordFiles.FILES_READ_AT_ONCE`), deterministic;
 - `provider`: `runner.data.TFRecordFiles` as the Trainer reads it
-  (`get_repeated_batches`, then prefetch, as `input_pipeline.for_training`);
+  (`get_repeated_batches`, then prefetch, without the autotuning model, as `input_pipeline.for_training`);
 - `provider_get_dataset`: `TFRecordFiles.get_dataset` batched: records parsed one by one.
 
 Evaluation contenders (`EVALUATION`) evaluate a workload's MLP (see
@@ -56,6 +56,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from benchmarks import contenders as contenders_lib  # pylint: disable=g-import-not-at-top
 from benchmarks import throughput  # pylint: disable=g-import-not-at-top
 import runner  # pylint: disable=g-import-not-at-top
+from runner import input_pipeline  # pylint: disable=g-import-not-at-top
 
 REPO_ROOT = throughput.REPO_ROOT
 GLOBAL_BATCH_SIZE = 256
@@ -125,8 +126,9 @@ def input_dataset(contender, pattern):
     return batches.map(parse_batch, num_parallel_calls=autotune, deterministic=False).prefetch(autotune)
   provider = runner.data.TFRecordFiles(pattern, parse_record)
   context = tf.distribute.InputContext()
-  if contender == "provider":
-    return provider.get_repeated_batches(context, GLOBAL_BATCH_SIZE, 0).prefetch(autotune)
+  if contender == "provider":  # As the Trainer reads it (input_pipeline.for_training).
+    return input_pipeline.without_autotune_model(
+        provider.get_repeated_batches(context, GLOBAL_BATCH_SIZE, 0).prefetch(autotune))
   return provider.get_dataset(context).batch(GLOBAL_BATCH_SIZE, drop_remainder=True).prefetch(autotune)
 
 

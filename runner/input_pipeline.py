@@ -62,7 +62,7 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     batches = provider.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
-    return _without_autotune_model(_checked_batches(batches, "training").prefetch(tf.data.AUTOTUNE))
+    return without_autotune_model(_checked_batches(batches, "training").prefetch(tf.data.AUTOTUNE))
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -107,13 +107,13 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
           "pass evaluate(..., steps=N) or give data that does not repeat.")
     pipelines.append(input_context.num_input_pipelines)
     batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
-    return _without_autotune_model(batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE))
+    return without_autotune_model(batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE))
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
   return distributed, pipelines[0]
 
 
-def _without_autotune_model(dataset):
+def without_autotune_model(dataset):
   """Returns `dataset` with tf.data's autotuning model off: no model thread in its iterators.
 
   In TensorFlow 2.21 the model thread of an iterator sleeps on a timer whose
