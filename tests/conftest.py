@@ -5,7 +5,6 @@ here, when pytest imports this file, before any test module is collected.
 Tests pick 1, 2 or all of these devices for their strategies.
 """
 
-import gc
 import os
 import sys
 
@@ -41,14 +40,14 @@ def subprocess_env():
 
 
 def pytest_sessionfinish(session, exitstatus):
-  """Frees the session's tf.data iterators while TensorFlow's runtime is still whole.
+  """Keeps pytest's exit status for `pytest_unconfigure`.
 
-  TensorFlow 2.21 can deadlock deleting a distributed dataset iterator during
-  interpreter shutdown (its autotune thread is never woken), so a finished
-  suite would never exit. Collecting here deletes them normally.
+  The session's tf.data iterators are not deleted: in TensorFlow 2.21
+  deleting one waits for its autotune thread's timer (seconds to a minute
+  each; docs/benchmarks.md#input-without-the-autotuning-model-2026-11-25), and
+  during interpreter shutdown it can deadlock.
   """
   session.config.stash[_EXIT_STATUS] = int(exitstatus)
-  gc.collect()
 
 
 @pytest.hookimpl(trylast=True)
