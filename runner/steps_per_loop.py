@@ -48,7 +48,7 @@ REPORT_SECONDS = 10.0
 DEFAULT = 100
 ON_TPU = 1000
 _FIT_SPAN = 4  # Loop sizes this far apart fit a call's cost (MeasuredStepsPerLoop._fitted).
-_MOST_SIZES_FITTED = 8
+_MOST_SIZES_FITTED = 8  # Loop sizes remembered for that fit; the least recently run go first.
 
 
 def auto(trainer_config, *, tpu):
