@@ -50,9 +50,12 @@ def pytest_sessionfinish(session, exitstatus):
   session.config.stash[_EXIT_STATUS] = int(exitstatus)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config):
   """Exits with pytest's status once its report is out, skipping interpreter teardown.
+
+  First among the unconfigure hooks: pytest's own (9.x, unraisableexception)
+  runs `gc.collect()` several times, which deletes the leftover iterators.
 
   The guard for the same TensorFlow shutdown deadlock: whatever still holds
   an iterator (a traced function's closure, a module global) is not deleted.
