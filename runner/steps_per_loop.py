@@ -112,6 +112,7 @@ class MeasuredStepsPerLoop:
     self._call_seconds = None  # A call of zero steps.
     self._between_loops = []
     self._loop_seconds = {}  # steps -> the seconds of the latest warm loops of that many steps
+    self._fitted_call_seconds = None  # The call's cost as `_fitted` gave it after the latest loop.
     self._step_seconds = None
     self.size = min(FIRST, self._most)
 
@@ -145,6 +146,7 @@ class MeasuredStepsPerLoop:
     if steps:
       self._step_seconds = max(seconds - (self._call_seconds or 0.0), 1e-9) / steps
     fitted = self._fitted()
+    self._fitted_call_seconds = None if fitted is None else fitted[0]
     if fitted is not None:
       self._step_seconds = fitted[1]
     wanted = self._wanted()
@@ -159,8 +161,7 @@ class MeasuredStepsPerLoop:
 
   def _call_cost(self):
     """A call's own cost: fitted from loops of different sizes (`_fitted`), at least a zero-step call's time."""
-    fitted = self._fitted()
-    return self._call_seconds if fitted is None else fitted[0]
+    return self._call_seconds if self._fitted_call_seconds is None else self._fitted_call_seconds
 
   def _fitted(self):
     """`(call seconds, step seconds)` of the line through the median times of a small and a large loop size.
