@@ -41,7 +41,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -247,19 +246,8 @@ def run_child(run, args):
   contender, strategy, workload = run
   command = [sys.executable, "-m", "benchmarks.input_and_eval", f"--contender={contender}",
              f"--strategy={strategy}", f"--workload={workload}", f"--data_dir={args.data_dir}"]
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  try:
-    child = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout,
-                           check=False)
-  except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {args.timeout} s"}
-  lines = child.stdout.strip().splitlines()
-  row = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
-  if "examples_per_sec" in row or "error" in row:
-    return row
-  stderr = [line for line in child.stderr.strip().splitlines() if line.strip()]
-  return {"error": f"exit code {child.returncode}: {stderr[-1] if stderr else 'no output'}"}
+  return throughput.child_row(command, root=REPO_ROOT, env=dict(os.environ), timeout=args.timeout,
+                              measured="examples_per_sec")
 
 
 def run_all(args):

@@ -111,16 +111,24 @@ def run_contender(contender, strategy, args, root=REPO_ROOT):
   if args.workload != "mlp":  # Only then: a tree from before workloads (benchmarks.commits) knows no --workload.
     command.append(f"--workload={args.workload}")
   env = dict(os.environ)
-  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return child_row(command, root=root, env=env, timeout=args.timeout, measured="steps_per_sec")
+
+
+def child_row(command, *, root, env, timeout, measured):
+  """Runs a benchmark child importing `root`'s tree; returns the JSON row it printed last.
+
+  The row has `measured` (e.g. "steps_per_sec"), or "error": the child's
+  own, a timeout after `timeout` seconds, or its exit code and last stderr line.
+  """
+  env = {**env, "PYTHONPATH": root + os.pathsep + env.get("PYTHONPATH", "")}
   try:
-    child = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
-                           timeout=args.timeout, check=False)
+    child = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout, check=False)
   except subprocess.TimeoutExpired:
-    return {"error": f"timed out after {args.timeout} s"}
+    return {"error": f"timed out after {timeout} s"}
   lines = child.stdout.strip().splitlines()
   row = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
-  if "steps_per_sec" in row or "error" in row:
+  if measured in row or "error" in row:
     return row
   stderr = [line for line in child.stderr.strip().splitlines() if line.strip()]
   return {"error": f"exit code {child.returncode}: {stderr[-1] if stderr else 'no output'}"}
