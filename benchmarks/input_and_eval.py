@@ -19,8 +19,6 @@ as the Trainer's steps read their iterator), no Python per batch:
   AUTOTUNE prefetch;
 - `hand_vectorized`: the same, batching the serialized records first and
   parsing a batch with one `parse_example` (the tf.data guide's vectorized map);
-- `hand_vectorized_ordered`: `hand_vectorized` with the provider's record order:
-  8 files at once (`TFRecordFiles.FILES_READ_AT_ONCE`), deterministic;
 - `provider`: `runner.data.TFRecordFiles` as the Trainer reads it
   (`get_repeated_batches`, then prefetch, without the autotuning model, as `input_pipeline.for_training`);
 - `provider_get_dataset`: `TFRecordFiles.get_dataset` batched: records parsed one by one.
@@ -64,12 +62,12 @@ RECORDS_PER_FILE = 8192
 EVAL_EXAMPLES = 16_400  # 64 full batches of 256 and one of 16.
 TIMED_PASSES = 2
 TIMED_EVALUATIONS = 3
-INPUT = ("raw", "hand_map", "hand_vectorized", "hand_vectorized_ordered", "provider", "provider_get_dataset")
+INPUT = ("raw", "hand_map", "hand_vectorized", "provider", "provider_get_dataset")
 EVALUATION = ("keras_evaluate", "keras_evaluate_100", "trainer_evaluate")
-DEFAULT_CONTENDERS = ("raw", "hand_map", "hand_vectorized", "hand_vectorized_ordered", "provider",
-                      "provider_get_dataset", "keras_evaluate", "trainer_evaluate")
+DEFAULT_CONTENDERS = ("raw", "hand_map", "hand_vectorized", "provider", "provider_get_dataset", "keras_evaluate",
+                      "trainer_evaluate")
 WORKLOADS = ("mlp", "small")
-HAND_TUNED = ("hand_map", "hand_vectorized")  # What the target compares with; "ordered" shows the cost of order.
+HAND_TUNED = ("hand_map", "hand_vectorized")  # What the target compares with.
 # Issue 13, target 5.
 PROVIDER_VERSUS_HAND_TUNED = 0.95
 TRAINER_VERSUS_KERAS_EVALUATE = 1.0
@@ -109,12 +107,6 @@ def input_dataset(contender, pattern):
   autotune = tf.data.AUTOTUNE
   if contender == "raw":  # Sequential: on the benchmark machine, faster than any parallel read (docs/benchmarks.md).
     return tf.data.TFRecordDataset(files).batch(GLOBAL_BATCH_SIZE).prefetch(autotune)
-  if contender == "hand_vectorized_ordered":
-    records = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=runner.data.TFRecordFiles.FILES_READ_AT_ONCE,
-        num_parallel_calls=autotune, deterministic=True)
-    return records.batch(GLOBAL_BATCH_SIZE, drop_remainder=True).map(parse_batch, num_parallel_calls=autotune).prefetch(
-        autotune)
   if contender in HAND_TUNED:  # Every file at once: cycle_length=AUTOTUNE (the cores) read at half the speed.
     records = tf.data.Dataset.from_tensor_slices(files).interleave(
         tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=autotune, deterministic=False)
@@ -332,11 +324,6 @@ def target_rows(results, args):
     else:
       ratio = provider.median / best.median
       yield target, f"{ratio:.2f}x {best.contender}", "PASS" if ratio >= PROVIDER_VERSUS_HAND_TUNED else "FAIL"
-      ordered = results.get(("hand_vectorized_ordered", "one_device", "input"))
-      if ordered is not None and ordered.works:
-        ratio = provider.median / ordered.median
-        yield (f"provider >= {PROVIDER_VERSUS_HAND_TUNED}x hand_vectorized_ordered (the same record order)",
-               f"{ratio:.2f}x", "PASS" if ratio >= PROVIDER_VERSUS_HAND_TUNED else "FAIL")
   for strategy in args.strategies:
     for workload in WORKLOADS:
       trainer, keras_result = (results.get((name, strategy, workload)) for name in ("trainer_evaluate", "keras_evaluate"))

@@ -245,8 +245,11 @@ class TFRecordFiles(DatasetProvider):
   there are fewer records than pipelines (by record).
 
   The record stream is a function of the file list alone, the same on every
-  host: up to `FILES_READ_AT_ONCE` files are read at once, one record from
-  each in turn (TensorFlow's autotuned default depends on the host's cores).
+  host: up to `FILES_READ_AT_ONCE` files are read at once, in parallel,
+  `RECORDS_PER_TURN` records from each in turn (TensorFlow's autotuned cycle
+  depends on the host's cores, and one record per turn costs each record a
+  turn of the interleave: half the speed of reading,
+  docs/benchmarks.md#input-and-evaluation-issue-13-target-5).
 
   The Trainer reads batches (`get_batches`, `get_repeated_batches`): a batch
   of serialized records is read, then parsed by one vectorized call of
@@ -255,12 +258,16 @@ class TFRecordFiles(DatasetProvider):
   `parse_fn` returns to have a fixed shape, and TensorFlow to vectorize each
   of its ops; otherwise (said in one logged line) records are parsed one by
   one, as in `get_dataset`. Either way the batches hold the same examples in
-  the same order, and a record that cannot be read fails the batch it is in.
-  (A random op in `parse_fn` then draws for a whole batch at once: other
-  values than record by record, as deterministic for a seeded op.)
+  the same order. When every record is kept in the stream's order (sharding
+  by file, no shuffle) the batches are cut from the files' turns as they
+  come, with no step per record. A record that cannot be read fails the
+  first batch that needs its turn's records: the batch it is in or one
+  before. (A random op in `parse_fn` then draws for a whole batch at once:
+  other values than record by record, as deterministic for a seeded op.)
   """
 
   FILES_READ_AT_ONCE = 8
+  RECORDS_PER_TURN = 32
 
   def __init__(self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None,
                sharding=None):
@@ -304,11 +311,11 @@ class TFRecordFiles(DatasetProvider):
 
   def get_batches(self, input_context, batch_size):
     """As `DatasetProvider.get_batches`, a batch of records parsed at once where `parse_fn` vectorizes (see the class)."""
-    return self._parsed_batches(self._records(input_context), batch_size, drop_remainder=False)
+    return self._parsed_batches(input_context, batch_size, repeated=False, start=0)
 
   def get_repeated_batches(self, input_context, batch_size, start):
     """As `DatasetProvider.get_repeated_batches`, skipping records before parsing and parsing a batch at once."""
-    return self._parsed_batches(self._repeated_records(input_context, start), batch_size, drop_remainder=True)
+    return self._parsed_batches(input_context, batch_size, repeated=True, start=start)
 
   def _by_file(self, num_pipelines):
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
@@ -323,20 +330,27 @@ class TFRecordFiles(DatasetProvider):
         len(self.files), self.file_pattern, num_pipelines, self.sharding or "auto", num_pipelines)
     return False
 
-  def _records(self, input_context):
-    """This pipeline's serialized records, shuffled if asked (the shuffle comes before parsing)."""
+  def _turns(self, input_context):
+    """Returns `(turns, by_file)`: this pipeline's files read in turns of `RECORDS_PER_TURN` records (a vector each)."""
     num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
     by_file = self._by_file(num_pipelines)
     chosen = self.files[pipeline::num_pipelines] if by_file else self.files
     files = tf.data.Dataset.from_tensor_slices(chosen)
     if by_file and self.shuffle_buffer_size:
       files = files.shuffle(len(chosen), seed=self.seed, reshuffle_each_iteration=True)
-    records = files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type),
+    turns = files.interleave(
+        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(
+            self.RECORDS_PER_TURN),
         cycle_length=min(len(chosen), self.FILES_READ_AT_ONCE), num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True)
+    return turns, by_file
+
+  def _records(self, input_context):
+    """This pipeline's serialized records, shuffled if asked (the shuffle comes before parsing)."""
+    turns, by_file = self._turns(input_context)
+    records = turns.unbatch()
     if not by_file:
-      records = records.shard(num_pipelines, pipeline)
+      records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if self.shuffle_buffer_size:
       records = records.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
     return records
@@ -345,32 +359,42 @@ class TFRecordFiles(DatasetProvider):
     records = self._records(input_context).repeat()
     return records.skip(start) if start else records
 
+  def _record_batches(self, input_context, batch_size, *, repeated, start):
+    """Batches of serialized records: cut from the turns where every turn is kept whole and in order, else batched."""
+    turns, by_file = self._turns(input_context)
+    if by_file and not self.shuffle_buffer_size and start % batch_size == 0:
+      batches = (turns.repeat() if repeated else turns).rebatch(batch_size, drop_remainder=repeated)
+      return batches.skip(start // batch_size) if start else batches
+    records = self._repeated_records(input_context, start) if repeated else self._records(input_context)
+    return records.batch(batch_size, drop_remainder=repeated)
+
   def _parsed(self, records):
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
 
-  def _parsed_batches(self, records, batch_size, *, drop_remainder):
-    """`records` parsed and batched: by a vectorized `parse_fn` on batches of records where it vectorizes."""
+  def _parsed_batches(self, input_context, batch_size, *, repeated, start):
+    """Parsed batches of records (repeated: full ones, from record `start`): by a vectorized `parse_fn` where it vectorizes."""
+    records = self._repeated_records(input_context, start) if repeated else self._records(input_context)
     one_by_one = self._parsed(records)
     spec = one_by_one.element_spec
-    batches = records.batch(batch_size, drop_remainder=drop_remainder)
     why_not = None
     if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
       why_not = f"it returns parts without a fixed shape ({spec})"
     else:
+      batches = self._record_batches(input_context, batch_size, repeated=repeated, start=start)
       try:
         parsed = batches.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
       except (ValueError, TypeError, NotImplementedError) as error:  # An op without a vectorization.
         reason = re.search(r"No pfor vectorization defined for \S+", str(error))
         why_not = reason.group() if reason else type(error).__name__
       else:
-        size = batch_size if drop_remainder else None
+        size = batch_size if repeated else None
         if parsed.element_spec == tf.nest.map_structure(lambda s: tf.TensorSpec([size, *s.shape], s.dtype), spec):
           return parsed
         why_not = f"vectorized, it gives {parsed.element_spec}"  # e.g. a list where one record gives a tuple
     self._say_once(
         logging.info, "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
         getattr(self.parse_fn, "__name__", self.parse_fn), why_not)
-    return one_by_one.batch(batch_size, drop_remainder=drop_remainder)
+    return one_by_one.batch(batch_size, drop_remainder=repeated)
 
   def _parse_batch(self, records):
     return tf.vectorized_map(self.parse_fn, records, fallback_to_while_loop=False)

@@ -5,6 +5,7 @@ here, when pytest imports this file, before any test module is collected.
 Tests pick 1, 2 or all of these devices for their strategies.
 """
 
+import gc
 import os
 import sys
 
@@ -15,6 +16,13 @@ if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
 import strategies  # pylint: disable=g-import-not-at-top
+
+# The suite never collects reference cycles. A collection deletes every cyclic garbage Trainer of the
+# tests before, and with it its tf.data iterators; in TensorFlow 2.21 deleting an iterator whose
+# autotuning thread sleeps waits for that thread's timer (up to a minute), so one collection in a
+# later test stalled it for 15 s to over 3 min (20.6 min for the suite with collections, 14.9 min
+# without, at a peak of 2.1 GiB; docs/development.md#tests). Objects without cycles are still freed at once.
+gc.disable()
 
 _EXIT_STATUS = pytest.StashKey[int]()
 NUM_LOGICAL_CPUS = 4
@@ -42,10 +50,8 @@ def subprocess_env():
 def pytest_sessionfinish(session, exitstatus):
   """Keeps pytest's exit status for `pytest_unconfigure`.
 
-  The session's tf.data iterators are not deleted: in TensorFlow 2.21
-  deleting one waits for its autotune thread's timer (seconds to a minute
-  each; docs/benchmarks.md#input-without-the-autotuning-model-2026-11-25), and
-  during interpreter shutdown it can deadlock.
+  The session's leftover tf.data iterators are not deleted (see `gc.disable()`
+  above): during interpreter shutdown a deletion can also deadlock.
   """
   session.config.stash[_EXIT_STATUS] = int(exitstatus)
 

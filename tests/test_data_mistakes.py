@@ -195,10 +195,12 @@ def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
   trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=10)
   with pytest.raises(DataError) as raised:
     trainer.train(data, global_batch_size=8, steps=10)
-  # The two files are read in turn, one record each: record 20 of part-1 is the 42nd, in the batch of step 6.
-  # TensorFlow's reason names the offset of the record's data, after its 12-byte header.
+  # The two files are read in turns of 32 records: record 20 of part-1 is the 53rd, in the batch of step 7, and
+  # its turn (records 33 to 64) is first needed by step 5, which fails. TensorFlow's reason names the offset of
+  # the record's data, after its 12-byte header.
+  assert runner.data.TFRecordFiles.RECORDS_PER_TURN == 32
   assert str(raised.value) == (
-      f"The training data cannot be read at step 6: {paths[1]} is damaged at record 20 (counting from 0; corrupted "
+      f"The training data cannot be read at step 5: {paths[1]} is damaged at record 20 (counting from 0; corrupted "
       f"record at {offsets[1][20] + 12}). Replace or re-write that file, or leave it out of the data.")
 
 

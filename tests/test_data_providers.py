@@ -170,17 +170,20 @@ def _parse_with_string_length(record):
 
 
 @pytest.mark.parametrize("parse_fn", [_parse, _parse_with_string_length], ids=["vectorized", "record_by_record"])
-@pytest.mark.parametrize("shuffle", [0, 5])
-def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record(tmp_path, caplog, parse_fn, shuffle):
-  pattern = _write_records(tmp_path, num_files=3, per_file=7)
-  provider = data.TFRecordFiles(pattern, parse_fn, shuffle_buffer_size=shuffle, seed=2, sharding="data")
+@pytest.mark.parametrize("shuffle,sharding", [(0, "data"), (5, "data"), (0, "file")])
+def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record(tmp_path, caplog, parse_fn, shuffle,
+                                                                                 sharding):
+  # Sharding by file without a shuffle cuts the batches from whole turns of RECORDS_PER_TURN records.
+  pattern = _write_records(tmp_path, num_files=3, per_file=data.TFRecordFiles.RECORDS_PER_TURN + 7)
+  provider = data.TFRecordFiles(pattern, parse_fn, shuffle_buffer_size=shuffle, seed=2, sharding=sharding)
   with caplog.at_level(logging.INFO, logger="absl"):
     for context in (_context(0, 1), _context(1, 2)):
       assert _batches(provider.get_batches(context, 4)) == _batches(provider.get_dataset(context).batch(4))
-      for start in (0, 5, 23):  # Within the first epoch, and two epochs in.
-        batches = _batches(provider.get_repeated_batches(context, 4, start).take(8))
-        assert batches == _batches(provider.get_repeated_dataset(context, start).batch(4, drop_remainder=True).take(8))
-        assert len(batches) == 8
+      for start in (0, 5, 44, 120):  # Within the first epoch (44 a whole number of batches), and epochs in.
+        batches = _batches(provider.get_repeated_batches(context, 4, start).take(40))
+        assert batches == _batches(
+            provider.get_repeated_dataset(context, start).batch(4, drop_remainder=True).take(40))
+        assert len(batches) == 40
   said = [r.getMessage() for r in caplog.records if "record by record" in r.getMessage()]
   if parse_fn is _parse:
     assert said == []
@@ -190,10 +193,13 @@ def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record
 
 
 def test_the_record_stream_is_a_function_of_the_file_list_alone(tmp_path):
-  pattern = _write_records(tmp_path, num_files=3, per_file=2)
+  turn = data.TFRecordFiles.RECORDS_PER_TURN
+  pattern = _write_records(tmp_path, num_files=3, per_file=turn + 2)
   provider = data.TFRecordFiles(pattern, _parse, sharding="data")
-  assert _values(provider.get_dataset(_context(0, 1)), index=1) == [0, 100, 200, 1, 101, 201]  # one from each file
-  assert _values(provider.get_dataset(_context(1, 2)), index=1) == [100, 1, 201]
+  stream = list(range(turn)) + [100 + k for k in range(turn)] + [
+      200 + k for k in range(turn)] + [turn, turn + 1, 100 + turn, 101 + turn, 200 + turn, 201 + turn]
+  assert _values(provider.get_dataset(_context(0, 1)), index=1) == stream  # RECORDS_PER_TURN from each file in turn
+  assert _values(provider.get_dataset(_context(1, 2)), index=1) == stream[1::2]
 
 
 def test_data_without_files_is_sharded_by_example_and_file_says_so_once(caplog):
