@@ -20,7 +20,7 @@ import strategies  # pylint: disable=g-import-not-at-top
 # The suite never collects reference cycles. A collection deletes every cyclic garbage Trainer of the
 # tests before, and with it its tf.data iterators; in TensorFlow 2.21 deleting an iterator whose
 # autotuning thread sleeps waits for that thread's timer (up to a minute), so one collection in a
-# later test stalled it for 15 s to over 3 min (20.6 min for the suite with collections, 14.9 min
+# later test stalled it for 44 s to over 3 min (20.6 min for the suite with collections, 8.9 min
 # without, at a peak of 2.1 GiB; docs/development.md#tests). Objects without cycles are still freed at once.
 gc.disable()
 
