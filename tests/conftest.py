@@ -7,13 +7,23 @@ Tests pick 1, 2 or all of these devices for their strategies.
 
 import gc
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
+
+# Temporary files of this process and its children go to one folder, removed when the session ends: the
+# process ends with `os._exit` (below), which skips the `atexit` handlers that delete AutoGraph's
+# generated modules (thousands of `__autograph_generated_file*.py` per suite). pytest's own `tmp_path`
+# folders stay where they were, for looking into a failed test.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+SESSION_TEMP_DIR = tempfile.mkdtemp(prefix="tf-runner-tests-")
+os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TEMP_DIR
 
 import strategies  # pylint: disable=g-import-not-at-top
 
@@ -65,7 +75,9 @@ def pytest_unconfigure(config):
 
   The guard for the same TensorFlow shutdown deadlock: whatever still holds
   an iterator (a traced function's closure, a module global) is not deleted.
+  The session's temporary folder is removed first.
   """
+  shutil.rmtree(SESSION_TEMP_DIR, ignore_errors=True)
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(config.stash.get(_EXIT_STATUS, 0))
