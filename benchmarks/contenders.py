@@ -42,6 +42,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import runner  # pylint: disable=g-import-not-at-top
+from runner import process_exit  # pylint: disable=g-import-not-at-top
 import strategies  # pylint: disable=g-import-not-at-top
 
 NUM_FEATURES = 64
@@ -409,7 +410,7 @@ def main(argv=None):
     parser.error(str(error))
   print(json.dumps(row), flush=True)
   # Skip the interpreter's tear-down: deleting a live, autotuned dataset iterator can block for seconds.
-  os._exit(0)  # pylint: disable=protected-access
+  process_exit.exit_now(0)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import tensorflow as tf  # pylint: disable=unused-import
 TENSORFLOW_IMPORTED = time.time()
 
 from runner import Trainer  # pylint: disable=unused-import  (runner's names load on first use: this loads them)
+from runner import process_exit
 
 RUNNER_IMPORTED = time.time()
 
@@ -50,7 +51,7 @@ def main(argv=None):
             "strategy_start": strategy_start, "strategy_created": strategy_created, "trained": time.time()}
   print(json.dumps(stamps), flush=True)
   # Skip the interpreter's tear-down: deleting a live dataset iterator can block for seconds.
-  os._exit(0)  # pylint: disable=protected-access
+  process_exit.exit_now(0)
 
 
 if __name__ == "__main__":

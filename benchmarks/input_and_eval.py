@@ -54,6 +54,7 @@ from benchmarks import contenders as contenders_lib  # pylint: disable=g-import-
 from benchmarks import throughput  # pylint: disable=g-import-not-at-top
 import runner  # pylint: disable=g-import-not-at-top
 from runner import input_pipeline  # pylint: disable=g-import-not-at-top
+from runner import process_exit  # pylint: disable=g-import-not-at-top
 
 REPO_ROOT = throughput.REPO_ROOT
 GLOBAL_BATCH_SIZE = 256
@@ -376,7 +377,7 @@ def main(argv=None):
   if args.contender is not None:
     absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
     print(json.dumps(measure(args.contender, args.strategy, args.workload, args.data_dir)), flush=True)
-    os._exit(0)  # pylint: disable=protected-access  # Skip tearing down live dataset iterators (see contenders).
+    process_exit.exit_now(0)  # Skip tearing down live dataset iterators (see contenders).
   args.data_dir = tempfile.mkdtemp(prefix="input_and_eval-")
   try:
     write_records(args.data_dir)

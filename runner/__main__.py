@@ -44,7 +44,6 @@ tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner 
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
-import os
 import re
 import signal
 import sys
@@ -60,6 +59,7 @@ from strategies.errors import ClusterError, ConfigError, print_error_line
 
 from runner import config as config_lib
 from runner import preemption
+from runner import process_exit
 
 USER_ERROR_EXIT_CODE = 2
 NON_FINITE_EXIT_CODE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
@@ -197,7 +197,8 @@ def _run(command_line):
 def run_main():
   """The `tf-runner` console script and `python -m runner`: every way out ends the process at once.
 
-  Logs and output are flushed, then the process exits with `os._exit`,
+  Logs and output are flushed, then the process exits with
+  `process_exit.exit_now` (`os._exit` once AutoGraph's files are deleted),
   skipping interpreter teardown, where TensorFlow's tf.data can deadlock
   deleting a live iterator (a finished or failed run would then never end,
   and on a cluster would block every restart). Files are already complete:
@@ -218,9 +219,7 @@ def run_main():
     traceback.print_exc()  # A bug: keep its traceback.
   finally:
     absl_logging.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)  # pylint: disable=protected-access
+    process_exit.exit_now(status)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ the shell's exit status for that signal. A second Ctrl-C aborts at once,
 without saving.
 """
 
-import os
 import signal
 import sys
 import threading
 
 from absl import logging
+
+from runner import process_exit
 
 EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
@@ -48,5 +49,4 @@ class StopSignals:
                       NAMES[signum], " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "")
     elif signum == signal.SIGINT:
       sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-      sys.stderr.flush()
-      os._exit(EXIT_CODES[signal.SIGINT])  # pylint: disable=protected-access
+      process_exit.exit_now(EXIT_CODES[signal.SIGINT])

@@ -28,6 +28,7 @@ from absl import logging
 import tensorflow as tf
 
 from runner import preemption
+from runner import process_exit
 from strategies import cluster
 from strategies import peers
 from strategies.errors import ClusterError, ConfigError
@@ -125,5 +126,4 @@ def _exit_at_once(me, signum, frame):
   del frame
   sys.stderr.write(f"{preemption.NAMES[signum]} received: {me} stopped serving (the coordinator writes the "
                    "checkpoints; it fails if a ps task it needs is gone).\n")
-  sys.stderr.flush()
-  os._exit(preemption.EXIT_CODES[signum])  # pylint: disable=protected-access
+  process_exit.exit_now(preemption.EXIT_CODES[signum])

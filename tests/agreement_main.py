@@ -15,6 +15,7 @@ sys.path.insert(0, REPO)
 import numpy as np
 
 import runner
+from runner import process_exit
 
 
 def main(weights_file, workdir, *overrides):
@@ -26,5 +27,4 @@ def main(weights_file, workdir, *overrides):
 
 if __name__ == "__main__":
   main(*sys.argv[1:])
-  sys.stdout.flush()
-  os._exit(0)  # pylint: disable=protected-access  # See runner.__main__.run_main: no tf.data teardown.
+  process_exit.exit_now(0)  # See runner.__main__.run_main: no tf.data teardown.

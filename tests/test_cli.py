@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import portpicker
@@ -92,9 +93,12 @@ def cli_runs(tmp_path_factory):
         f"--config={SYNTHETIC}", "--config.strategy.name=multi_worker_mirrored",
         f"--config.strategy.worker_hosts={hosts!r}", f"--config.strategy.task_index={index}"]
   workdirs = {case: tmp / ("workers" if case.startswith("worker_") else case) for case in cases}  # one shared
+  (tmp / "quiet_tmpdir").mkdir()
+  temp_dirs = {"quiet": str(tmp / "quiet_tmpdir")}  # The run's own temporary folder, checked after it.
   processes = {
       case: subprocess.Popen([sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args,
-                             env=_with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
+                             env=dict(_with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
+                                      TMPDIR=temp_dirs.get(case, env.get("TMPDIR", tempfile.gettempdir()))),
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for case, args in cases.items()}
   results = {}
@@ -241,6 +245,13 @@ def test_a_successful_run_prints_only_the_projects_own_lines_on_stderr(cli_runs)
   lines = stderr.splitlines()
   assert not _foreign_lines(stderr), "\n".join(_foreign_lines(stderr))
   assert sum(bool(re.search(r"reporting.py:\d+\] step \d+/40: ", line)) for line in lines) == 2  # One per loop.
+
+
+def test_a_run_leaves_nothing_in_the_temporary_folder(cli_runs):
+  """AutoGraph writes a module per converted function there; the CLI's exit skips its atexit removal, so deletes them."""
+  returncode, _, stderr, workdir = cli_runs["quiet"]
+  assert returncode == 0, stderr[-3000:]
+  assert os.listdir(workdir.parent / "quiet_tmpdir") == []
 
 
 def test_a_user_who_sets_the_log_level_sees_tensorflows_output(cli_runs):
