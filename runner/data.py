@@ -307,7 +307,7 @@ class TFRecordFiles(DatasetProvider):
 
   def get_repeated_dataset(self, input_context, start):
     """As `DatasetProvider.get_repeated_dataset`, skipping serialized records before parsing them."""
-    return self._parsed(self._repeated_records(input_context, start))
+    return self._parsed(self._records(input_context, repeated=True, start=start))
 
   def get_batches(self, input_context, batch_size):
     """As `DatasetProvider.get_batches`, a batch of records parsed at once where `parse_fn` vectorizes (see the class)."""
@@ -345,27 +345,30 @@ class TFRecordFiles(DatasetProvider):
         deterministic=True)
     return turns, by_file
 
-  def _records(self, input_context):
-    """This pipeline's serialized records, shuffled if asked (the shuffle comes before parsing)."""
+  def _records(self, input_context, *, repeated=False, start=0):
+    """This pipeline's serialized records (repeated: without end, from record `start`), shuffled if asked."""
     turns, by_file = self._turns(input_context)
+    return self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
+
+  def _records_of(self, turns, by_file, input_context, *, repeated, start):
+    """The records of `turns` (see `_turns`) for this pipeline; the shuffle comes before parsing."""
     records = turns.unbatch()
     if not by_file:
       records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if self.shuffle_buffer_size:
       records = records.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
-    return records
-
-  def _repeated_records(self, input_context, start):
-    records = self._records(input_context).repeat()
+    if repeated:
+      records = records.repeat()
     return records.skip(start) if start else records
 
-  def _record_batches(self, input_context, batch_size, *, repeated, start):
-    """Batches of serialized records: cut from the turns where every turn is kept whole and in order, else batched."""
-    turns, by_file = self._turns(input_context)
+  def _record_batches(self, turns, by_file, records, batch_size, *, repeated, start):
+    """Batches of serialized records: cut from `turns` where every turn is kept whole and in order, else of `records`.
+
+    `turns, by_file` are `_turns`'s; `records` is `_records_of` them, for the same `repeated` and `start`.
+    """
     if by_file and not self.shuffle_buffer_size and start % batch_size == 0:
       batches = (turns.repeat() if repeated else turns).rebatch(batch_size, drop_remainder=repeated)
       return batches.skip(start // batch_size) if start else batches
-    records = self._repeated_records(input_context, start) if repeated else self._records(input_context)
     return records.batch(batch_size, drop_remainder=repeated)
 
   def _parsed(self, records):
@@ -373,14 +376,15 @@ class TFRecordFiles(DatasetProvider):
 
   def _parsed_batches(self, input_context, batch_size, *, repeated, start):
     """Parsed batches of records (repeated: full ones, from record `start`): by a vectorized `parse_fn` where it vectorizes."""
-    records = self._repeated_records(input_context, start) if repeated else self._records(input_context)
+    turns, by_file = self._turns(input_context)
+    records = self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
     one_by_one = self._parsed(records)
     spec = one_by_one.element_spec
     why_not = None
     if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
       why_not = f"it returns parts without a fixed shape ({spec})"
     else:
-      batches = self._record_batches(input_context, batch_size, repeated=repeated, start=start)
+      batches = self._record_batches(turns, by_file, records, batch_size, repeated=repeated, start=start)
       try:
         parsed = batches.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
       except (ValueError, TypeError, NotImplementedError) as error:  # An op without a vectorization.
