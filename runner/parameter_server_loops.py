@@ -70,6 +70,12 @@ class _StepNumbered(data_lib.DatasetProvider):
   def get_repeated_dataset(self, input_context, start):
     return _numbered(self._provider.get_repeated_dataset(input_context, start), start)
 
+  def get_repeated_batches(self, input_context, batch_size, start):
+    """The provider's own batches (e.g. TFRecordFiles' parsed at once), their examples numbered as one by one."""
+    batches = self._provider.get_repeated_batches(input_context, batch_size, start)
+    return tf.data.Dataset.zip((tf.data.Dataset.counter(start, batch_size), batches)).map(
+        lambda first, batch: ((first + tf.range(batch_size, dtype=tf.int64), batch[0]),) + tuple(batch[1:]))
+
 
 def _numbered(dataset, start):
   """`dataset`'s elements `(features, labels[, weight])` as `((number, features), labels[, weight])`, from `start`."""

@@ -194,6 +194,12 @@ class _WithoutAutotune(data_lib.DatasetProvider):
   def get_repeated_dataset(self, input_context, start):
     return self._provider.get_repeated_dataset(input_context, start).with_options(self._options)
 
+  def get_batches(self, input_context, batch_size):
+    return self._provider.get_batches(input_context, batch_size).with_options(self._options)
+
+  def get_repeated_batches(self, input_context, batch_size, start):
+    return self._provider.get_repeated_batches(input_context, batch_size, start).with_options(self._options)
+
 
 def _verdict(problem, *, num_replicas, devices, steps_per_loop, train_steps=0, eval_examples=0):
   return TPUCheckResult(passed=problem is None, problem=problem, num_replicas=num_replicas, devices=devices,

@@ -22,6 +22,8 @@ from runner import builtin_datasets
 from runner import config as config_lib
 from runner import data
 from runner import input_pipeline
+from runner import parameter_server_loops
+from runner import tpu_check
 from strategies import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -190,6 +192,37 @@ def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record
   else:  # once per provider, with TensorFlow's reason
     assert said == ["TFRecordFiles: parsing record by record, as parse_fn '_parse_with_string_length' does not "
                     "vectorize: No pfor vectorization defined for StringLength."]
+
+
+class _OwnBatches(data.InMemory):
+  """Makes batches of its own for training: every label in them is -1."""
+
+  def get_repeated_batches(self, input_context, batch_size, start):
+    return super().get_repeated_batches(input_context, batch_size, start).map(lambda f, l: (f, -tf.ones_like(l)))
+
+
+def _flat_batches(dataset):
+  return [[np.asarray(part).tolist() for part in tf.nest.flatten(batch)] for batch in dataset.as_numpy_iterator()]
+
+
+def test_the_parameter_server_and_tpu_check_wrappers_train_on_the_providers_own_batches(tmp_path):
+  pattern = _write_records(tmp_path, num_files=2, per_file=data.TFRecordFiles.RECORDS_PER_TURN + 7)
+  records = data.TFRecordFiles(pattern, _parse, sharding="file")
+  own = _OwnBatches(np.arange(24, dtype=np.float32).reshape(12, 2), np.arange(12, dtype=np.int32))
+  for wrap in (parameter_server_loops._StepNumbered, tpu_check._WithoutAutotune):
+    for start in (0, 8, 44):  # As the default: numbered (parameter servers) example by example, from `start`.
+      wrapped = wrap(records)
+      batches = _flat_batches(wrapped.get_repeated_batches(_context(0, 1), 4, start).take(30))
+      assert batches == _flat_batches(
+          data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30))
+      assert len(batches) == 30
+    labels = [batch[-1] for batch in _flat_batches(wrap(own).get_repeated_batches(_context(0, 1), 4, 0).take(3))]
+    assert labels == [[-1] * 4] * 3  # the provider's own batches
+  first_numbers = [batch[0][0] for batch in _flat_batches(
+      parameter_server_loops._StepNumbered(own).get_repeated_batches(_context(0, 1), 4, 8).take(3))]
+  assert first_numbers == [8, 12, 16]
+  options = tpu_check._WithoutAutotune(records).get_repeated_batches(_context(0, 1), 4, 0).options()
+  assert options.autotune.enabled is False
 
 
 def test_the_record_stream_is_a_function_of_the_file_list_alone(tmp_path):
