@@ -1,24 +1,30 @@
-"""The Trainer's cost per step and per call against the hand-written loop's, all in one process.
+"""The Trainer's cost per step and per call against the hand-written loop's (and Orbit's), all in one process.
 
-`python -m benchmarks.step_overhead [--strategy=mirrored2] [--workload=small] [--rounds=5] [--steps=3000]`
+`python -m benchmarks.step_overhead [--strategy=mirrored2] [--workload=small] [--rounds=5] [--steps=3000]
+[--contenders=trainer_100,trainer_1000,loop_100,loop_1000]`
 
 `benchmarks.throughput` runs each contender in a process of its own, as the
 issue's peer harness does; on a shared 2-core host the same contender's
 rounds there spread by 10 to 40%, more than the few percent this compares.
-Here the four contenders share one process, one strategy and the same
-workload (`benchmarks.contenders`): the Trainer and the hand-written loop
-(`loop`), each at 100 and at 1000 steps per call, each with its own model
-and input. After 1000 warm-up steps each, every round times `--steps` steps
-of each contender in turn (the order rotates). The report gives, per
-contender, the median milliseconds per step (wall and CPU of the process),
-the Trainer's ratio to the loop at the same steps per call (the loop's time
-over the Trainer's: above 1.0x the Trainer is faster), and each kind's cost
-of a call, `100 * (ms/step at 100 - ms/step at 1000)`.
+Here the contenders share one process, one strategy and the same workload
+(`benchmarks.contenders`), each with its own model and input. A contender is
+`KIND_N`: a kind of `benchmarks.contenders` (`trainer`, `loop`, `orbit`,
+which needs Orbit installed, see docs/benchmarks.md) at N steps per call
+(`trainer_auto`: `steps_per_loop="auto"`). After 1000 warm-up steps each,
+every round times `--steps` steps of each contender in turn (the order
+rotates). The report gives, per contender, the median milliseconds per step
+(wall and CPU of the process) and its ratio to `loop_N` at the same steps
+per call (the loop's time over the contender's: above 1.0x it is faster);
+then `trainer_N` against `orbit_N`, `trainer_auto` against the fastest fixed
+`trainer_N`, and each kind's cost of a call, `100 * (ms/step at 100 - ms/step
+at 1000)`, where those contenders ran.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,9 +35,20 @@ from benchmarks import contenders  # pylint: disable=g-import-not-at-top
 from benchmarks import throughput  # pylint: disable=g-import-not-at-top
 from runner import process_exit  # pylint: disable=g-import-not-at-top
 
-KINDS = ("trainer", "loop")
-STEPS_PER_CALL = (100, 1000)
+KINDS = ("trainer", "loop", "orbit")
+DEFAULT_CONTENDERS = "trainer_100,trainer_1000,loop_100,loop_1000"
 WARMUP_STEPS = 1000
+
+
+def parse_contender(name):
+  """Returns `(kind, steps per call)` for a name `KIND_N` or `trainer_auto`; raises ValueError naming the valid forms."""
+  kind, _, per_call = name.rpartition("_")
+  if name == "trainer_auto":
+    return kind, "auto"
+  if kind in KINDS and per_call.isdigit() and int(per_call) > 0 and WARMUP_STEPS % int(per_call) == 0:
+    return kind, int(per_call)
+  raise ValueError(f"unknown contender {name!r}: use KIND_N with KIND one of {', '.join(KINDS)} and N a divisor "
+                   f"of {WARMUP_STEPS} (e.g. loop_100), or trainer_auto.")
 
 
 def parse_args(argv=None):
@@ -41,7 +58,15 @@ def parse_args(argv=None):
   parser.add_argument("--workload", default="small", choices=sorted(contenders.WORKLOADS))
   parser.add_argument("--rounds", type=int, default=5, help="rounds; the table shows medians")
   parser.add_argument("--steps", type=int, default=3000, help="timed steps per contender and round (a multiple of 1000)")
+  parser.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated KIND_N names (see above)")
   args = parser.parse_args(argv)
+  try:
+    args.contenders = [parse_contender(name) for name in args.contenders.split(",")]
+  except ValueError as error:
+    parser.error(str(error))
+  for kind, _ in args.contenders:
+    if kind == "orbit" and contenders.unavailable("orbit_100"):
+      parser.error(f"orbit: {contenders.unavailable('orbit_100')}")
   if args.rounds < 1:
     parser.error(f"--rounds must be >= 1, got {args.rounds}.")
   if args.steps < 1000 or args.steps % 1000:
@@ -53,14 +78,15 @@ def measure(args):
   """Returns {(kind, steps per call): [(wall ms/step, CPU ms/step) per round]}."""
   strategy = contenders.make_strategy(args.strategy)
   workload = contenders.WORKLOADS[args.workload]
-  timed_trains = {(kind, per_call): contenders.WARM_UPS[kind](strategy, per_call, WARMUP_STEPS, workload)
-                  for kind in KINDS for per_call in STEPS_PER_CALL}
-  order = list(timed_trains)
-  rounds = {key: [] for key in order}
-  for round_index in range(args.rounds):
-    for key in order[round_index % len(order):] + order[:round_index % len(order)]:
-      timing = timed_trains[key](args.steps)
-      rounds[key].append((1000 * timing["seconds"] / args.steps, 1000 * timing["cpu_seconds"] / args.steps))
+  with contextlib.redirect_stdout(sys.stderr):  # Orbit's progress lines; stdout carries the report only.
+    timed_trains = {(kind, per_call): contenders.WARM_UPS[kind](strategy, per_call, WARMUP_STEPS, workload)
+                    for kind, per_call in args.contenders}
+    order = list(timed_trains)
+    rounds = {key: [] for key in order}
+    for round_index in range(args.rounds):
+      for key in order[round_index % len(order):] + order[:round_index % len(order)]:
+        timing = timed_trains[key](args.steps)
+        rounds[key].append((1000 * timing["seconds"] / args.steps, 1000 * timing["cpu_seconds"] / args.steps))
   return rounds
 
 
@@ -73,13 +99,22 @@ def report(rounds, args, machine_before, minutes):
   print("|---|---:|---:|---|---:|---|")
   wall = {key: statistics.median(w for w, _ in values) for key, values in rounds.items()}
   for (kind, per_call), values in rounds.items():
-    ratio, versus = ("—", "(reference)") if kind == "loop" else (
-        f"{wall['loop', per_call] / wall[kind, per_call]:.3f}x", f"loop_{per_call}")
+    ratio, versus = ("—", "(reference)" if kind == "loop" else "—") if kind == "loop" or (
+        "loop", per_call) not in wall else (f"{wall['loop', per_call] / wall[kind, per_call]:.3f}x", f"loop_{per_call}")
     print(f"| {kind}_{per_call} | {wall[kind, per_call]:.4f} | {ratio} | {versus} | "
           f"{statistics.median(c for _, c in values):.3f} | {', '.join(f'{w:.4f}' for w, _ in values)} |")
   print()
+  for kind, per_call in wall:
+    if kind == "trainer" and ("orbit", per_call) in wall:
+      print(f"- trainer_{per_call} against orbit_{per_call}: {wall['orbit', per_call] / wall[kind, per_call]:.3f}x")
+  fixed = [key for key in wall if key[0] == "trainer" and key[1] != "auto"]
+  if ("trainer", "auto") in wall and fixed:
+    fastest = min(fixed, key=wall.get)
+    print(f"- trainer_auto against the fastest fixed size, trainer_{fastest[1]}: "
+          f"{wall[fastest] / wall['trainer', 'auto']:.3f}x")
   for kind in KINDS:
-    print(f"- cost of a call, {kind}: {100 * (wall[kind, 100] - wall[kind, 1000]):.2f} ms")
+    if (kind, 100) in wall and (kind, 1000) in wall:
+      print(f"- cost of a call, {kind}: {100 * (wall[kind, 100] - wall[kind, 1000]):.2f} ms")
 
 
 def main(argv=None):
