@@ -99,8 +99,10 @@ def report(rounds, args, machine_before, minutes):
   print("|---|---:|---:|---|---:|---|")
   wall = {key: statistics.median(w for w, _ in values) for key, values in rounds.items()}
   for (kind, per_call), values in rounds.items():
-    ratio, versus = ("—", "(reference)" if kind == "loop" else "—") if kind == "loop" or (
-        "loop", per_call) not in wall else (f"{wall['loop', per_call] / wall[kind, per_call]:.3f}x", f"loop_{per_call}")
+    if kind != "loop" and ("loop", per_call) in wall:
+      ratio, versus = f"{wall['loop', per_call] / wall[kind, per_call]:.3f}x", f"loop_{per_call}"
+    else:
+      ratio, versus = "—", "(reference)" if kind == "loop" else "—"
     print(f"| {kind}_{per_call} | {wall[kind, per_call]:.4f} | {ratio} | {versus} | "
           f"{statistics.median(c for _, c in values):.3f} | {', '.join(f'{w:.4f}' for w, _ in values)} |")
   print()

@@ -14,22 +14,19 @@ AUTOGRAPH_MODULE_PREFIX = "__autograph_generated_file"
 
 
 def remove_autograph_modules():
-  """Deletes the files of the modules AutoGraph generated in this process; returns how many it deleted.
+  """Deletes the files of the modules AutoGraph generated in this process.
 
   The modules stay loaded: only their source files go, which nothing reads
   once a module has run. A file already gone is skipped.
   """
-  removed = 0
   for name, module in list(sys.modules.items()):
     path = getattr(module, "__file__", None)
     if not (name.startswith(AUTOGRAPH_MODULE_PREFIX) and path):
       continue
     try:
       os.remove(path)
-      removed += 1
     except FileNotFoundError:
       pass
-  return removed
 
 
 def exit_now(status):
