@@ -94,11 +94,15 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy,
 
 
 def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
-  long_loops = _run_args(train_steps=200000, steps_per_loop=2000, checkpoint_every=2000)
+  # Loops of several seconds (about 9 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
+  # where Python runs no signal handler until the loop's call returns.
+  long_loops = _run_args(train_steps=1000000, steps_per_loop=20000, checkpoint_every=20000)
   run = Run(tmp_path / "run", long_loops + ONE_DEVICE, subprocess_env)
-  run.wait_for_rows(1)
+  checkpoints = str(tmp_path / "run" / "checkpoints")
+  run.wait_for(lambda: tf.train.latest_checkpoint(checkpoints) is not None, "the first loop's checkpoint")
   run.process.send_signal(signal.SIGINT)
-  time.sleep(0.2)
+  run.wait_for(lambda: "Press Ctrl-C again to abort without saving." in run.stderr(), "the first Ctrl-C's line",
+               timeout=5)  # Said at once, not when the loop ends.
   run.process.send_signal(signal.SIGINT)
   sent = time.monotonic()
   status, _, stderr = run.wait()
@@ -107,8 +111,8 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env)
   assert "Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint." in stderr
   assert "Stopped by" not in stderr
   _no_traceback(stderr)
-  latest = tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints"))
-  assert latest.endswith(f"ckpt-{run.train_rows()[-1]['step']}")  # The last loop's checkpoint, complete.
+  assert [row["step"] for row in run.train_rows()] == [20000]  # Aborted within the second loop.
+  assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-20000")
   assert _final_values(tmp_path / "run")
 
 
