@@ -66,10 +66,9 @@ class _SignalWatch:
   """
 
   def __init__(self):
-    self._read, write = os.pipe()
-    os.set_blocking(write, False)
-    self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    self._write = write
+    self._read, self._write = os.pipe()
+    os.set_blocking(self._write, False)
+    self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
     self._thread = threading.Thread(target=self._watch, name="stop-signal-watch", daemon=True)
     self._thread.start()
 

@@ -19,12 +19,13 @@ if REPO_ROOT not in sys.path:
 
 # Temporary files of this process and its children go to one folder, removed when the session ends: the
 # process ends with `os._exit` (below), which skips the `atexit` handlers that delete AutoGraph's
-# generated modules (thousands of `__autograph_generated_file*.py` per suite). pytest's own `tmp_path`
-# folders stay where they were, for looking into a failed test.
+# generated modules (thousands of `__autograph_generated_file*.py` per suite), and a child killed in a
+# test deletes nothing. pytest's own `tmp_path` folders stay where they were, for looking into a failed test.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 SESSION_TEMP_DIR = tempfile.mkdtemp(prefix="tf-runner-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TEMP_DIR
 
+from runner import process_exit  # pylint: disable=g-import-not-at-top
 import strategies  # pylint: disable=g-import-not-at-top
 
 # The suite never collects reference cycles. A collection deletes every cyclic garbage Trainer of the
@@ -78,6 +79,4 @@ def pytest_unconfigure(config):
   The session's temporary folder is removed first.
   """
   shutil.rmtree(SESSION_TEMP_DIR, ignore_errors=True)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(config.stash.get(_EXIT_STATUS, 0))
+  process_exit.exit_now(config.stash.get(_EXIT_STATUS, 0))

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import portpicker
@@ -98,7 +97,7 @@ def cli_runs(tmp_path_factory):
   processes = {
       case: subprocess.Popen([sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args,
                              env=dict(_with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
-                                      TMPDIR=temp_dirs.get(case, env.get("TMPDIR", tempfile.gettempdir()))),
+                                      TMPDIR=temp_dirs.get(case, env["TMPDIR"])),  # conftest sets one
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for case, args in cases.items()}
   results = {}
