@@ -28,6 +28,7 @@ setuptools.setup(
         "absl-py>=1.0",
         "ml-collections>=0.1.1",
         "numpy",
+        "protobuf",  # Its text format, for the checkpoint list; TensorFlow depends on it anyway.
     ],
     extras_require={
         "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0", "tensorboard>=2.16",

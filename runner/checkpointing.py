@@ -6,6 +6,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from runner import checkpoint_list
 from runner import worker_files
 from strategies.errors import ConfigError
 
@@ -13,8 +14,14 @@ DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.
 
 
 def latest(model_dir):
-  """Returns the path of the newest checkpoint the Trainer wrote under `model_dir`, or None."""
-  return tf.train.latest_checkpoint(os.path.join(model_dir, DIRECTORY))
+  """Returns the path of the newest checkpoint the Trainer wrote under `model_dir`, or None.
+
+  It is the first one `Checkpoints.restore_latest` tries: the newest of the
+  checkpoint list, which is completed from the `ckpt-N` files when it is
+  missing or damaged (see `checkpoint_list`). Restoring falls back to an
+  older one if it cannot be read.
+  """
+  return checkpoint_list.read(os.path.join(model_dir, DIRECTORY)).newest
 
 
 def latest_step(model_dir):
@@ -43,7 +50,12 @@ class Checkpoints:
   What can go wrong on disk is handled so that no work is lost silently:
   - a checkpoint is listed in the directory's `checkpoint` state file only
     once it is completely written, so a process killed while writing leaves
-    the previous one as the latest;
+    the previous one as the latest; what such a save left (`ckpt-N_temp/`)
+    is removed when training starts again (`remove_interrupted_saves`);
+  - a state file that is missing or damaged (removed, truncated, zeroed,
+    empty, garbled) is rebuilt from the `ckpt-N` files, with a warning, and
+    rewritten at the next save, so that `max_to_keep` rotates every
+    checkpoint on disk, oldest first (see `checkpoint_list`);
   - a latest checkpoint that cannot be read (truncated, corrupt) is skipped
     for the one before it, with a warning naming it; if none can be read,
     restoring fails with an error naming each;
@@ -81,9 +93,11 @@ class Checkpoints:
         (another architecture, optimizer or precision wrote it), or no
         listed checkpoint can be read. Either way no variable changed.
     """
-    candidates = self._listed_newest_first()
+    checkpoints = checkpoint_list.read(self.directory)
+    if checkpoints.rebuilt_warning():
+      logging.warning("%s", checkpoints.rebuilt_warning())
     unreadable = []
-    for path in candidates:
+    for path in reversed(checkpoints.paths):
       try:
         self._restore_all_or_nothing(path)
       except UnreadableCheckpoint as damage:
@@ -116,7 +130,7 @@ class Checkpoints:
       try:
         if directory == self.directory:
           if self._manager is None:
-            self._manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=self._max_to_keep)
+            self._manager = self._new_manager()
           path = self._manager.save(checkpoint_number=step)
         else:
           path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
@@ -132,19 +146,35 @@ class Checkpoints:
       logging.info("Saved checkpoint %s.", path)
     return path
 
-  def _listed_newest_first(self):
-    try:
-      state = tf.train.get_checkpoint_state(self.directory)
-    except Exception as error:  # pylint: disable=broad-except  # A damaged state file: text_format errors.
-      raise ConfigError(
-          f"The checkpoint list {os.path.join(self.directory, 'checkpoint')} cannot be read ({_first_line(error)}); "
-          f"repair or remove it.") from None
-    if state is None or not state.model_checkpoint_path:
-      return []
-    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
-    if state.model_checkpoint_path not in paths:
-      paths.append(state.model_checkpoint_path)
-    return [p if os.path.isabs(p) or "://" in p else os.path.join(self.directory, p) for p in reversed(paths)]
+  def remove_interrupted_saves(self):
+    """On the chief, deletes the `ckpt-N_temp/` directories that saves killed part-way left.
+
+    Call it after restoring and before this run saves: no save of this run
+    is in flight then, and a save of another process writes elsewhere (a
+    non-chief worker's scratch directory).
+    """
+    if not self._strategy.extended.should_checkpoint:
+      return
+    for leftover in checkpoint_list.interrupted_saves(self.directory):
+      try:
+        tf.io.gfile.rmtree(leftover)
+      except (tf.errors.OpError, OSError) as error:
+        logging.warning("Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
+                        leftover, _first_line(error))
+        continue
+      logging.info("Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).",
+                   leftover)
+
+  def _new_manager(self):
+    """The chief's `tf.train.CheckpointManager`, after the checkpoint list is rewritten if it had to be rebuilt.
+
+    The manager learns the checkpoints on disk from the list, and rotates
+    them by `max_to_keep` in its order.
+    """
+    checkpoints = checkpoint_list.read(self.directory)
+    if checkpoints.problem is not None:
+      checkpoint_list.write(checkpoints)
+    return tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self._max_to_keep)
 
   def _restore_all_or_nothing(self, path):
     """Restores `path`; if that fails part-way, puts every variable back as it was, then raises.
@@ -173,7 +203,7 @@ class Checkpoints:
 
   def _remove_unlisted(self, prefix):
     """Deletes what a failed save of `prefix` left, unless the state file lists it."""
-    if prefix in self._listed_newest_first():
+    if prefix in checkpoint_list.read(os.path.dirname(prefix)).listed:
       return
     for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
       try:

@@ -4,6 +4,7 @@ import datetime
 import json
 import os
 import time
+import uuid
 
 from absl import logging
 import tensorflow as tf
@@ -31,6 +32,11 @@ class Reporter:
   row is on disk when the report returns; a remote one is written on `flush`.
   Scalars are buffered (see `_BufferedScalars`); the Trainer flushes at the end
   of every train and evaluate call.
+
+  A run that resumes at step S trains again the steps a stopped run took past
+  its last checkpoint: `resume_at(S)` has the rows of `metrics.jsonl` past S
+  dropped, so each step has one row. TensorBoard's event files have no such
+  purge: TensorBoard shows both runs' points for the replayed steps.
   """
 
   def __init__(self, model_dir, *, is_chief):
@@ -41,6 +47,20 @@ class Reporter:
     self._dir = model_dir if is_chief else None
     self._jsonl = None
     self._scalars = {}  # split -> _BufferedScalars
+    self._resumed_at = None  # The step `resume_at` gave, until the rows past it are dropped.
+    self._resumed = False
+
+  def resume_at(self, step):
+    """Says that training (re)starts at global step `step`: rows of `metrics.jsonl` past it are dropped.
+
+    They were written by a run that stopped (killed, crashed) before its
+    next checkpoint, whose steps this run trains again. They are dropped
+    when this run writes its first row, so a run that fails before leaves
+    the file as it was. Only the first call counts: later ones come from
+    this process, which wrote no row past its own step.
+    """
+    if self._dir is not None and not self._resumed:
+      self._resumed, self._resumed_at = True, step
 
   def train_loop(self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec,
                  tracing_seconds=None):
@@ -82,6 +102,12 @@ class Reporter:
       self._jsonl.flush()
 
   def _write_row(self, row):
+    if self._resumed_at is not None:
+      if self._jsonl is not None:
+        self._jsonl.close()
+        self._jsonl = None
+      _drop_rows_past(os.path.join(self._dir, "metrics.jsonl"), self._resumed_at)
+      self._resumed_at = None
     if self._jsonl is None:
       tf.io.gfile.makedirs(self._dir)
       path = os.path.join(self._dir, "metrics.jsonl")
@@ -94,6 +120,49 @@ class Reporter:
     if split not in self._scalars:
       self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
+
+
+def _drop_rows_past(path, step):
+  """Rewrites the `metrics.jsonl` at `path` without its rows past `step` (and a last row cut short), if it has any.
+
+  The file is written anew and renamed over the old one (`tf.io.gfile`, so a
+  `gs://` path works too): a reader or a crash sees the old rows or the new
+  ones, never a mix. Other lines are kept as they are.
+  """
+  if not tf.io.gfile.exists(path):
+    return
+  with tf.io.gfile.GFile(path, "rb") as f:
+    lines = f.read().splitlines(keepends=True)
+  kept = []
+  for line in lines:
+    row = _parsed(line)
+    if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step:
+      continue
+    if not line.endswith(b"\n"):  # The last line, cut short by a crash unless it parses.
+      if row is None:
+        continue
+      line += b"\n"
+    kept.append(line)
+  if kept == lines:
+    return
+  temporary = f"{path}.tmp{uuid.uuid4().hex}"
+  try:
+    with tf.io.gfile.GFile(temporary, "wb") as f:
+      f.write(b"".join(kept))
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+  finally:
+    if tf.io.gfile.exists(temporary):
+      tf.io.gfile.remove(temporary)
+  logging.info("Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
+               "this run trains those steps again.", len(lines) - len(kept), path, step)
+
+
+def _parsed(line):
+  """The JSON value of `line`, or None if it is not one."""
+  try:
+    return json.loads(line)
+  except ValueError:
+    return None
 
 
 class _BufferedScalars:

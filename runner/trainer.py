@@ -213,6 +213,9 @@ class Trainer:
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
     first_step = self._global_step
+    if self._checkpoints is not None:
+      self._checkpoints.remove_interrupted_saves()
+    self._reporter.resume_at(self._global_step)
     with preemption.StopSignals() as signals:
       try:
         try:

@@ -1,0 +1,165 @@
+"""The checkpoints of a directory: the list in its `checkpoint` file, completed from the `ckpt-N` files themselves.
+
+`tf.train.CheckpointManager` lists its checkpoints, oldest first, in the
+directory's `checkpoint` file (a text protobuf), rewritten once a new
+checkpoint is complete. TensorFlow reads a removed, truncated or zeroed list
+as "no checkpoint" (a run would start again from step 0 over the checkpoints
+still there) and an empty or garbled one as an exception. Here the list is
+completed from the `ckpt-N.index` files (each one's `.index` is the last file
+a checkpoint write completes), so every reader sees the same checkpoints
+whatever happened to the list, and `write` puts a sound list back atomically.
+"""
+
+import dataclasses
+import os
+import re
+from typing import Optional, Tuple
+import uuid
+
+from google.protobuf import text_format
+import tensorflow as tf
+from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=g-direct-tensorflow-import
+
+PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
+LIST_FILE = "checkpoint"
+# What a save leaves when its process dies before the save completes: `Checkpoint.write` writes the shards of
+# `ckpt-N` under `ckpt-N_temp/`, then merges them into `ckpt-N.index` and `ckpt-N.data-*` and deletes that directory.
+INTERRUPTED_SAVE_SUFFIX = "_temp"
+_NUMBERED = re.compile(rf"^{PREFIX}-(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointList:
+  """The checkpoints of a directory, oldest first.
+
+  Attributes:
+    directory: the checkpoint directory.
+    paths: the checkpoints' path prefixes (`DIRECTORY/ckpt-N`), oldest first:
+      those the list file names, in its order, when it names every `ckpt-N`
+      on disk; else those it names and those on disk, by step.
+    listed: the paths the list file itself names.
+    problem: None when the list file names every checkpoint on disk; else
+      what is wrong with it, a phrase that follows "The checkpoint list FILE"
+      (e.g. "is missing", "cannot be read (UnicodeDecodeError: ...)").
+  """
+  directory: str
+  paths: Tuple[str, ...]
+  listed: Tuple[str, ...]
+  problem: Optional[str]
+
+  @property
+  def newest(self):
+    """The newest checkpoint's path prefix, or None."""
+    return self.paths[-1] if self.paths else None
+
+  def rebuilt_warning(self):
+    """The line that says the list was rebuilt from the files (None if nothing was)."""
+    if self.problem is None or not self.paths:
+      return None
+    return (f"The checkpoint list {os.path.join(self.directory, LIST_FILE)} {self.problem}; rebuilt it from the "
+            f"checkpoint files: {', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is "
+            f"rewritten at the next save.")
+
+
+def read(directory):
+  """Returns the `CheckpointList` of `directory` (empty if it does not exist); never raises for a damaged list."""
+  listed, problem = _listed(directory)
+  unlisted = [(step, path) for step, path in _on_disk(directory) if path not in listed]
+  if not unlisted:
+    # A missing list with no checkpoint is a new directory; a damaged one is rewritten at the next save.
+    return CheckpointList(directory=directory, paths=listed, listed=listed,
+                          problem=None if problem == "is missing" else problem)
+  if problem is None:
+    problem = f"does not name {', '.join(os.path.basename(path) for _, path in unlisted)}"
+  # A path the list names in another form than ckpt-N (none the Trainer writes) counts as the oldest.
+  paths = sorted(listed + tuple(path for _, path in unlisted), key=lambda path: -1 if _step(path) is None else _step(path))
+  return CheckpointList(directory=directory, paths=tuple(paths), listed=listed, problem=problem)
+
+
+def write(checkpoints):
+  """Writes `checkpoints.paths` as the list file of its directory, atomically (a temporary file renamed over it).
+
+  Paths in the directory are written relative to it, as `tf.train.CheckpointManager`
+  does, so the directory can be moved. With no checkpoint the list file is
+  removed (a list must name one).
+
+  Raises:
+    tf.errors.OpError: the file could not be written; the previous one is unchanged.
+  """
+  path = os.path.join(checkpoints.directory, LIST_FILE)
+  if not checkpoints.paths:
+    if tf.io.gfile.exists(path):
+      tf.io.gfile.remove(path)
+    return
+  names = [_relative(p, checkpoints.directory) for p in checkpoints.paths]
+  state = checkpoint_state_pb2.CheckpointState(
+      model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
+      all_model_checkpoint_timestamps=[_modified(p) for p in checkpoints.paths])
+  temporary = f"{path}.tmp{uuid.uuid4().hex}"
+  try:
+    with tf.io.gfile.GFile(temporary, "w") as f:
+      f.write(text_format.MessageToString(state))
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+  finally:
+    if tf.io.gfile.exists(temporary):
+      tf.io.gfile.remove(temporary)
+
+
+def interrupted_saves(directory):
+  """Returns the `ckpt-N_temp` directories in `directory`: what saves whose process died left, never read again."""
+  pattern = os.path.join(directory, f"{PREFIX}-*{INTERRUPTED_SAVE_SUFFIX}")
+  return sorted(path for path in tf.io.gfile.glob(pattern)
+                if _step(path[:-len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path))
+
+
+def _listed(directory):
+  """Returns `(paths the list file names, oldest first; what is wrong with it or None)`."""
+  path = os.path.join(directory, LIST_FILE)
+  if not tf.io.gfile.exists(path):
+    return (), "is missing"
+  state = checkpoint_state_pb2.CheckpointState()
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:
+      text_format.Parse(f.read().decode("utf-8"), state)
+  except (text_format.ParseError, UnicodeDecodeError, tf.errors.OpError) as error:
+    return (), f"cannot be read ({type(error).__name__}: {_printable(error)})"
+  if not state.model_checkpoint_path:
+    return (), "names no checkpoint"
+  names = list(state.all_model_checkpoint_paths)
+  if state.model_checkpoint_path not in names:
+    names.append(state.model_checkpoint_path)
+  return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name)
+               for name in names), None
+
+
+def _on_disk(directory):
+  """Returns `[(step, path prefix)]` of the `ckpt-N` with an `.index` file in `directory`, by step."""
+  found = []
+  for index in tf.io.gfile.glob(os.path.join(directory, f"{PREFIX}-*.index")):
+    prefix = index[:-len(".index")]
+    if _step(prefix) is not None:
+      found.append((_step(prefix), prefix))
+  return sorted(found)
+
+
+def _printable(error):
+  """The first line of `error`'s message, each run of unprintable characters (a zeroed file's) as one '?', cut short."""
+  line = re.sub(r"[^\x20-\x7e]+", "?", (str(error).strip().splitlines() or [""])[0])
+  return line if len(line) <= 160 else line[:157] + "..."
+
+
+def _step(path):
+  match = _NUMBERED.match(os.path.basename(path))
+  return None if match is None else int(match.group(1))
+
+
+def _relative(path, directory):
+  return os.path.basename(path) if os.path.dirname(path) == directory.rstrip("/") else path
+
+
+def _modified(path):
+  """The time `path`'s checkpoint was written (its `.index` file's), in seconds; 0 if it is gone."""
+  try:
+    return tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9
+  except tf.errors.NotFoundError:
+    return 0.0
