@@ -137,10 +137,16 @@ def test_sigkill_while_training_and_while_saving_resumes_from_the_last_complete_
     assert run.wait()[0] == -signal.SIGKILL
     assert _final_values(tmp_path / "killed")  # The latest listed checkpoint is complete and readable.
   assert killed_while_saving >= 1
+  left = sorted(name for name in os.listdir(checkpoints) if name.endswith("_temp"))  # A save killed part-way.
   status, stdout, stderr = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env).wait()
   assert status == 0 and "global step: 400" in stdout, stderr[-3000:]
   assert whole.wait()[0] == 0
   _assert_same_values(_final_values(tmp_path / "killed"), _final_values(tmp_path / "whole"), 0)
+  assert not [name for name in os.listdir(checkpoints) if name.endswith("_temp")]
+  for name in left:
+    assert f"Removed {checkpoints / name}, left by a save that was interrupted" in stderr
+  # Each step reported once, although the killed runs reported steps past their last checkpoint.
+  assert [row["step"] for row in process_testlib.train_rows(tmp_path / "killed")] == list(range(10, 401, 10))
 
 
 def _full_disk():
