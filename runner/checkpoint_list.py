@@ -14,11 +14,12 @@ import dataclasses
 import os
 import re
 from typing import Optional, Tuple
-import uuid
 
 from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=g-direct-tensorflow-import
+
+from runner import atomic_files
 
 PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
 LIST_FILE = "checkpoint"
@@ -77,7 +78,7 @@ def read(directory):
 
 
 def write(checkpoints):
-  """Writes `checkpoints.paths` as the list file of its directory, atomically (a temporary file renamed over it).
+  """Writes `checkpoints.paths` as the list file of its directory, replacing it whole (see `atomic_files`).
 
   Paths in the directory are written relative to it, as `tf.train.CheckpointManager`
   does, so the directory can be moved. With no checkpoint the list file is
@@ -95,14 +96,7 @@ def write(checkpoints):
   state = checkpoint_state_pb2.CheckpointState(
       model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
       all_model_checkpoint_timestamps=[_modified(p) for p in checkpoints.paths])
-  temporary = f"{path}.tmp{uuid.uuid4().hex}"
-  try:
-    with tf.io.gfile.GFile(temporary, "w") as f:
-      f.write(text_format.MessageToString(state))
-    tf.io.gfile.rename(temporary, path, overwrite=True)
-  finally:
-    if tf.io.gfile.exists(temporary):
-      tf.io.gfile.remove(temporary)
+  atomic_files.replace(path, text_format.MessageToString(state))
 
 
 def interrupted_saves(directory):

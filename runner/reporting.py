@@ -4,10 +4,11 @@ import datetime
 import json
 import os
 import time
-import uuid
 
 from absl import logging
 import tensorflow as tf
+
+from runner import atomic_files
 
 
 # What tf.summary.scalar (from the tensorboard package, not a dependency) attaches: TensorBoard shows these as scalars.
@@ -47,8 +48,8 @@ class Reporter:
     self._dir = model_dir if is_chief else None
     self._jsonl = None
     self._scalars = {}  # split -> _BufferedScalars
-    self._resumed_at = None  # The step `resume_at` gave, until the rows past it are dropped.
-    self._resumed = False
+    self._resumed = False  # Whether `resume_at` was called.
+    self._replayed_after = None  # The step it gave, until the rows past it are dropped.
 
   def resume_at(self, step):
     """Says that training (re)starts at global step `step`: rows of `metrics.jsonl` past it are dropped.
@@ -60,7 +61,7 @@ class Reporter:
     this process, which wrote no row past its own step.
     """
     if self._dir is not None and not self._resumed:
-      self._resumed, self._resumed_at = True, step
+      self._resumed, self._replayed_after = True, step
 
   def train_loop(self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec,
                  tracing_seconds=None):
@@ -102,12 +103,12 @@ class Reporter:
       self._jsonl.flush()
 
   def _write_row(self, row):
-    if self._resumed_at is not None:
+    if self._replayed_after is not None:
       if self._jsonl is not None:
         self._jsonl.close()
         self._jsonl = None
-      _drop_rows_past(os.path.join(self._dir, "metrics.jsonl"), self._resumed_at)
-      self._resumed_at = None
+      _drop_rows_past(os.path.join(self._dir, "metrics.jsonl"), self._replayed_after)
+      self._replayed_after = None
     if self._jsonl is None:
       tf.io.gfile.makedirs(self._dir)
       path = os.path.join(self._dir, "metrics.jsonl")
@@ -125,9 +126,9 @@ class Reporter:
 def _drop_rows_past(path, step):
   """Rewrites the `metrics.jsonl` at `path` without its rows past `step` (and a last row cut short), if it has any.
 
-  The file is written anew and renamed over the old one (`tf.io.gfile`, so a
-  `gs://` path works too): a reader or a crash sees the old rows or the new
-  ones, never a mix. Other lines are kept as they are.
+  The file is replaced whole (`atomic_files`, so a `gs://` path works too): a
+  reader or a crash sees the old rows or the new ones, never a mix. Other
+  lines are kept as they are.
   """
   if not tf.io.gfile.exists(path):
     return
@@ -145,14 +146,7 @@ def _drop_rows_past(path, step):
     kept.append(line)
   if kept == lines:
     return
-  temporary = f"{path}.tmp{uuid.uuid4().hex}"
-  try:
-    with tf.io.gfile.GFile(temporary, "wb") as f:
-      f.write(b"".join(kept))
-    tf.io.gfile.rename(temporary, path, overwrite=True)
-  finally:
-    if tf.io.gfile.exists(temporary):
-      tf.io.gfile.remove(temporary)
+  atomic_files.replace(path, b"".join(kept))
   logging.info("Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
                "this run trains those steps again.", len(lines) - len(kept), path, step)
 
