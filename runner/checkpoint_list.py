@@ -5,9 +5,10 @@ directory's `checkpoint` file (a text protobuf), rewritten once a new
 checkpoint is complete. TensorFlow reads a removed, truncated or zeroed list
 as "no checkpoint" (a run would start again from step 0 over the checkpoints
 still there) and an empty or garbled one as an exception. Here the list is
-completed from the `ckpt-N.index` files (each one's `.index` is the last file
-a checkpoint write completes), so every reader sees the same checkpoints
-whatever happened to the list, and `write` puts a sound list back atomically.
+completed from the `ckpt-N.index` files (a save writes a checkpoint's
+`.index` last; one cut short is found unreadable when restored, and skipped),
+so every reader sees the same checkpoints whatever happened to the list, and
+`write` puts a sound list back atomically.
 """
 
 import dataclasses
@@ -72,8 +73,7 @@ def read(directory):
                           problem=None if problem == "is missing" else problem)
   if problem is None:
     problem = f"does not name {', '.join(os.path.basename(path) for _, path in unlisted)}"
-  # A path the list names in another form than ckpt-N (none the Trainer writes) counts as the oldest.
-  paths = sorted(listed + tuple(path for _, path in unlisted), key=lambda path: -1 if _step(path) is None else _step(path))
+  paths = sorted(listed + tuple(path for _, path in unlisted), key=_step_or_oldest)
   return CheckpointList(directory=directory, paths=tuple(paths), listed=listed, problem=problem)
 
 
@@ -145,6 +145,12 @@ def _printable(error):
 def _step(path):
   match = _NUMBERED.match(os.path.basename(path))
   return None if match is None else int(match.group(1))
+
+
+def _step_or_oldest(path):
+  """The step of `path`; -1 for a path in another form than ckpt-N (the list may name one; the Trainer writes none)."""
+  step = _step(path)
+  return -1 if step is None else step
 
 
 def _relative(path, directory):
