@@ -91,11 +91,13 @@ class Checkpoints:
     Raises:
       ConfigError: the checkpoint does not match the model or optimizer
         (another architecture, optimizer or precision wrote it), or no
-        listed checkpoint can be read. Either way no variable changed.
+        checkpoint (listed, or found on disk) can be read. Either way no
+        variable changed.
     """
     checkpoints = checkpoint_list.read(self.directory)
-    if checkpoints.rebuilt_warning():
-      logging.warning("%s", checkpoints.rebuilt_warning())
+    rebuilt = checkpoints.rebuilt_warning()
+    if rebuilt:
+      logging.warning("%s", rebuilt)
     unreadable = []
     for path in reversed(checkpoints.paths):
       try:
