@@ -4,7 +4,8 @@
 JSON object per run: `{"step": the global step it started at, "mode": ...,
 "changed": {field: [old, new], ...}, "data_spec": ..., "config": {...}}`.
 Both are written only once a run's config is valid and its checkpoint
-restored, so a run that fails before that leaves them as they were.
+restored, so a run that fails before that leaves them as they were, and
+each is replaced whole (`write_atomically`), never left half-written.
 
 A rerun on a workdir with checkpoints may change how training goes on
 (learning rate, steps, evaluation cadence, ...), but not what the checkpoint
@@ -84,6 +85,10 @@ def record(workdir, config, *, step, data_spec, previous):
     step: the global step the run starts at.
     data_spec: the element spec of the training data, as a string (or None).
     previous: the workdir's latest recorded run, or None.
+
+  Raises:
+    ConfigError: a file could not be written (naming the OS error); then
+      neither file was changed.
   """
   values = _plain(config.to_dict())
   changed = changes(previous["config"], values) if previous else {}
@@ -96,16 +101,37 @@ def record(workdir, config, *, step, data_spec, previous):
   if tf.io.gfile.exists(history):
     with tf.io.gfile.GFile(history) as f:
       earlier = f.read()
-  _write_atomically(history, earlier + json.dumps(entry, sort_keys=True) + "\n")
-  _write_atomically(os.path.join(workdir, CONFIG_FILE), json.dumps(values, indent=2, sort_keys=True) + "\n")
+  try:
+    write_atomically({history: earlier + json.dumps(entry, sort_keys=True) + "\n",
+                      os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n"})
+  except (OSError, tf.errors.OpError) as e:
+    raise ConfigError(f"Could not write the run's {CONFIG_FILE} and {HISTORY_FILE} in {workdir} "
+                      f"({getattr(e, 'message', None) or e}); neither was changed: free some space or fix the "
+                      "permissions, then run again.") from None
 
 
-def _write_atomically(path, text):
-  """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
-  temporary = f"{path}.tmp-{os.getpid()}"
-  with tf.io.gfile.GFile(temporary, "w") as f:
-    f.write(text)
-  tf.io.gfile.rename(temporary, path, overwrite=True)
+def write_atomically(texts):
+  """Replaces each file of `texts` (`{path: text}`) whole: all are written beside, then each renamed over its path.
+
+  A reader sees each file's old or new contents, never a part. A failed
+  write changes none of them and leaves no temporary file
+  (`PATH.tmp-PID`).
+
+  Raises:
+    OSError, tf.errors.OpError: a file could not be written (e.g. the disk is
+      full) or renamed.
+  """
+  temporary = {path: f"{path}.tmp-{os.getpid()}" for path in texts}
+  try:
+    for path, text in texts.items():
+      with tf.io.gfile.GFile(temporary[path], "w") as f:
+        f.write(text)
+    for path, written in temporary.items():
+      tf.io.gfile.rename(written, path, overwrite=True)
+  finally:
+    for written in temporary.values():
+      if tf.io.gfile.exists(written):
+        tf.io.gfile.remove(written)
 
 
 def _plain(values):
