@@ -141,7 +141,7 @@ def acquire(workdir, *, mode):
   for _ in range(3):  # A stale lock taken over, then created, unless another run was quicker.
     if create(path, text):
       return WorkdirLock(path=path, text=text)
-    found = _read_or_none(path)
+    found = _read_complete(path)
     if found is None:
       continue  # Released meanwhile.
     holder, modified = found
@@ -208,6 +208,16 @@ def _read_or_none(path):
     return Holder(**json.loads(text)), modified
   except (ValueError, TypeError):  # Being written (or its writer died while writing).
     return None, modified
+
+
+def _read_complete(path):
+  """`_read_or_none`, waiting up to a second for a lock file just created to hold its holder."""
+  for _ in range(10):
+    found = _read_or_none(path)
+    if found is None or found[0] is not None:
+      return found
+    time.sleep(0.1)
+  return found
 
 
 def _is_stale(holder, modified):
