@@ -146,10 +146,13 @@ def acquire(workdir, *, mode):
       continue  # Released meanwhile.
     holder, modified = found
     if not _is_stale(holder, modified):
+      named = holder.describe() if holder else "a run starting now"
+      if holder and holder.host != socket.gethostname():
+        named += (f"; it refreshed the lock {time.time() - modified:.0f} s ago, and one not refreshed for "
+                  f"{STALE_AFTER_SECONDS} s is taken over")
       raise WorkdirInUseError(
-          f"The workdir {workdir} is in use by another run: {holder.describe() if holder else 'a run starting now'}. "
-          f"Wait for it to end, or stop it, or use another --workdir (a killed run's lock {path} is taken over "
-          "by the next run).")
+          f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
+          f"--workdir (a killed run's lock {path} is taken over by the next run).")
     logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path,
                     holder.describe() if holder else "unreadable")
     _remove_stale(path, found)

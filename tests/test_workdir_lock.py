@@ -101,7 +101,9 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
     assert os.listdir(tmp_path) == [], case
   live = {f"pid {os.getpid()} on host {re.escape(socket.gethostname())}, mode 'train'": {
               "process_start": own_start},
-          "pid 4242 on host elsewhere, mode 'train'": {"host": "elsewhere", "pid": 4242, "age_seconds": 60},
+          rf"pid 4242 on host elsewhere, mode 'train', {SINCE} \(python -m runner --config=other.py\); it refreshed "
+          rf"the lock 6\d s ago, and one not refreshed for {workdir_lock.STALE_AFTER_SECONDS} s is taken over\. ": {
+              "host": "elsewhere", "pid": 4242, "age_seconds": 60},
           "a run starting now": {"text": ""}}
   for named, holder in live.items():
     _write_lock(str(tmp_path), **holder)
