@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 import process_testlib
 import runner
@@ -187,3 +188,17 @@ def test_a_run_that_trained_keeps_its_workdir_when_it_fails_before_a_checkpoint(
     runner.run(config, str(workdir), quiet=True)
   assert [row["step"] for row in process_testlib.train_rows(workdir)] == [1, 2]  # Kept: it trained there.
   assert sorted(os.listdir(workdir)) == ["config.json", "config_history.jsonl", "metrics.jsonl", "summaries"]
+
+
+def test_a_remote_workdir_is_locked_through_tf_io_gfile(tmp_path):
+  """TensorFlow's in-memory file system (`ram://`) stands for `gs://`: no exclusive create, written and read back."""
+  workdir = f"ram://{tmp_path}/work"
+  tf.io.gfile.makedirs(workdir)
+  held = workdir_lock.acquire(workdir, mode="train_and_eval")
+  assert tf.io.gfile.listdir(workdir) == [LOCK] and workdir_lock.is_held(workdir)
+  with pytest.raises(workdir_lock.WorkdirInUseError, match=(
+      rf"^The workdir {re.escape(workdir)} is in use by another run: pid {os.getpid()} on host .*, "
+      "mode 'train_and_eval', ")):
+    workdir_lock.acquire(workdir, mode="train")
+  held.release()
+  assert tf.io.gfile.listdir(workdir) == [] and not workdir_lock.is_held(workdir)
