@@ -161,7 +161,7 @@ def acquire(workdir, *, mode):
 
 
 def is_held(workdir):
-  """Whether a live run holds the lock of `workdir` (a stale lock does not count; an unreadable one does)."""
+  """Whether a live run holds the lock of `workdir` (a stale one does not; one that cannot be read counts as held)."""
   try:
     found = _read_or_none(os.path.join(workdir, FILE_NAME))
   except (OSError, tf.errors.OpError):
