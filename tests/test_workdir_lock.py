@@ -190,8 +190,9 @@ def test_a_run_that_trained_keeps_its_workdir_when_it_fails_before_a_checkpoint(
   assert sorted(os.listdir(workdir)) == ["config.json", "config_history.jsonl", "metrics.jsonl", "summaries"]
 
 
-def test_a_remote_workdir_is_locked_through_tf_io_gfile(tmp_path):
+def test_a_remote_workdir_is_locked_through_tf_io_gfile(tmp_path, monkeypatch):
   """TensorFlow's in-memory file system (`ram://`) stands for `gs://`: no exclusive create, written and read back."""
+  monkeypatch.setattr(workdir_lock, "REMOTE_SETTLE_SECONDS", 0.1)  # One writer here: no other write to wait for.
   workdir = f"ram://{tmp_path}/work"
   tf.io.gfile.makedirs(workdir)
   held = workdir_lock.acquire(workdir, mode="train_and_eval")
