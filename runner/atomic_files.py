@@ -17,14 +17,29 @@ def replace(path, contents):
     contents: `str` or `bytes`.
 
   Raises:
-    tf.errors.OpError: the file could not be written (disk full, no
+    tf.errors.OpError, OSError: the file could not be written (disk full, no
       permission, ...); `path` is unchanged and no temporary file is left.
   """
-  temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  replace_all({path: contents})
+
+
+def replace_all(contents_by_path):
+  """Replaces each file of `{path: contents}` whole: all are written beside their paths first, then renamed.
+
+  A failed write changes none of them; no temporary file is left either way.
+
+  Raises:
+    tf.errors.OpError, OSError: a file could not be written or renamed.
+  """
+  suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  temporary = {path: path + suffix for path in contents_by_path}
   try:
-    with tf.io.gfile.GFile(temporary, "wb" if isinstance(contents, bytes) else "w") as f:
-      f.write(contents)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    for path, contents in contents_by_path.items():
+      with tf.io.gfile.GFile(temporary[path], "wb" if isinstance(contents, bytes) else "w") as f:
+        f.write(contents)
+    for path, written in temporary.items():
+      tf.io.gfile.rename(written, path, overwrite=True)
   finally:
-    if tf.io.gfile.exists(temporary):
-      tf.io.gfile.remove(temporary)
+    for written in temporary.values():
+      if tf.io.gfile.exists(written):
+        tf.io.gfile.remove(written)

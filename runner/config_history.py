@@ -4,7 +4,8 @@
 JSON object per run: `{"step": the global step it started at, "mode": ...,
 "changed": {field: [old, new], ...}, "data_spec": ..., "config": {...}}`.
 Both are written only once a run's config is valid and its checkpoint
-restored, so a run that fails before that leaves them as they were.
+restored, so a run that fails before that leaves them as they were, and
+each is replaced whole (`atomic_files`), never left half-written.
 
 A rerun on a workdir with checkpoints may change how training goes on
 (learning rate, steps, evaluation cadence, ...), but not what the checkpoint
@@ -17,6 +18,7 @@ import os
 from absl import logging
 import tensorflow as tf
 
+from runner import atomic_files
 from strategies.errors import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -84,6 +86,10 @@ def record(workdir, config, *, step, data_spec, previous):
     step: the global step the run starts at.
     data_spec: the element spec of the training data, as a string (or None).
     previous: the workdir's latest recorded run, or None.
+
+  Raises:
+    ConfigError: a file could not be written (naming the OS error); then
+      neither file was changed.
   """
   values = _plain(config.to_dict())
   changed = changes(previous["config"], values) if previous else {}
@@ -96,16 +102,13 @@ def record(workdir, config, *, step, data_spec, previous):
   if tf.io.gfile.exists(history):
     with tf.io.gfile.GFile(history) as f:
       earlier = f.read()
-  _write_atomically(history, earlier + json.dumps(entry, sort_keys=True) + "\n")
-  _write_atomically(os.path.join(workdir, CONFIG_FILE), json.dumps(values, indent=2, sort_keys=True) + "\n")
-
-
-def _write_atomically(path, text):
-  """Writes `text` to a temporary file beside `path`, then renames it over `path`."""
-  temporary = f"{path}.tmp-{os.getpid()}"
-  with tf.io.gfile.GFile(temporary, "w") as f:
-    f.write(text)
-  tf.io.gfile.rename(temporary, path, overwrite=True)
+  try:
+    atomic_files.replace_all({history: earlier + json.dumps(entry, sort_keys=True) + "\n",
+                      os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n"})
+  except (OSError, tf.errors.OpError) as e:
+    raise ConfigError(f"Could not write the run's {CONFIG_FILE} and {HISTORY_FILE} in {workdir} "
+                      f"({getattr(e, 'message', None) or e}); neither was changed: free some space or fix the "
+                      "permissions, then run again.") from None
 
 
 def _plain(values):

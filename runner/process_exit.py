@@ -4,13 +4,28 @@
 deadlock deleting a live tf.data iterator, and with it every `atexit`
 handler, among them AutoGraph's removal of the modules it generates in the
 temporary folder (a `__autograph_generated_file*.py` per converted function;
-a training run makes about 20). `exit_now` deletes those first.
+a training run makes about 20). `exit_now` deletes those first, after what
+was registered with `on_exit_now` (the workdir lock's release).
 """
 
 import os
 import sys
 
 AUTOGRAPH_MODULE_PREFIX = "__autograph_generated_file"
+_before_exit = []  # What `exit_now` calls first, e.g. releasing a workdir lock.
+
+
+def on_exit_now(callback):
+  """Has `exit_now` call `callback()` before the process ends; returns a function that takes it back.
+
+  An exception from `callback` is ignored: the process ends anyway.
+  """
+  _before_exit.append(callback)
+
+  def take_back():
+    if callback in _before_exit:
+      _before_exit.remove(callback)
+  return take_back
 
 
 def remove_autograph_modules():
@@ -30,7 +45,15 @@ def remove_autograph_modules():
 
 
 def exit_now(status):
-  """Flushes stdout and stderr, deletes AutoGraph's files, and ends the process with `status`, skipping teardown."""
+  """Calls what `on_exit_now` registered, flushes stdout and stderr, deletes AutoGraph's files, and ends the process.
+
+  The process ends with `status`, skipping teardown.
+  """
+  for callback in list(_before_exit):
+    try:
+      callback()
+    except Exception:  # pylint: disable=broad-except
+      pass
   sys.stdout.flush()
   sys.stderr.flush()
   remove_autograph_modules()

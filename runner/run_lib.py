@@ -25,11 +25,13 @@ from runner import progress_output
 from runner import registry
 from runner import steps_per_loop as steps_per_loop_lib
 from runner import trainer_options
+from runner import workdir_lock
 from runner import workdir_state
 from runner.tasks import Task
 from runner.trainer import Trainer
 
 EXPORT_DIR = "export"
+TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +79,11 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
   the mode run. A workdir with checkpoints resumes the run ('train'
   continues to `config.trainer.train_steps`), refusing a config that
   changes what the checkpoint holds; 'eval' and 'export' need a checkpoint
-  there. A run that fails before it writes a checkpoint leaves the workdir
-  as it was (one it created is removed; see `workdir_state`).
+  there. A run that fails before it trains leaves the workdir as it was (one
+  it created is removed); one that trained keeps what it wrote (see
+  `workdir_state`). A training run holds the workdir's lock from before it
+  writes anything until it returns or fails, so a second one stops at once
+  (see `workdir_lock`); 'eval' and 'export' neither take nor wait for it.
 
   Args:
     config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
@@ -95,7 +100,8 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
     A `RunResult`.
 
   Raises:
-    ConfigError: a bad config, a workdir that cannot be written, a batch size
+    ConfigError: a bad config, a workdir that cannot be written or that
+      another training run holds (`workdir_lock.WorkdirInUseError`), a batch size
       the replica count does not divide, no checkpoint to evaluate or export,
       a checkpoint the config does not match, or one that cannot be written.
     runner.data.DataError (a ConfigError): the data does not fit the model or
@@ -107,14 +113,21 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
     config = config_lib.validate(config)
     strategy = create_strategy(config)
     config = steps_per_loop_lib.resolved(config, strategy)
-    workdir, created = prepare_workdir(workdir)
-    logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
-    before = workdir_state.WorkdirState.read(workdir, created=created)
+    is_chief = strategy.extended.should_checkpoint
+    workdir, created, lock = prepare_workdir(
+        workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None)
     try:
-      return _run_mode(config, strategy, workdir)
-    except BaseException:
-      before.restore_unless_checkpointed()
-      raise
+      logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
+      before = workdir_state.WorkdirState.read(workdir, created=created)
+      try:
+        return _run_mode(config, strategy, workdir)
+      except BaseException:
+        if lock is not None or (is_chief and not workdir_lock.is_held(workdir)):
+          before.restore_unless_trained()
+        raise
+    finally:
+      if lock is not None:
+        lock.release()
 
 
 def _run_mode(config, strategy, workdir):
@@ -122,7 +135,7 @@ def _run_mode(config, strategy, workdir):
   trainer, train_data = _restored_trainer(config, strategy, workdir)
   evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
   train_metrics = export_path = None
-  if config.mode in ("train", "train_and_eval"):
+  if config.mode in TRAINING_MODES:
     evaluating = config.mode == "train_and_eval"
     train_metrics = trainer.train(
         train_data, global_batch_size=config.data.global_batch_size,
@@ -163,27 +176,42 @@ def _restored_trainer(config, strategy, workdir):
   return trainer, train_data
 
 
-def prepare_workdir(workdir):
-  """Returns `(workdir, created)`: the workdir, known to be writable, and whether this call created it.
+def prepare_workdir(workdir, *, lock_for_mode=None):
+  """Makes the workdir, takes its lock if asked, and checks that it can be written, in that order.
 
-  None makes a new temporary directory.
+  Args:
+    workdir: the directory, or None for a new temporary directory.
+    lock_for_mode: the `config.mode` of a run that takes the workdir's lock
+      (`workdir_lock`; a training run's chief), or None for a run that does
+      not (another worker, mode 'eval' or 'export').
+
+  Returns:
+    `(workdir, created, lock)`: the workdir, whether this call created it, and
+    the held `workdir_lock.WorkdirLock` (None unless `lock_for_mode`).
 
   Raises:
     ConfigError: it cannot be created or written.
+    workdir_lock.WorkdirInUseError (a ConfigError): another live run holds
+      it; nothing was written.
   """
   created = workdir is None or not tf.io.gfile.exists(workdir)
   if workdir is None:
     workdir = tempfile.mkdtemp(prefix="tf-runner-")
   probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+  lock = None
   try:
     tf.io.gfile.makedirs(workdir)
+    if lock_for_mode is not None:
+      lock = workdir_lock.acquire(workdir, mode=lock_for_mode)
     with tf.io.gfile.GFile(probe, "w") as f:
       f.write("")
     tf.io.gfile.remove(probe)
   except (tf.errors.OpError, OSError) as e:
+    if lock is not None:
+      lock.release()
     reason = getattr(e, "message", None) or str(e)
     raise ConfigError(f"The workdir {workdir!r} cannot be written ({reason}); choose another --workdir.") from None
-  return workdir, created
+  return workdir, created, lock
 
 
 def create_strategy(config):

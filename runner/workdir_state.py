@@ -1,64 +1,104 @@
-"""What a workdir held before a run, so that a run that fails without a new checkpoint leaves it as it was."""
+"""What a workdir held before a run, so that a run that fails before it trains leaves it as it was."""
 
 import dataclasses
 import os
-from typing import FrozenSet, Mapping, Optional
+from typing import FrozenSet, Mapping
 
+from absl import logging
 import tensorflow as tf
 
-from runner import checkpointing
+from runner import atomic_files
+from runner import config_history
 
-# The small files a run rewrites or appends to; their earlier contents are kept to be put back.
-_REWRITTEN = ("config.json", "config_history.jsonl")
+# The small files a run rewrites; their earlier contents are kept to be put back.
+_REWRITTEN = (config_history.CONFIG_FILE, config_history.HISTORY_FILE)
+# Where training and evaluation write their results. Once one of these grew, the workdir holds the run's work.
+_OUTPUTS = ("metrics.jsonl", "checkpoints", "summaries")
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkdirState:
-  """A workdir's entries, its latest checkpoint and the contents of the files a run rewrites.
+  """A workdir's entries, the contents of the files a run rewrites and the sizes of its outputs.
 
   Attributes:
     workdir: the directory.
     created: the run created it (so putting it back removes it).
     entries: the names in it before the run.
-    checkpoint: its latest checkpoint before the run, or None.
     contents: `{name: text}` of the files of `_REWRITTEN` that were there.
+    outputs: `{path: size in bytes}` of every file of `_OUTPUTS` (metrics.jsonl
+      and the files under checkpoints/ and summaries/).
   """
   workdir: str
   created: bool
   entries: FrozenSet[str]
-  checkpoint: Optional[str]
   contents: Mapping[str, str]
+  outputs: Mapping[str, int]
 
   @classmethod
   def read(cls, workdir, *, created):
     """Returns the state of `workdir` now; `created`: the run just made it (empty)."""
     entries = frozenset(tf.io.gfile.listdir(workdir))
-    contents = {}
-    for name in _REWRITTEN:
-      if name in entries:
-        with tf.io.gfile.GFile(os.path.join(workdir, name)) as f:
-          contents[name] = f.read()
-    return cls(workdir=workdir, created=created, entries=entries, checkpoint=checkpointing.latest(workdir),
-               contents=contents)
+    contents = {name: _read(os.path.join(workdir, name)) for name in _REWRITTEN if name in entries}
+    return cls(workdir=workdir, created=created, entries=entries, contents=contents, outputs=_outputs(workdir))
 
-  def restore_unless_checkpointed(self):
-    """Puts the workdir back as it was, unless the run wrote a checkpoint since (then its files belong to it).
+  def restore_unless_trained(self):
+    """Puts the workdir back as it was, unless the run wrote outputs there (then they and the workdir are kept).
 
-    A workdir the run created is removed; otherwise the entries the run
-    added are removed and the files it rewrote get their old contents.
-    Rows appended to an existing `metrics.jsonl` stay.
+    Outputs are a `metrics.jsonl` row, a TensorBoard summary or a checkpoint
+    (one being written included): a workdir a run has trained in is never
+    removed. Otherwise a workdir the run created is removed; in one it did not
+    create, the entries it added are removed and the files it rewrote get
+    their old contents back, each replaced whole (a rollback that cannot
+    write leaves the file as the run wrote it, never a part of it).
+
+    It never raises: a step that fails is logged as a warning and the others
+    go on, so the caller's own error is the one reported.
     """
-    if not tf.io.gfile.exists(self.workdir) or checkpointing.latest(self.workdir) != self.checkpoint:
+    try:
+      if not tf.io.gfile.exists(self.workdir) or self._has_new_outputs():
+        return
+      if self.created:
+        tf.io.gfile.rmtree(self.workdir)
+        return
+      added = set(tf.io.gfile.listdir(self.workdir)) - self.entries
+    except (OSError, tf.errors.OpError) as e:
+      logging.warning("Could not put the workdir %s back as it was: %s", self.workdir, e)
       return
-    if self.created:
-      tf.io.gfile.rmtree(self.workdir)
-      return
-    for name in set(tf.io.gfile.listdir(self.workdir)) - self.entries:
+    for name in added:
       path = os.path.join(self.workdir, name.rstrip("/"))
-      if tf.io.gfile.isdir(path):
-        tf.io.gfile.rmtree(path)
-      else:
-        tf.io.gfile.remove(path)
+      _warn_if_fails(path, tf.io.gfile.rmtree if tf.io.gfile.isdir(path) else tf.io.gfile.remove, path)
     for name, text in self.contents.items():
-      with tf.io.gfile.GFile(os.path.join(self.workdir, name), "w") as f:
-        f.write(text)
+      path = os.path.join(self.workdir, name)
+      if not tf.io.gfile.exists(path) or _read(path) != text:
+        _warn_if_fails(path, atomic_files.replace, path, text)
+
+  def _has_new_outputs(self):
+    """Whether an output file is new or grew since `read` (one removed, e.g. a leftover, does not count)."""
+    return any(self.outputs.get(path, -1) < size for path, size in _outputs(self.workdir).items())
+
+
+def _outputs(workdir):
+  """`{path: size in bytes}` of metrics.jsonl and of every file under checkpoints/ and summaries/ in `workdir`."""
+  sizes = {}
+  for name in _OUTPUTS:
+    path = os.path.join(workdir, name)
+    if tf.io.gfile.isdir(path):
+      for directory, _, files in tf.io.gfile.walk(path):
+        for file in files:
+          sizes[os.path.join(directory, file)] = tf.io.gfile.stat(os.path.join(directory, file)).length
+    elif tf.io.gfile.exists(path):
+      sizes[path] = tf.io.gfile.stat(path).length
+  return sizes
+
+
+def _read(path):
+  with tf.io.gfile.GFile(path) as f:
+    return f.read()
+
+
+def _warn_if_fails(path, action, *args):
+  """Calls `action(*args)` to put `path` back; an error becomes a warning naming `path`."""
+  try:
+    action(*args)
+  except (OSError, tf.errors.OpError) as e:
+    logging.warning("Could not put %s back as it was before the run: %s", path, e)

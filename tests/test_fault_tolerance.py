@@ -5,11 +5,13 @@ command and must end with the final checkpoint of an uninterrupted run:
 identical on one device, within 1e-6 on 2 logical CPUs and on 2 workers.
 """
 
+import json
 import os
 import random
 import re
 import resource
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -20,6 +22,8 @@ import pytest
 import tensorflow as tf
 
 import process_testlib
+import runner
+from runner import workdir_lock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -84,6 +88,7 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy,
       rf"resume from there\.", stderr)) == 1, stderr[-3000:]
   _no_traceback(stderr)
   assert tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints")).endswith(f"ckpt-{step}")
+  assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "stopped")  # Released before the exit.
 
   status, stdout, stderr = Run(tmp_path / "stopped", RUN + strategy, subprocess_env).wait()
   assert status == 0, stderr[-3000:]
@@ -114,6 +119,7 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env)
   assert [row["step"] for row in run.train_rows()] == [20000]  # Aborted within the second loop.
   assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-20000")
   assert _final_values(tmp_path / "run")
+  assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "run")  # Released by process_exit.exit_now.
 
 
 def test_sigkill_while_training_and_while_saving_resumes_from_the_last_complete_checkpoint(tmp_path, subprocess_env):
@@ -173,6 +179,76 @@ def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays
   status, stdout, stderr = Run(tmp_path / "run", more, subprocess_env).wait()
   assert status == 0 and "global step: 200" in stdout, stderr[-3000:]
   assert "Restored " in stderr and "ckpt-100." in stderr
+
+
+def _one_kilobyte_files(command, env):
+  """Runs `command` as under `ulimit -f 1`: no file may grow past 1 kB, and writing past that fails (EFBIG).
+
+  Its output goes to pipes, as to a terminal (a log file would be limited too).
+
+  Returns:
+    `(status, stdout, stderr, pid)`.
+  """
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+  with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        preexec_fn=limit) as process:
+    stdout, stderr = process.communicate(timeout=process_testlib.TIMEOUT_SECONDS)
+  return process.returncode, stdout, stderr, process.pid
+
+
+def _snapshot(directory):
+  """{relative path: bytes} of every file under `directory`."""
+  found = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      with open(os.path.join(root, name), "rb") as f:
+        found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+  return found
+
+
+def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it_was(tmp_path, subprocess_env):
+  workdir = tmp_path / "run"
+  overrides = ["mode=train", "strategy.name=one_device", "data.num_examples=512", "trainer.steps_per_loop=10"]
+  runner.run(runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=20"]), str(workdir), quiet=True)
+  before = _snapshot(workdir)
+  assert len(before["config.json"]) > 1024 and len(before["config_history.jsonl"]) > 1024
+  status, stdout, stderr, pid = _one_kilobyte_files(
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"] + [
+          f"--config.{override}" for override in overrides] + ["--config.trainer.train_steps=40"], subprocess_env)
+  assert status == 2 and stdout == "", stderr[-3000:]
+  _no_traceback(stderr)
+  [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert re.fullmatch(
+      re.escape(f"error: Could not write the run's config.json and config_history.jsonl in {workdir} ({workdir}/"
+                f"config_history.jsonl.tmp-{pid}-") + r"[0-9a-f]{8}" + re.escape(
+                    "; File too large); neither was changed: free some space or fix the permissions, then run "
+                    "again."), error), error
+  assert _snapshot(workdir) == before  # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
+
+
+def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(tmp_path, subprocess_env):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps({"padding": "x" * 2000}))  # Too big to write back under 1 kB.
+  (workdir / "config_history.jsonl").write_text('{"step": 0}\n')
+  rollback = textwrap.dedent("""
+      import sys
+      from runner import workdir_state
+      workdir = sys.argv[1]
+      state = workdir_state.WorkdirState.read(workdir, created=False)
+      for name, text in [("config.json", "{}\\n"), ("config_history.jsonl", '{"step": 0}\\n{"step": 5}\\n'),
+                         ("added.txt", "a file the run added")]:
+        with open(f"{workdir}/{name}", "w") as f:  # What a run wrote before it failed.
+          f.write(text)
+      state.restore_unless_trained()
+      print("returned")
+      """)
+  status, stdout, stderr, _ = _one_kilobyte_files([sys.executable, "-c", rollback, str(workdir)], subprocess_env)
+  assert status == 0 and stdout == "returned\n", stderr[-3000:]
+  assert f"Could not put {workdir}/config.json back as it was before the run: {workdir}/config.json.tmp-" in stderr
+  assert _snapshot(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}  # No part, no .tmp-.
 
 
 def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):

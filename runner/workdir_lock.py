@@ -1,0 +1,282 @@
+"""One training run per workdir: a lock file that names its holder, and that a killed holder does not keep.
+
+A run that trains takes `WORKDIR/.tf-runner.lock` before it writes anything
+there and removes it at every way out (return, error, SIGTERM, Ctrl-C, and
+`runner.process_exit.exit_now`). A second run on the same workdir stops at
+once with `WorkdirInUseError`, naming the holder: its host, pid, mode, start
+time and command.
+
+The lock file is JSON: `{"host", "pid", "process_start", "since", "mode",
+"command"}`. A holder that died without removing it (SIGKILL, a power cut)
+is recognised and its lock taken over:
+- on the same host, when its pid is gone (or a zombie), or now belongs to
+  another process: `process_start` (the boot id and the process's start time
+  from `/proc/PID/stat`) no longer matches;
+- on another host (a shared file system, `gs://`), when the holder has not
+  refreshed the file's modification time (every `HEARTBEAT_SECONDS`) for
+  `STALE_AFTER_SECONDS`; the hosts' clocks must agree to within a minute.
+
+Creation is atomic on local file systems and NFS (`O_CREAT | O_EXCL`); a
+stale lock is taken over by renaming it aside and checking that it was the
+one judged stale. `tf.io.gfile` (for `gs://` and other remote file systems)
+has no exclusive create: there the lock is written if absent and read back
+after `REMOTE_SETTLE_SECONDS`, which stops a run started while another holds
+the workdir, but not two runs started within that time of each other.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Optional
+
+from absl import logging
+import tensorflow as tf
+
+from strategies.errors import ConfigError
+
+from runner import process_exit
+
+FILE_NAME = ".tf-runner.lock"
+HEARTBEAT_SECONDS = 30
+STALE_AFTER_SECONDS = 300
+REMOTE_SETTLE_SECONDS = 2
+_COMMAND_CHARACTERS = 300  # The command is kept short: the lock file stays one small write.
+
+
+class WorkdirInUseError(ConfigError):
+  """Another live run holds the workdir."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+  """The run that holds a workdir, as its lock file says.
+
+  Attributes:
+    host: its host name.
+    pid: its process id.
+    process_start: '<boot id>:<start time in clock ticks>' of that process,
+      '' where the host has no `/proc`.
+    since: when it took the lock, seconds since the epoch.
+    mode: its `config.mode`.
+    command: its command line (shortened).
+  """
+  host: str
+  pid: int
+  process_start: str
+  since: float
+  mode: str
+  command: str
+
+  def describe(self):
+    """Returns e.g. "pid 12 on host h, mode 'train', since 2026-11-25 16:50:02 UTC (python -m runner ...)"."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
+    return f"pid {self.pid} on host {self.host}, mode {self.mode!r}, since {since} ({self.command})"
+
+
+class WorkdirLock:
+  """A held workdir lock: refreshed in a thread while held, removed by `release` (also at `exit_now`)."""
+
+  def __init__(self, *, path, text):
+    """Args:
+      path: the lock file, already created with `text` by this process.
+      text: its contents, which tell this lock from another run's.
+    """
+    self.path = path
+    self._text = text
+    self._stop = threading.Event()
+    self._heartbeat = threading.Thread(target=self._beat, name="workdir-lock-heartbeat", daemon=True)
+    self._heartbeat.start()
+    self._unregister = process_exit.on_exit_now(self.release)
+
+  def release(self):
+    """Removes the lock file if it is still this lock's; stops the heartbeat. A second call does nothing."""
+    if self._stop.is_set():
+      return
+    self._stop.set()
+    self._unregister()
+    if self._heartbeat is not threading.current_thread():
+      self._heartbeat.join()
+    try:
+      if _read(self.path) == self._text:
+        _remove(self.path)
+    except (FileNotFoundError, tf.errors.NotFoundError):
+      pass  # Gone with a workdir the run created and removed.
+    except (OSError, tf.errors.OpError) as e:
+      logging.warning("Could not remove the workdir lock %s (%s); the next run will find it stale.", self.path, e)
+
+  def _beat(self):
+    while not self._stop.wait(HEARTBEAT_SECONDS):
+      try:
+        if _is_remote(self.path):
+          _write_remote(self.path, self._text)
+        else:
+          os.utime(self.path)
+      except (OSError, tf.errors.OpError) as e:
+        logging.warning("Could not refresh the workdir lock %s (%s).", self.path, e)
+
+
+def acquire(workdir, *, mode):
+  """Takes the lock of `workdir` (which exists) for this process, taking over a stale one.
+
+  Args:
+    workdir: the run's directory.
+    mode: the run's `config.mode`, recorded for whoever finds the lock held.
+
+  Returns:
+    The held `WorkdirLock`.
+
+  Raises:
+    WorkdirInUseError: another live run holds it (the message names it).
+    OSError, tf.errors.OpError: the lock file cannot be written.
+  """
+  path = os.path.join(workdir, FILE_NAME)
+  text = json.dumps(dataclasses.asdict(Holder(
+      host=socket.gethostname(), pid=os.getpid(), process_start=_process_start(os.getpid()) or "",
+      since=time.time(), mode=mode, command=" ".join(sys.argv)[:_COMMAND_CHARACTERS])), sort_keys=True)
+  create = _create_remote if _is_remote(path) else _create_local
+  for _ in range(3):  # A stale lock taken over, then created, unless another run was quicker.
+    if create(path, text):
+      return WorkdirLock(path=path, text=text)
+    found = _read_complete(path)
+    if found is None:
+      continue  # Released meanwhile.
+    holder, modified = found
+    if not _is_stale(holder, modified):
+      named = holder.describe() if holder else "a run starting now"
+      if holder and holder.host != socket.gethostname():
+        named += (f"; it refreshed the lock {time.time() - modified:.0f} s ago, and one not refreshed for "
+                  f"{STALE_AFTER_SECONDS} s is taken over")
+      raise WorkdirInUseError(
+          f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
+          f"--workdir (a killed run's lock {path} is taken over by the next run).")
+    logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path,
+                    holder.describe() if holder else "unreadable")
+    _remove_stale(path, found)
+  raise WorkdirInUseError(f"The workdir {workdir} is being taken by other runs at once; run again, or use another "
+                          "--workdir.")
+
+
+def is_held(workdir):
+  """Whether a live run holds the lock of `workdir` (a stale one does not; one that cannot be read counts as held)."""
+  try:
+    found = _read_or_none(os.path.join(workdir, FILE_NAME))
+  except (OSError, tf.errors.OpError):
+    return True
+  return found is not None and not _is_stale(*found)
+
+
+def _create_local(path, text):
+  """Creates `path` holding `text` if it does not exist; returns whether it did."""
+  try:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+  except FileExistsError:
+    return False
+  try:
+    os.write(descriptor, text.encode())
+    os.fsync(descriptor)
+  except OSError:
+    os.close(descriptor)
+    os.remove(path)
+    raise
+  os.close(descriptor)
+  return True
+
+
+def _create_remote(path, text):
+  """Writes `path` if absent, then reads it back after a pause; returns whether it is this run's."""
+  if tf.io.gfile.exists(path):
+    return False
+  _write_remote(path, text)
+  time.sleep(REMOTE_SETTLE_SECONDS)
+  return _read(path) == text
+
+
+def _write_remote(path, text):
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(text)
+
+
+def _read_or_none(path):
+  """Returns `(holder or None if unreadable, modified: seconds since the epoch)`, or None without a lock file."""
+  try:
+    text = _read(path)
+    modified = tf.io.gfile.stat(path).mtime_nsec / 1e9
+  except (FileNotFoundError, tf.errors.NotFoundError):
+    return None
+  try:
+    return Holder(**json.loads(text)), modified
+  except (ValueError, TypeError):  # Being written (or its writer died while writing).
+    return None, modified
+
+
+def _read_complete(path):
+  """`_read_or_none`, waiting up to a second for a lock file just created to hold its holder."""
+  for _ in range(10):
+    found = _read_or_none(path)
+    if found is None or found[0] is not None:
+      return found
+    time.sleep(0.1)
+  return found
+
+
+def _is_stale(holder, modified):
+  """Whether the lock of `holder` (None: unreadable), last refreshed at `modified`, belongs to no live run."""
+  if holder is not None and holder.host == socket.gethostname():
+    return _process_start(holder.pid) not in (holder.process_start, "")
+  return time.time() - modified > STALE_AFTER_SECONDS
+
+
+def _remove_stale(path, found):
+  """Removes the stale lock `found` at `path`, unless another run replaced it meanwhile."""
+  if _is_remote(path):
+    _remove(path)
+    return
+  aside = f"{path}.stale-{os.getpid()}"
+  try:
+    os.rename(path, aside)  # Atomic: of two runs taking over, one gets the stale file.
+  except FileNotFoundError:
+    return
+  if _read_or_none(aside) != found:  # Another run's new lock, taken between our read and the rename: put it back.
+    try:
+      os.link(aside, path)
+    except FileExistsError:
+      pass
+  os.remove(aside)
+
+
+def _process_start(pid) -> Optional[str]:
+  """'<boot id>:<start ticks>' of process `pid`; '' where there is no /proc but it runs; None if it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      fields = f.read().rpartition(")")[2].split()  # After the command name, which may hold spaces.
+    with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as f:
+      boot = f.read().strip()
+  except FileNotFoundError:
+    if os.path.isdir("/proc/self"):
+      return None
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return None
+    except PermissionError:
+      pass
+    return ""
+  state, start = fields[0], fields[19]
+  return None if state in ("Z", "X") else f"{boot}:{start}"
+
+
+def _is_remote(path):
+  return "://" in path
+
+
+def _read(path):
+  with tf.io.gfile.GFile(path) as f:
+    return f.read()
+
+
+def _remove(path):
+  tf.io.gfile.remove(path)
