@@ -329,7 +329,12 @@ _ANSWERS_WITHOUT_TENSORFLOW = {
     "strategies_flag": (["-m", "strategies", "--strategy=mirored"], 2,
                         "error: flag --strategy=mirored: --strategy='mirored' is not valid."),
     "launch_help": (["-m", "runner.launch", "--help"], 0, None),
+    "config_syntax": (["-m", "runner", "--config={tmp}/broken.py"], 2,
+                      "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
+    "config_syntax_verbose": (["-m", "runner", "--config={tmp}/broken.py", "--verbose"], 2,
+                              "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
 }
+_WITH_TRACEBACK = {"config_syntax_verbose"}
 _IMPORT_TIME = re.compile(r"^import time: +\d+ \| +\d+ \| +(?P<module>[\w.]+)$")
 
 
@@ -338,9 +343,11 @@ def _imported(stderr):
   return {match["module"].split(".")[0] for match in map(_IMPORT_TIME.match, stderr.splitlines()) if match}
 
 
-def test_help_and_config_errors_answer_before_tensorflow_loads():
+def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
+  (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n  pass\n")
   env = dict(os.environ, PYTHONPATH=REPO)
-  processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + args, env=env, cwd=REPO,
+  processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + [a.format(tmp=tmp_path) for a in args],
+                                      env=env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()}
   for case, process in processes.items():
@@ -348,6 +355,8 @@ def test_help_and_config_errors_answer_before_tensorflow_loads():
     stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     assert process.returncode == status, (case, stderr[-3000:])
     errors = _error_lines(stderr)
-    assert (len(errors) == 1 and errors[0].startswith(error)) if error else ("--" in stdout and not errors), case
+    assert (len(errors) == 1 and errors[0].startswith(error.format(tmp=tmp_path))) if error else (
+        "--" in stdout and not errors), case
+    assert ("Traceback (most recent call last)" in stderr) == (case in _WITH_TRACEBACK), (case, stderr[-3000:])
     assert "absl" in _imported(stderr), case  # What -X importtime prints is read.
     assert not {"tensorflow", "keras", "sklearn"} & _imported(stderr), case
