@@ -359,6 +359,7 @@ class Trainer:
       return checked[1]
     element_spec = input_pipeline.element_spec(data, purpose)
     data_checks.check_features(element_spec, self._features_expected(), purpose=purpose)
+    data_checks.check_one_tensor_for_sequential(element_spec, self._model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
     if self._outputs_spec is None and self._ready:
@@ -378,6 +379,10 @@ class Trainer:
     """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises others."""
     if isinstance(error, tf.errors.DataLossError):
       return data_checks.read_error(error, data, step=step, purpose=purpose)
+    if isinstance(error, tf.errors.InvalidArgumentError):
+      not_parsed = data_checks.parse_error(error, data, step=step, purpose=purpose)
+      if not_parsed is not None:
+        return not_parsed
     found = data_checks.first_label_outside(data, label_range)
     if found is None and not isinstance(error, controller_lib.LabelsOutOfRange):
       raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).

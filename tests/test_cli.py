@@ -57,7 +57,23 @@ def cli_runs(tmp_path_factory):
 
       def batched(config, split):
         return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.zeros(64, np.int32))).batch(8)
+
+      def dict_features(config, split):  # For the built-in mlp, which takes one tensor.
+        return tf.data.Dataset.from_tensor_slices(({"a": np.ones((64, 16), np.float32)}, np.zeros(64, np.int32)))
       """))
+  (tmp / "records.py").write_text(textwrap.dedent("""
+      import tensorflow as tf
+      import runner
+
+      def parse(record):
+        example = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([16], tf.float32),
+                                                      "y": tf.io.FixedLenFeature([], tf.int64)})
+        return example["x"], example["y"]
+
+      def short_features(config, split):
+        return runner.data.TFRecordFiles(__file__.replace("records.py", "short.tfrecord"), parse)
+      """))
+  _write_short_records(str(tmp / "short.tfrecord"))
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -69,8 +85,8 @@ def cli_runs(tmp_path_factory):
       "internal_error": [f"--config={DIGITS}", "--config.model.name=explode:model", "--config.trainer.train_steps=10",
                          "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
   }
-  for mistake in ("labels", "batched"):
-    cases[f"data_{mistake}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name=mistakes:{mistake}",
+  for mistake in ("mistakes:labels", "mistakes:batched", "mistakes:dict_features", "records:short_features"):
+    cases[f"data_{mistake.partition(':')[2]}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}",
                                 "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
   cases["own_field"] = [f"--config={SYNTHETIC}", "--dry_run", "--config.data.name=owndata:files",
                         "--config.data.train_files=/data/train-*.rec"]
@@ -113,6 +129,16 @@ def cli_runs(tmp_path_factory):
   results["dry_run_resume"] = (process.returncode, process.stdout, process.stderr, workdirs["quiet"])
   assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
   return results
+
+
+def _write_short_records(path):
+  """Writes 8 tf.train.Examples whose feature 'x' holds 3 floats (records.py's parse reads 16)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # Only this fixture needs it.
+  with tf.io.TFRecordWriter(path) as writer:
+    for label in range(8):
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 3)),
+          "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
 
 
 def _listing(directory):
@@ -289,11 +315,21 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
                      "unknown size (element spec (TensorSpec(shape=(None, 16), dtype=tf.float32, name=None), "
                      "TensorSpec(shape=(None,), dtype=tf.int32, name=None))). The Trainer batches the data itself; "
                      "return an unbatched dataset of one example per element (drop the .batch(...))."),
+    ("data_dict_features", "error: The training data's features are a dict with the keys 'a' ({'a': TensorSpec("
+                           "shape=(16,), dtype=tf.float32, name=None)} per example), but the model 'mlp' is a "
+                           "keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
+                           "dataset (tf.concat([features['a'], ...], axis=-1) after flattening each), or use a model "
+                           "with one keras.Input per part (a functional keras.Model, as an import path in "
+                           "config.model.name)."),
+    ("data_short_features", "error: The training data cannot be parsed at step 1: {tmp}/short.tfrecord, record 0 "
+                            "(counting from 0): its feature 'x' holds float_list of 3 values, but parse_fn reads it as "
+                            "float32 of shape [16] (16 values). Write the files with the features parse_fn reads, or "
+                            "change the features it reads."),
 ])
 def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs, case, message):
   returncode, _, stderr, workdir = cli_runs[case]
   assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
-  assert _error_lines(stderr) == [message]
+  assert _error_lines(stderr) == [message.format(tmp=workdir.parent)]
   assert "Traceback" not in stderr
   assert not workdir.exists()
 
