@@ -88,6 +88,9 @@ def cli_runs(tmp_path_factory):
   for mistake in ("mistakes:labels", "mistakes:batched", "mistakes:dict_features", "records:short_features"):
     cases[f"data_{mistake.partition(':')[2]}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}",
                                 "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
+  cases["warnings"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=48",
+                       "--config.trainer.precision=mixed_float16", "--config.trainer.train_steps=2",
+                       "--config.trainer.steps_per_loop=2"]
   cases["own_field"] = [f"--config={SYNTHETIC}", "--dry_run", "--config.data.name=owndata:files",
                         "--config.data.train_files=/data/train-*.rec"]
   cases["own_field_typo"] = [f"--config={SYNTHETIC}", "--config.data.name=owndata:files",
@@ -329,9 +332,22 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
 def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs, case, message):
   returncode, _, stderr, workdir = cli_runs[case]
   assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
-  assert _error_lines(stderr) == [message.format(tmp=workdir.parent)]
+  assert _error_lines(stderr) == [message.replace("{tmp}", str(workdir.parent))]
   assert "Traceback" not in stderr
   assert not workdir.exists()
+
+
+def test_a_batch_larger_than_the_data_and_float16_on_cpus_train_with_one_warning_line_each(cli_runs):
+  returncode, stdout, stderr, _ = cli_runs["warnings"]
+  assert returncode == 0, stderr[-3000:]
+  assert "global step: 2" in stdout
+  warnings = [line.split("] ", 1)[1] for line in stderr.splitlines() if re.match(r"^W\d{4} .*\.py:\d+\] ", line)]
+  assert warnings == [
+      "precision='mixed_float16' without a GPU: the replicas train on CPU, where float16 math is emulated on most "
+      "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on a "
+      "TPU or a CPU with AVX512_BF16 or AMX.",
+      "The global batch of 64 examples is larger than the whole training data (48 examples): every step repeats "
+      "examples within its batch. Use a global batch of at most 48 (config.data.global_batch_size), or more data."]
 
 
 def test_tensorflow_imported_by_the_configs_own_module_starts_quietly_too(cli_runs):
