@@ -28,8 +28,8 @@ Exit status: 0 done; 2 a user error (bad config, override, name, batch size,
 workdir, no TPU, a checkpoint that does not match or cannot be written, what
 --check_tpu finds a TPU would reject, data that does not fit the model or
 the task, cannot be read or holds NaN or inf), as one line `error: ...` on
-stderr (and with --verbose its traceback before it); 3 training diverged: a step's loss or gradients were not finite
-while its batch was, as one `error:` line; 4 a
+stderr (with --verbose, after its traceback); 3 training diverged: a step's
+loss or gradients were not finite while its batch was, as one `error:` line; 4 a
 peer of a multi-worker job could not be reached or stopped answering (one
 `error:` line naming it; a restart of the job resumes it); 143 after SIGTERM
 and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a

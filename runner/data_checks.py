@@ -283,8 +283,6 @@ def parse_error(error, data, *, step, purpose):
 
 _PARSER_REASON = re.compile(r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
                             r"Can't parse serialized Example|values != expected)[^\n]*")  # Example parser's reasons.
-_FEATURE_NAMED = re.compile(r"(?:Feature|Key): ([^ ,]+?)[ ,.]")
-_KINDS = {tf.float32: "float_list", tf.int64: "int64_list", tf.string: "bytes_list"}
 
 
 def _first_record_not_parsed(data):
@@ -311,16 +309,16 @@ def _parse_mismatch(parse_fn, record, reason):
   Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
   cannot be told (e.g. a parse function that is not `tf.io.parse_*example`).
   """
-  named = _FEATURE_NAMED.search(reason)
   wanted = _features_read(parse_fn)
+  name = next((key for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
+               if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
   try:
     features = tf.train.Example.FromString(record).features.feature
   except Exception:  # pylint: disable=broad-except  # Not an Example: a DecodeError of the protobuf.
     return f"it is not a tf.train.Example ({reason})"
   held = ", ".join(f"{name} ({_held(features[name])})" for name in sorted(features)) or "no features"
-  if named is None or named.group(1) not in wanted:
+  if name is None:
     return f"{reason} (the record holds {held})"
-  name = named.group(1)
   dtype, shape = wanted[name]
   reads = dtype.name + (f" of shape {shape.as_list()} ({_values(shape)})" if shape is not None else "")
   if name not in features:

@@ -583,8 +583,11 @@ def _warn_if_batch_exceeds_data(data, global_batch_size):
 
 
 def _warn_if_float16_on_cpu(strategy):
-  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU)."""
-  if _is_tpu(strategy):
+  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
+
+  Not under parameter servers: the chief does not see the workers' devices.
+  """
+  if _is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
     return
   try:
     device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}

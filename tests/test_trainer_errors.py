@@ -35,6 +35,7 @@ def fixture_one_device():
     (dict(clipnorm=-1.0), r"clipnorm must be None or a positive number, got -1\.0"),
     (dict(seed=1.5), r"seed must be None or an int, got 1\.5"),
     (dict(jit_compile="yes"), r"jit_compile must be True or False, got 'yes'"),
+    (dict(quiet=1), r"quiet must be True or False, got 1"),
     (dict(task="classification"), r"task must be a runner\.Task .*got 'classification'"),
     (dict(model_fn=keras.Sequential()), r"model_fn must be a function with no arguments that makes the object "
                                         r"inside strategy\.scope\(\), got Sequential"),
