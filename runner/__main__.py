@@ -11,6 +11,9 @@ Flags:
                           per-replica batch sizes, whether the workdir holds a run and
                           the step it would resume from, and the step plan from there;
                           writes nothing.
+  --verbose               a user error (exit 2, 3 or 4) prints its Python traceback
+                          (with the exception it came from, e.g. the one a config
+                          file raised) before its `error:` line.
   --check_tpu             compiles and runs the config's train and eval steps the way
                           a TPU would, on logical CPUs, and prints one line `PASS: ...`
                           or exits 2 naming what a TPU would reject (`runner.tpu_check`);
@@ -25,8 +28,8 @@ Exit status: 0 done; 2 a user error (bad config, override, name, batch size,
 workdir, no TPU, a checkpoint that does not match or cannot be written, what
 --check_tpu finds a TPU would reject, data that does not fit the model or
 the task, cannot be read or holds NaN or inf), as one line `error: ...` on
-stderr; 3 training diverged: a step's loss or gradients were not finite
-while its batch was, as one `error:` line; 4 a
+stderr (with --verbose, after its traceback); 3 training diverged: a step's
+loss or gradients were not finite while its batch was, as one `error:` line; 4 a
 peer of a multi-worker job could not be reached or stopped answering (one
 `error:` line naming it; a restart of the job resumes it); 143 after SIGTERM
 and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
@@ -85,6 +88,11 @@ _CHECK_TPU = flags.DEFINE_bool(
     "CPUs, before paying for a TPU: print one PASS line, or exit 2 naming the first op, shape or dtype a TPU "
     "would reject. Writes nothing.")
 
+_VERBOSE = flags.DEFINE_bool(
+    "verbose", False,
+    "On a user error (exit 2, 3 or 4), print its Python traceback, chained exceptions included (e.g. what a config "
+    "file raised), before the one error: line.")
+
 
 @dataclasses.dataclass(frozen=True)
 class CommandLine:
@@ -119,7 +127,9 @@ def parse_flags(argv):
 
 
 def exit_with_user_error(error, status=USER_ERROR_EXIT_CODE):
-  """Prints `error` as one line `error: ...` on stderr and exits with `status`."""
+  """Prints `error` as one line `error: ...` on stderr (after its traceback with --verbose) and exits with `status`."""
+  if isinstance(error, BaseException) and flags.FLAGS.is_parsed() and _VERBOSE.value:
+    traceback.print_exception(type(error), error, error.__traceback__)
   print_error_line(error)
   sys.exit(status)
 

@@ -7,8 +7,10 @@ loads a config file the way the CLI does (`FILE.py[:ARG]` plus
 Every bad input raises ConfigError, naming what was wrong and what is valid.
 """
 
+import contextlib
 import importlib.util
 import os
+import traceback
 
 from absl import flags
 import ml_collections
@@ -292,7 +294,10 @@ def load_config(path, overrides=()):
     The locked, complete, checked config (see `validate`).
 
   Raises:
-    ConfigError: a missing file, a file without `get_config`, an unknown
+    ConfigError: a missing file, a file that does not load (a SyntaxError,
+      an ImportError, any exception: the message names the file, its line and
+      the error, the exception is chained), a `get_config` that is missing,
+      raises or returns something other than a ConfigDict, an unknown
       field (with a did-you-mean), a value of the wrong type, or any check of
       `validate`.
   """
@@ -301,10 +306,18 @@ def load_config(path, overrides=()):
     raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
   spec = importlib.util.spec_from_file_location("runner_config_file", file_path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  with _failures_named(file_path, ""):
+    spec.loader.exec_module(module)
   if not callable(getattr(module, "get_config", None)):
     raise ConfigError(f"Config file {file_path!r} has no function get_config().")
-  config = _complete(module.get_config(argument) if argument else module.get_config())
+  call = f"get_config({argument!r})" if argument else "get_config()"
+  with _failures_named(file_path, f", in {call}"):
+    config = module.get_config(argument) if argument else module.get_config()
+  if not hasattr(config, "items"):
+    raise ConfigError(
+        f"Config file {file_path!r}: {call} returned {_short_repr(config)} ({type(config).__name__}); "
+        "it must return an ml_collections.ConfigDict.")
+  config = _complete(config)
   if isinstance(overrides, str):
     raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")
   items = list(overrides.items() if hasattr(overrides, "items") else overrides)
@@ -317,6 +330,51 @@ def load_config(path, overrides=()):
   config.lock()
   _apply_overrides(config, [item for item in items if _path_of(item) not in NAME_FIELDS])
   return validate(config)
+
+
+@contextlib.contextmanager
+def _failures_named(file_path, during):
+  """Turns an exception raised by the config file's code into a ConfigError naming the file and the line.
+
+  A ConfigError the file raises itself passes as it is. The original
+  exception is chained (`__cause__`), so its traceback stays available (the
+  CLI prints it with `--verbose`).
+
+  Raises:
+    ConfigError: "Config file '{file}', line {n}{during}: {ExceptionType}:
+      {message}", the line being the last one of the config file in the
+      traceback (for a SyntaxError in another file, that file and line).
+  """
+  try:
+    yield
+  except ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError(
+        f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}") from e
+
+
+def _where(error, file_path):
+  """Returns ', line N' (', in FILE, line N' for another file's SyntaxError) for the error's place, or ''."""
+  if isinstance(error, SyntaxError) and error.filename and error.lineno:
+    if os.path.abspath(error.filename) == os.path.abspath(file_path):
+      return f", line {error.lineno}"
+    return f", in {error.filename!r}, line {error.lineno}"
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(file_path)]
+  return f", line {lines[-1]}" if lines else ""
+
+
+def _described(error):
+  """Returns the error's message; a SyntaxError's without its place (`_where` gives that)."""
+  if isinstance(error, SyntaxError):
+    return error.msg
+  return str(error) or "(no message)"
+
+
+def _short_repr(value, limit=80):
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)

@@ -154,6 +154,25 @@ def as_provider(data, *, source="data") -> DatasetProvider:
       f"or a runner.data.DatasetProvider, got {type(data).__name__}.")
 
 
+def known_num_examples(data):
+  """Returns the number of examples in `data` where it is known without reading it, else None.
+
+  Known for `InMemory` arrays (the built-in datasets return those) and for a
+  `tf.data.Dataset` (or a `DatasetShards` of one) whose cardinality TensorFlow
+  knows statically; never counted by iterating.
+
+  Args:
+    data: a `tf.data.Dataset` or a `DatasetProvider`.
+  """
+  if isinstance(data, InMemory):
+    return data.num_examples
+  dataset = data.dataset if isinstance(data, DatasetShards) else data
+  if isinstance(dataset, tf.data.Dataset):
+    cardinality = int(dataset.cardinality())
+    return cardinality if cardinality >= 0 else None
+  return None
+
+
 class InMemory(DatasetProvider):
   """Arrays held in memory, sharded by example across input pipelines.
 

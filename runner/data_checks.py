@@ -4,7 +4,9 @@ What is checked, and when:
 - once per dataset, from its element spec alone, before the model is built or
   a step traced (`check_features`): a dataset that is already batched, ragged
   or variable-length features where the model needs a fixed shape, and
-  features whose shape does not fit the model's input;
+  features whose shape does not fit the model's input; and several features
+  (a dict, a tuple) for a `keras.Sequential` model, which takes one tensor
+  (`check_one_tensor_for_sequential`);
 - once per dataset, from the element spec and the model's outputs
   (`label_range`): labels the task cannot score, as the task says
   (`runner.Task.check_labels`), and the range their values must lie in;
@@ -130,6 +132,39 @@ def check_features(element_spec, expected, *, purpose):
           "the dataset (then tf.ensure_shape).")
 
 
+_ONE_TENSOR_LAYERS = (keras.layers.Flatten, keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
+                      keras.layers.Conv3D, keras.layers.Embedding)
+
+
+def check_one_tensor_for_sequential(element_spec, model, *, purpose):
+  """Checks that a `keras.Sequential` model starting with a one-tensor layer gets one tensor of features.
+
+  The built-in models start with `Flatten`; Keras fails deep inside it on a
+  dict, tuple or list of features. A Sequential model whose first layer is
+  another one (e.g. the user's own layer, which may take a dict) is not
+  checked here.
+
+  Raises:
+    DataError: `model` is a `keras.Sequential` whose first layer is one of
+      `_ONE_TENSOR_LAYERS`, and the features are a dict, tuple or list; the
+      message names the model, the dict's keys (or the parts) and what to do.
+  """
+  features = element_spec[0]
+  if not (isinstance(model, keras.Sequential) and model.layers and isinstance(model.layers[0], _ONE_TENSOR_LAYERS)
+          and tf.nest.is_nested(features)):
+    return
+  if isinstance(features, dict):
+    got = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}"
+    combine = f"tf.concat([features[{sorted(features)[0]!r}], ...], axis=-1) after flattening each"
+  else:
+    got = f"a {type(features).__name__} of {len(features)} part(s)"
+    combine = "tf.concat([features[0], ...], axis=-1) after flattening each"
+  raise DataError(
+      f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
+      f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset ({combine}), "
+      "or use a model with one keras.Input per part (a functional keras.Model, as an import path in config.model.name).")
+
+
 def label_range(element_spec, outputs_spec, task, *, purpose):
   """Returns the task's `runner.tasks.LabelRange` for these labels and outputs, or None (no per-batch check).
 
@@ -207,6 +242,123 @@ def read_error(error, data, *, step, purpose):
   return DataError(
       f"The {purpose} data cannot be read{at}: {_reason(getattr(error, 'message', str(error)))}. A file it reads "
       "is damaged or truncated; rewrite it or leave it out.")
+
+
+def parse_error(error, data, *, step, purpose):
+  """Returns the DataError for records that `data`'s parse function rejects, or None for another error.
+
+  For a `runner.data.TFRecordFiles`, its files are read again with its
+  `parse_fn`, in order, to name the first record it rejects, the feature and
+  what the record holds against what `parse_fn` reads (its
+  `tf.io.parse_single_example` features, from its traced graph). For other
+  data, an error of TensorFlow's Example parser is named with its reason and
+  the TFRecord files the dataset's graph holds.
+
+  Args:
+    error: the `tf.errors.InvalidArgumentError` raised while reading `data`.
+    data: what was read, as given to the Trainer.
+    step: the step that met it (for evaluation: None).
+    purpose: what the data is for, e.g. "training".
+  """
+  at = f" at step {step}" if step is not None else ""
+  where = f"The {purpose} data cannot be parsed{at}"
+  if isinstance(data, data_lib.TFRecordFiles):
+    found = _first_record_not_parsed(data)
+    if found is None:
+      return None
+    path, record_number, record, reason = found
+    return DataError(
+        f"{where}: {path}, record {record_number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
+        "Write the files with the features parse_fn reads, or change the features it reads.")
+  found = _PARSER_REASON.search(getattr(error, "message", str(error)))
+  if found is None:
+    return None
+  reason = " ".join(found.group().split()).rstrip(".")
+  files, _ = _tfrecord_files(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()))
+  in_files = f" in a record of {', '.join(files)}" if files else ""
+  return DataError(
+      f"{where}: TensorFlow's Example parser says{in_files}: {reason}. Write the files with the features the "
+      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record).")
+
+
+_PARSER_REASON = re.compile(r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
+                            r"Can't parse serialized Example|values != expected)[^\n]*")  # Example parser's reasons.
+
+
+def _first_record_not_parsed(data):
+  """Returns `(path, record number, serialized record, TensorFlow's reason)` of the first record `parse_fn` rejects."""
+  for path in data.files:
+    good = 0
+    records = tf.data.TFRecordDataset(path, compression_type=data.compression_type)
+    try:
+      for batch in records.map(data.parse_fn).batch(_RECORDS_PER_READ):
+        good += int(tf.shape(tf.nest.flatten(batch)[0])[0])
+    except tf.errors.InvalidArgumentError:
+      for record in records.skip(good):
+        try:
+          data.parse_fn(record)
+        except tf.errors.InvalidArgumentError as e:
+          return path, good, record.numpy(), _reason(e.message)
+        good += 1
+  return None
+
+
+def _parse_mismatch(parse_fn, record, reason):
+  """Says which feature of `record` `parse_fn` rejects: what the record holds and what parse_fn reads.
+
+  Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
+  cannot be told (e.g. a parse function that is not `tf.io.parse_*example`).
+  """
+  wanted = _features_read(parse_fn)
+  name = next((key for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
+               if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
+  try:
+    features = tf.train.Example.FromString(record).features.feature
+  except Exception:  # pylint: disable=broad-except  # Not an Example: a DecodeError of the protobuf.
+    return f"it is not a tf.train.Example ({reason})"
+  held = ", ".join(f"{name} ({_held(features[name])})" for name in sorted(features)) or "no features"
+  if name is None:
+    return f"{reason} (the record holds {held})"
+  dtype, shape = wanted[name]
+  reads = dtype.name + (f" of shape {shape.as_list()} ({_values(shape)})" if shape is not None else "")
+  if name not in features:
+    return f"it has no feature {name!r}, which parse_fn reads as {reads}; the record holds {held}"
+  return f"its feature {name!r} holds {_held(features[name])}, but parse_fn reads it as {reads}"
+
+
+def _features_read(parse_fn):
+  """Returns {feature name: (dtype, shape or None)} that `parse_fn`'s Example parsers read (from its traced graph)."""
+  try:
+    graph = tf.function(parse_fn).get_concrete_function(tf.TensorSpec([], tf.string)).graph
+  except Exception:  # pylint: disable=broad-except  # A parse_fn that does not trace alone: no names to give.
+    return {}
+  wanted = {}
+  for op in graph.get_operations():
+    if op.type != "ParseExampleV2":
+      continue
+    sparse_keys, dense_keys, ragged_keys = (tf.get_static_value(op.inputs[i]) for i in (2, 3, 4))
+    for key, dtype, shape in zip(dense_keys, op.get_attr("Tdense"), op.get_attr("dense_shapes")):
+      wanted[key.decode()] = (dtype, tf.TensorShape(shape))
+    for keys, types in ((sparse_keys, op.get_attr("sparse_types")), (ragged_keys, op.get_attr("ragged_value_types"))):
+      for key, dtype in zip(keys, types):
+        wanted[key.decode()] = (dtype, None)
+  return wanted
+
+
+def _held(feature):
+  """'float_list of 8 values' for a `tf.train.Feature`."""
+  kind = feature.WhichOneof("kind")
+  if kind is None:
+    return "no values"
+  return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}"
+
+
+def _values(shape):
+  """'16 values' for a fixed shape [16] ('1 value' for a scalar), 'any number of values' otherwise."""
+  if not shape.is_fully_defined():
+    return "any number of values"
+  count = int(np.prod(shape.as_list()))
+  return f"{count} value{'s' if count != 1 else ''}"
 
 
 def _tfrecord_files(dataset):

@@ -1,10 +1,11 @@
-"""Where a run's progress lines go when `runner.run` is called from Python, and how to silence them.
+"""Where the progress lines go when `runner.run` or a `runner.Trainer` is called from Python, and `quiet`.
 
 The progress lines (one per train loop, one per evaluation, checkpoints) are
 absl INFO logs. Under `python -m runner`, absl's app shows them on stderr.
-A Python program that calls `runner.run` has not set up absl logging, so
-Python's default (WARNING and above) would drop them; `shown` makes them
-appear the same way for the length of the run and leaves logging as it was.
+A Python program that calls `runner.run` or a Trainer's methods has not set
+up absl logging, so Python's default (WARNING and above) would drop them;
+`shown` makes them appear the same way for the length of the call and leaves
+logging as it was.
 """
 
 import contextlib
@@ -14,6 +15,8 @@ import sys
 from absl import logging
 
 from runner import tensorflow_logs
+
+_depth = 0  # How many `shown` blocks are open in this process: the outermost decides.
 
 
 @contextlib.contextmanager
@@ -27,7 +30,18 @@ def shown(*, quiet):
   (absl alone would call `logging.basicConfig()` and print `INFO:absl:...`),
   with TensorFlow's own INFO lines hidden as the CLI hides them. A program
   that configured logging keeps its handlers. Quiet: only warnings and errors.
+
+  Inside another `shown` block (a Trainer's method under `runner.run`) the
+  outer block's choice holds and this one changes nothing.
   """
+  global _depth
+  if _depth:
+    _depth += 1
+    try:
+      yield
+    finally:
+      _depth -= 1
+    return
   verbosity = logging.get_verbosity()
   handler = None
   if quiet:
@@ -39,9 +53,11 @@ def shown(*, quiet):
       handler.setFormatter(logging.PythonFormatter())
       handler.addFilter(tensorflow_logs.without_tensorflow_info)
       python_logging.root.addHandler(handler)
+  _depth = 1
   try:
     yield
   finally:
+    _depth = 0
     if handler is not None:
       python_logging.root.removeHandler(handler)
     logging.set_verbosity(verbosity)

@@ -21,6 +21,29 @@ def summary_dir(model_dir, split):
   return os.path.join(model_dir, "summaries", split)
 
 
+def train_results_at(model_dir, step):
+  """Returns the `loss` and metrics of the last train row of `step` in `model_dir/metrics.jsonl`, or {}.
+
+  {} when the file or such a row is missing; rows that do not parse (a line
+  cut short by a kill) are skipped. The throughput (`steps_per_sec`,
+  `examples_per_sec`) is left out, as from `Trainer.train`.
+  """
+  path = os.path.join(model_dir, "metrics.jsonl")
+  if not tf.io.gfile.exists(path):
+    return {}
+  found = {}
+  with tf.io.gfile.GFile(path, "r") as lines:
+    for line in lines:
+      try:
+        row = json.loads(line)
+      except ValueError:
+        continue
+      if isinstance(row, dict) and row.get("split") == "train" and row.get("step") == step:
+        found = row
+  return {name: value for name, value in found.items()
+          if name not in ("split", "step", "steps_per_sec", "examples_per_sec")}
+
+
 class Reporter:
   """Reports each train loop and each evaluation.
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from runner import actions as actions_lib
 from runner import checkpointing
 from runner import controller as controller_lib
+from runner import data as data_lib
 from runner import data_checks
 from runner import exporting
 from runner import global_state
@@ -24,6 +25,7 @@ from runner import loops
 from runner import parameter_server_loops
 from runner import preemption
 from runner import profiling
+from runner import progress_output
 from runner import reporting
 from runner import steps_per_loop as steps_per_loop_lib
 from runner import trainer_options
@@ -53,7 +55,7 @@ class Trainer:
 
   def __init__(self, strategy, *, model_fn, optimizer_fn, task, model_dir=None, steps_per_loop=1,
                checkpoint_every=None, max_to_keep=3, jit_compile=False, precision="float32", clipnorm=None,
-               seed=None, actions=(), profile_steps=None):
+               seed=None, actions=(), profile_steps=None, quiet=False):
     """Makes the model, optimizer and metrics in `strategy.scope()`.
 
     Args:
@@ -69,6 +71,10 @@ class Trainer:
         `runner.trainer_options.TrainerOptions`. With `jit_compile`,
         evaluation pads to full batches (static shapes); 'mixed_float16' adds
         dynamic loss scaling; `seed` works as `global_state.random_seed`.
+      quiet: False (the default) shows the progress lines of `train`,
+        `evaluate` and `export` on stderr as `python -m runner` does, also in
+        a plain Python program (see `progress_output`); True shows only
+        warnings and errors. Under `runner.run`, its own `quiet` decides.
 
     Raises:
       ConfigError: an argument is invalid (`jit_compile` under parameter
@@ -76,6 +82,7 @@ class Trainer:
         returned something unusable.
     """
     trainer_options.check_components(strategy=strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task)
+    self._quiet = checks.boolean(quiet, "quiet")
     self._options = trainer_options.TrainerOptions(
         model_dir=model_dir, steps_per_loop=steps_per_loop, checkpoint_every=checkpoint_every,
         max_to_keep=max_to_keep, jit_compile=jit_compile, precision=precision, clipnorm=clipnorm, seed=seed,
@@ -92,6 +99,8 @@ class Trainer:
       self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     self._task = task
     self._xla = jit_compile and not _is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
+    if precision == "mixed_float16":
+      _warn_if_float16_on_cpu(strategy)
     with strategy.scope(), global_state.random_seed(seed):
       with global_state.dtype_policy(precision):
         self._model = trainer_options.made(
@@ -130,7 +139,8 @@ class Trainer:
     self._eval_loop = None  # (the LabelRange it checks, the EvalLoop)
     self._last_train_results = {}
     self._last_eval_results = None
-    self._prepare(None)
+    with progress_output.shown(quiet=self._quiet):  # It may restore a checkpoint, and say so.
+      self._prepare(None)
 
   @property
   def strategy(self):
@@ -183,8 +193,12 @@ class Trainer:
         global batches per evaluation.
 
     Returns:
-      The last loop's `loss` and metrics, a dict of floats (the previous
-      results, or {} if none, when the global step is already at `steps`).
+      The last loop's `loss` and metrics, a dict of floats. When the global
+      step is already at `steps` or past it (a rerun of a finished run), it
+      says so in one logged line and returns the results of the last loop
+      that reached that step: this Trainer's, else the train row of that step
+      in `model_dir/metrics.jsonl` (without its throughput), else {} (no
+      `model_dir`, or no such row).
 
     Raises:
       ConfigError: an argument is invalid, or the data ran out (the steps
@@ -199,6 +213,11 @@ class Trainer:
         parameter servers a ps task is gone; the message names it and the
         step the job resumes from.
     """
+    with progress_output.shown(quiet=self._quiet):
+      return self._train(data, global_batch_size=global_batch_size, steps=steps, eval_data=eval_data,
+                         eval_every=eval_every, eval_global_batch_size=eval_global_batch_size, eval_steps=eval_steps)
+
+  def _train(self, data, *, global_batch_size, steps, eval_data, eval_every, eval_global_batch_size, eval_steps):
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     if not checks.is_int(steps) or steps < 0:
       raise ConfigError(f"steps (the global step to train to) must be an int >= 0, got {steps!r}.")
@@ -206,12 +225,11 @@ class Trainer:
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
     label_range = self._prepare_for(data, "training")
-    iterator = self._train_iterator(data, global_batch_size)
     if self._global_step >= steps:
-      logging.info("The global step is %d, already at steps=%d: nothing to train.", self._global_step, steps)
-      return dict(self._last_train_results)
+      return self._nothing_to_train(steps)
+    iterator = self._train_iterator(data, global_batch_size)
     evaluate = functools.partial(
-        self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
+        self._evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
     first_step = self._global_step
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
@@ -269,6 +287,10 @@ class Trainer:
       DataError: the data does not fit the model or the task, or cannot be
         read (see `data_checks`).
     """
+    with progress_output.shown(quiet=self._quiet):
+      return self._evaluate(data, global_batch_size=global_batch_size, steps=steps)
+
+  def _evaluate(self, data, *, global_batch_size, steps):
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)
     strategy = parameter_server_loops.evaluation_strategy(self._strategy)
@@ -333,6 +355,10 @@ class Trainer:
       ConfigError: the model's input shape is unknown (a model that builds
         lazily, before any train or evaluate, and no `data`).
     """
+    with progress_output.shown(quiet=self._quiet):
+      return self._export(path, data=data)
+
+  def _export(self, path, *, data):
     if data is not None:
       self._prepare_for(data, "export")
     declared = data_checks.declared_features_spec(self._model)
@@ -362,6 +388,7 @@ class Trainer:
       return checked[1]
     element_spec = input_pipeline.element_spec(data, purpose)
     data_checks.check_features(element_spec, self._features_expected(), purpose=purpose)
+    data_checks.check_one_tensor_for_sequential(element_spec, self._model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
     if self._outputs_spec is None and self._ready:
@@ -381,6 +408,10 @@ class Trainer:
     """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises others."""
     if isinstance(error, tf.errors.DataLossError):
       return data_checks.read_error(error, data, step=step, purpose=purpose)
+    if isinstance(error, tf.errors.InvalidArgumentError):
+      not_parsed = data_checks.parse_error(error, data, step=step, purpose=purpose)
+      if not_parsed is not None:
+        return not_parsed
     found = data_checks.first_label_outside(data, label_range)
     if found is None and not isinstance(error, controller_lib.LabelsOutOfRange):
       raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
@@ -422,6 +453,7 @@ class Trainer:
     """
     key = (id(data), global_batch_size)
     if self._train_input is None or self._train_input[0] != key:
+      _warn_if_batch_exceeds_data(data, global_batch_size)
       if self._global_step and self._coordinator is not None:
         logging.info("Resuming at step %d: every worker's stream starts at the batch of step %d, as an "
                      "uninterrupted run's steps would.", self._global_step, self._global_step)
@@ -502,6 +534,17 @@ class Trainer:
     self._global_step = step
     self._last_train_results = train_results
 
+  def _nothing_to_train(self, steps):
+    """Says that the global step is at `steps` already; returns the results of the loop that reached it."""
+    if self._checkpoints is not None and self._saved_step == self._global_step:
+      where = f"the checkpoint in {self._checkpoints.model_dir} is at step {self._global_step}"
+    else:
+      where = f"the global step is {self._global_step}"
+    logging.info("Nothing to train: %s >= steps=%d.", where, steps)
+    if not self._last_train_results and self._checkpoints is not None:
+      return reporting.train_results_at(self._checkpoints.model_dir, self._global_step)
+    return dict(self._last_train_results)
+
   def _data_ran_out(self, global_batch_size, steps, first_step):
     """Saves the steps taken before the training data ran out; returns the error that says so."""
     self._global_step = int(self._step.numpy())
@@ -526,6 +569,38 @@ class Trainer:
       self._save()
     self._reporter.flush()
     return None if self._checkpoints is None else checkpointing.latest(self._checkpoints.model_dir)
+
+
+def _warn_if_batch_exceeds_data(data, global_batch_size):
+  """Logs a warning when the training data is known to hold fewer examples than one global batch.
+
+  Known only where it is cheap (`runner.data.known_num_examples`): in-memory
+  arrays, the built-in datasets, a dataset of known cardinality.
+  """
+  num_examples = data_lib.known_num_examples(data)
+  if num_examples is not None and num_examples < global_batch_size:
+    logging.warning(
+        "The global batch of %d examples is larger than the whole training data (%d examples): every step "
+        "repeats examples within its batch. Use a global batch of at most %d (config.data.global_batch_size), "
+        "or more data.", global_batch_size, num_examples, num_examples)
+
+
+def _warn_if_float16_on_cpu(strategy):
+  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
+
+  Not under parameter servers: the chief does not see the workers' devices.
+  """
+  if _is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
+    return
+  try:
+    device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}
+  except (AttributeError, ValueError):  # A strategy that does not list its devices here: nothing to tell.
+    return
+  if device_types and "GPU" not in device_types:
+    logging.warning(
+        "precision='mixed_float16' without a GPU: the replicas train on %s, where float16 math is emulated on most "
+        "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on "
+        "a TPU or a CPU with AVX512_BF16 or AMX.", ", ".join(sorted(device_types)))
 
 
 def _is_tpu(strategy):

@@ -57,7 +57,23 @@ def cli_runs(tmp_path_factory):
 
       def batched(config, split):
         return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.zeros(64, np.int32))).batch(8)
+
+      def dict_features(config, split):  # For the built-in mlp, which takes one tensor.
+        return tf.data.Dataset.from_tensor_slices(({"a": np.ones((64, 16), np.float32)}, np.zeros(64, np.int32)))
       """))
+  (tmp / "records.py").write_text(textwrap.dedent("""
+      import tensorflow as tf
+      import runner
+
+      def parse(record):
+        example = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([16], tf.float32),
+                                                      "y": tf.io.FixedLenFeature([], tf.int64)})
+        return example["x"], example["y"]
+
+      def short_features(config, split):
+        return runner.data.TFRecordFiles(__file__.replace("records.py", "short.tfrecord"), parse)
+      """))
+  _write_short_records(str(tmp / "short.tfrecord"))
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -69,9 +85,12 @@ def cli_runs(tmp_path_factory):
       "internal_error": [f"--config={DIGITS}", "--config.model.name=explode:model", "--config.trainer.train_steps=10",
                          "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
   }
-  for mistake in ("labels", "batched"):
-    cases[f"data_{mistake}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name=mistakes:{mistake}",
+  for mistake in ("mistakes:labels", "mistakes:batched", "mistakes:dict_features", "records:short_features"):
+    cases[f"data_{mistake.partition(':')[2]}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}",
                                 "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
+  cases["warnings"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=48",
+                       "--config.trainer.precision=mixed_float16", "--config.trainer.train_steps=2",
+                       "--config.trainer.steps_per_loop=2"]
   cases["own_field"] = [f"--config={SYNTHETIC}", "--dry_run", "--config.data.name=owndata:files",
                         "--config.data.train_files=/data/train-*.rec"]
   cases["own_field_typo"] = [f"--config={SYNTHETIC}", "--config.data.name=owndata:files",
@@ -113,6 +132,16 @@ def cli_runs(tmp_path_factory):
   results["dry_run_resume"] = (process.returncode, process.stdout, process.stderr, workdirs["quiet"])
   assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
   return results
+
+
+def _write_short_records(path):
+  """Writes 8 tf.train.Examples whose feature 'x' holds 3 floats (records.py's parse reads 16)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # Only this fixture needs it.
+  with tf.io.TFRecordWriter(path) as writer:
+    for label in range(8):
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 3)),
+          "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
 
 
 def _listing(directory):
@@ -289,13 +318,36 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
                      "unknown size (element spec (TensorSpec(shape=(None, 16), dtype=tf.float32, name=None), "
                      "TensorSpec(shape=(None,), dtype=tf.int32, name=None))). The Trainer batches the data itself; "
                      "return an unbatched dataset of one example per element (drop the .batch(...))."),
+    ("data_dict_features", "error: The training data's features are a dict with the keys 'a' ({'a': TensorSpec("
+                           "shape=(16,), dtype=tf.float32, name=None)} per example), but the model 'mlp' is a "
+                           "keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
+                           "dataset (tf.concat([features['a'], ...], axis=-1) after flattening each), or use a model "
+                           "with one keras.Input per part (a functional keras.Model, as an import path in "
+                           "config.model.name)."),
+    ("data_short_features", "error: The training data cannot be parsed at step 1: {tmp}/short.tfrecord, record 0 "
+                            "(counting from 0): its feature 'x' holds float_list of 3 values, but parse_fn reads it as "
+                            "float32 of shape [16] (16 values). Write the files with the features parse_fn reads, or "
+                            "change the features it reads."),
 ])
 def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs, case, message):
   returncode, _, stderr, workdir = cli_runs[case]
   assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
-  assert _error_lines(stderr) == [message]
+  assert _error_lines(stderr) == [message.replace("{tmp}", str(workdir.parent))]
   assert "Traceback" not in stderr
   assert not workdir.exists()
+
+
+def test_a_batch_larger_than_the_data_and_float16_on_cpus_train_with_one_warning_line_each(cli_runs):
+  returncode, stdout, stderr, _ = cli_runs["warnings"]
+  assert returncode == 0, stderr[-3000:]
+  assert "global step: 2" in stdout
+  warnings = [line.split("] ", 1)[1] for line in stderr.splitlines() if re.match(r"^W\d{4} .*\.py:\d+\] ", line)]
+  assert warnings == [
+      "precision='mixed_float16' without a GPU: the replicas train on CPU, where float16 math is emulated on most "
+      "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on a "
+      "TPU or a CPU with AVX512_BF16 or AMX.",
+      "The global batch of 64 examples is larger than the whole training data (48 examples): every step repeats "
+      "examples within its batch. Use a global batch of at most 48 (config.data.global_batch_size), or more data."]
 
 
 def test_tensorflow_imported_by_the_configs_own_module_starts_quietly_too(cli_runs):
@@ -329,7 +381,12 @@ _ANSWERS_WITHOUT_TENSORFLOW = {
     "strategies_flag": (["-m", "strategies", "--strategy=mirored"], 2,
                         "error: flag --strategy=mirored: --strategy='mirored' is not valid."),
     "launch_help": (["-m", "runner.launch", "--help"], 0, None),
+    "config_syntax": (["-m", "runner", "--config={tmp}/broken.py"], 2,
+                      "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
+    "config_syntax_verbose": (["-m", "runner", "--config={tmp}/broken.py", "--verbose"], 2,
+                              "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
 }
+_WITH_TRACEBACK = {"config_syntax_verbose"}
 _IMPORT_TIME = re.compile(r"^import time: +\d+ \| +\d+ \| +(?P<module>[\w.]+)$")
 
 
@@ -338,9 +395,11 @@ def _imported(stderr):
   return {match["module"].split(".")[0] for match in map(_IMPORT_TIME.match, stderr.splitlines()) if match}
 
 
-def test_help_and_config_errors_answer_before_tensorflow_loads():
+def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
+  (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n  pass\n")
   env = dict(os.environ, PYTHONPATH=REPO)
-  processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + args, env=env, cwd=REPO,
+  processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + [a.format(tmp=tmp_path) for a in args],
+                                      env=env, cwd=REPO,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()}
   for case, process in processes.items():
@@ -348,6 +407,8 @@ def test_help_and_config_errors_answer_before_tensorflow_loads():
     stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     assert process.returncode == status, (case, stderr[-3000:])
     errors = _error_lines(stderr)
-    assert (len(errors) == 1 and errors[0].startswith(error)) if error else ("--" in stdout and not errors), case
+    assert (len(errors) == 1 and errors[0].startswith(error.format(tmp=tmp_path))) if error else (
+        "--" in stdout and not errors), case
+    assert ("Traceback (most recent call last)" in stderr) == (case in _WITH_TRACEBACK), (case, stderr[-3000:])
     assert "absl" in _imported(stderr), case  # What -X importtime prints is read.
     assert not {"tensorflow", "keras", "sklearn"} & _imported(stderr), case

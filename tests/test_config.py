@@ -165,6 +165,24 @@ def test_missing_config_file_and_file_without_get_config(tmp_path):
     runner.load_config(str(tmp_path / "empty.py"))
 
 
+@pytest.mark.parametrize("source, message, cause", [
+    ("import ml_collections\ndef get_config(:\n  pass\n", "{file}', line 2: SyntaxError: invalid syntax", SyntaxError),
+    ("def get_config():\n  config = {}\n  raise ValueError('no variant here')\n",
+     "{file}', line 3, in get_config(): ValueError: no variant here", ValueError),
+    ("X = 1\nimport no_such_module_here\ndef get_config():\n  pass\n",
+     "{file}', line 2: ModuleNotFoundError: No module named 'no_such_module_here'", ModuleNotFoundError),
+    ("def get_config():\n  return 42\n",
+     "{file}': get_config() returned 42 (int); it must return an ml_collections.ConfigDict.", type(None)),
+])
+def test_a_config_file_that_fails_is_one_config_error_naming_the_file_and_line(tmp_path, source, message, cause):
+  config_file = tmp_path / "broken.py"
+  config_file.write_text(source)
+  with pytest.raises(ConfigError) as raised:
+    runner.load_config(str(config_file))
+  assert str(raised.value) == "Config file '" + message.format(file=config_file)
+  assert isinstance(raised.value.__cause__, cause)  # The config file's own traceback stays chained.
+
+
 def test_switching_a_builtin_drops_the_old_defaults_and_rejects_set_fields():
   switched = runner.load_config(DIGITS, ["data.name=synthetic", "data.num_examples=100"])
   assert switched.data.num_examples == 100 and switched.data.num_features == 16

@@ -14,6 +14,8 @@ import tensorflow as tf
 import runner
 import strategies
 import trainer_testlib
+from runner import builtin_models
+from runner import config as config_lib
 from runner.data import DataError
 
 NUM_FEATURES, NUM_CLASSES = trainer_testlib.NUM_FEATURES, trainer_testlib.NUM_CLASSES
@@ -43,6 +45,35 @@ def test_features_of_another_shape_than_the_models_input_are_named_with_both(one
       "The training data's features have shape (5,) per example (element spec (TensorSpec(shape=(5,), "
       "dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.int32, name=None))), but the model's input "
       "takes (8,).")
+
+
+def test_dict_features_for_the_builtin_mlp_are_named_with_their_keys(one_device):
+  model_config = config_lib.default_config().model
+  features = {"words": np.zeros((32, 3), np.float32), "age": np.zeros((32, 1), np.float32)}
+  trainer = trainer_testlib.make_trainer(one_device, model_fn=lambda: builtin_models.mlp(model_config))
+  with pytest.raises(DataError) as raised:
+    trainer.train(_dataset(features, np.zeros(32, np.int32)), global_batch_size=8, steps=1)
+  assert str(raised.value) == (
+      "The training data's features are a dict with the keys 'age', 'words' ({'words': TensorSpec(shape=(3,), "
+      "dtype=tf.float32, name=None), 'age': TensorSpec(shape=(1,), dtype=tf.float32, name=None)} per example), but "
+      "the model 'mlp' is a keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
+      "dataset (tf.concat([features['age'], ...], axis=-1) after flattening each), or use a model with one "
+      "keras.Input per part (a functional keras.Model, as an import path in config.model.name).")
+
+
+class _Concatenated(keras.layers.Layer):
+  """A first layer that takes a dict of features."""
+
+  def call(self, features):
+    return keras.ops.concatenate([features["a"], features["b"]], axis=-1)
+
+
+def test_a_sequential_model_whose_own_first_layer_takes_a_dict_trains_on_dict_features(one_device):
+  model_fn = lambda: keras.Sequential([_Concatenated(), keras.layers.Dense(NUM_CLASSES)])
+  trainer = trainer_testlib.make_trainer(one_device, model_fn=model_fn)
+  features = {"a": np.zeros((32, 3), np.float32), "b": np.ones((32, 2), np.float32)}
+  trainer.train(_dataset(features, np.zeros(32, np.int32)), global_batch_size=8, steps=1)
+  assert trainer.global_step == 1
 
 
 def test_a_batched_dataset_is_named_for_a_model_with_an_input_and_for_one_that_builds_lazily(one_device):
@@ -219,6 +250,68 @@ def test_a_damaged_file_of_a_plain_tfrecord_dataset_is_named_with_its_record(tmp
   assert str(raised.value) == (
       f"The training data cannot be read at step 7: {path} is damaged at record 50 (counting from 0; corrupted "
       f"record at {offsets[50] + 12}). Replace or re-write that file, or leave it out of the data.")
+
+
+def _float_feature(values):
+  return tf.train.Feature(float_list=tf.train.FloatList(value=values))
+
+
+def _int_feature(values):
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+def _write_examples(path, count, feature_of):
+  """Writes `count` records, the tf.train.Example of `feature_of(i)` ({name: tf.train.Feature}) each."""
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(count):
+      writer.write(tf.train.Example(features=tf.train.Features(feature=feature_of(i))).SerializeToString())
+
+
+_OTHER_SCHEMAS = {  # Record 3 of the second file, as it is written instead of {"x": 8 floats, "y": 1 int}.
+    "other_name": ({"features": _float_feature([1.0] * NUM_FEATURES), "y": _int_feature([1])},
+                   f"it has no feature 'x', which parse_fn reads as float32 of shape [{NUM_FEATURES}] ({NUM_FEATURES} "
+                   f"values); the record holds features (float_list of {NUM_FEATURES} values), y (int64_list of 1 "
+                   "value)"),
+    "other_dtype": ({"x": _int_feature([1] * NUM_FEATURES), "y": _int_feature([1])},
+                    f"its feature 'x' holds int64_list of {NUM_FEATURES} values, but parse_fn reads it as float32 of "
+                    f"shape [{NUM_FEATURES}] ({NUM_FEATURES} values)"),
+    "other_length": ({"x": _float_feature([1.0] * 3), "y": _int_feature([1])},
+                     f"its feature 'x' holds float_list of 3 values, but parse_fn reads it as float32 of shape "
+                     f"[{NUM_FEATURES}] ({NUM_FEATURES} values)"),
+}
+
+
+@pytest.mark.parametrize("schema", sorted(_OTHER_SCHEMAS))
+def test_a_tfrecord_of_another_schema_is_named_with_its_file_record_feature_and_both_specs(tmp_path, one_device,
+                                                                                           schema):
+  written, mismatch = _OTHER_SCHEMAS[schema]
+  good = lambda i: {"x": _float_feature([0.5] * NUM_FEATURES), "y": _int_feature([i % NUM_CLASSES])}
+  paths = [str(tmp_path / f"part-{i}.tfrecord") for i in range(2)]
+  _write_examples(paths[0], 16, good)
+  _write_examples(paths[1], 16, lambda i: written if i == 3 else good(i))
+  data = runner.data.TFRecordFiles(str(tmp_path / "part-*.tfrecord"), _parse)
+  trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=2)
+  expected = (f"{paths[1]}, record 3 (counting from 0): {mismatch}. Write the files with the features parse_fn "
+              "reads, or change the features it reads.")
+  with pytest.raises(DataError) as raised:
+    trainer.train(data, global_batch_size=8, steps=4)
+  assert str(raised.value) == "The training data cannot be parsed at step 3: " + expected  # Records 16 to 23.
+  with pytest.raises(DataError) as raised:
+    trainer.evaluate(data, global_batch_size=8)
+  assert str(raised.value) == "The evaluation data cannot be parsed: " + expected
+
+
+def test_a_plain_tfrecord_dataset_of_another_schema_is_named_with_its_files_and_the_parsers_reason(tmp_path,
+                                                                                                  one_device):
+  path = str(tmp_path / "train.tfrecord")
+  _write_examples(path, 16, lambda i: {"x": _float_feature([1.0] * 3), "y": _int_feature([1])})
+  trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=2)
+  with pytest.raises(DataError) as raised:
+    trainer.train(tf.data.TFRecordDataset(path).map(_parse), global_batch_size=8, steps=4)
+  assert str(raised.value) == (
+      f"The training data cannot be parsed at step 1: TensorFlow's Example parser says in a record of {path}: Key: x. "
+      "Can't parse serialized Example: Some float_list slice was not parsed. Write the files with the features the "
+      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record).")
 
 
 def test_a_run_that_fails_on_its_data_leaves_the_workdir_as_it_found_it(tmp_path):

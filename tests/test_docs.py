@@ -1,10 +1,13 @@
 """Keeps the docs true: README.md and docs/*.md document every public name, their links lead
 somewhere, and the README's quickstart is what CI runs."""
 
+import ast
 import functools
 import glob
 import os
 import re
+import subprocess
+import sys
 
 import runner
 from runner import config as config_lib
@@ -107,3 +110,36 @@ def test_every_public_name_exists():
 def test_every_example_config_is_documented():
   configs = sorted(f for f in os.listdir(os.path.join(REPO, "configs")) if f.endswith(".py") and f != "__init__.py")
   assert configs and [f for f in configs if f"configs/{f}" not in ALL_DOCS] == []
+
+
+def _readme_trainer_example(model_dir):
+  """The README's Trainer example as a script, with its model_dir (and export) under `model_dir`."""
+  section = README.split("## Your own model with the Trainer", 1)[1].split("\n## ", 1)[0]
+  script = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  assert script.count('"/tmp/my_run') == 2, script
+  return script.replace('"/tmp/my_run', f'"{model_dir}')
+
+
+_ABSL_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \w+\.py:\d+\] ")
+
+
+def test_the_readmes_trainer_example_shows_progress_and_a_rerun_says_it_has_nothing_to_train(tmp_path,
+                                                                                            subprocess_env):
+  script = tmp_path / "example.py"
+  script.write_text(_readme_trainer_example(tmp_path / "my_run"))
+  runs = [subprocess.run([sys.executable, str(script)], env=subprocess_env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300) for _ in range(2)]
+  for run in runs:
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "INFO:absl" not in run.stderr  # The CLI's format, not Python logging's default.
+  first, second = ([line.split("] ", 1)[1] for line in run.stderr.splitlines() if _ABSL_LINE.match(line)]
+                   for run in runs)  # absl's lines from Python, not TensorFlow's C++ start-up lines.
+  assert [line.split(":")[0] for line in first if line.startswith("step ")] == [
+      f"step {step}/400" for step in range(50, 401, 50)]
+  assert sum(line.startswith("eval at step ") for line in first) == 2
+  assert f"Exported a SavedModel at step 400 to {tmp_path}/my_run/saved_model." in first
+  assert second == [f"Restored {tmp_path}/my_run/checkpoints/ckpt-400.",
+                    f"Nothing to train: the checkpoint in {tmp_path}/my_run is at step 400 >= steps=400.",
+                    f"Exported a SavedModel at step 400 to {tmp_path}/my_run/saved_model."]
+  results = [ast.literal_eval(run.stdout.strip()) for run in runs]
+  assert set(results[0]) == {"loss", "accuracy"} and results[1] == results[0]  # Step 400's row of metrics.jsonl.

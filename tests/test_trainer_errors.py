@@ -1,4 +1,8 @@
-"""Bad input gets an early ConfigError naming what was wrong and what is valid; a diverging run stops."""
+"""Bad input gets an early ConfigError naming what was wrong and what is valid; a diverging run stops; what
+trains but not as meant (a global batch larger than the data, float16 on CPUs) gets one warning."""
+
+import logging
+import os
 
 import keras
 import numpy as np
@@ -9,6 +13,8 @@ import runner
 import strategies
 import trainer_testlib
 from strategies import ConfigError
+
+SYNTHETIC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "synthetic.py")
 
 
 @pytest.fixture(name="one_device")
@@ -29,6 +35,7 @@ def fixture_one_device():
     (dict(clipnorm=-1.0), r"clipnorm must be None or a positive number, got -1\.0"),
     (dict(seed=1.5), r"seed must be None or an int, got 1\.5"),
     (dict(jit_compile="yes"), r"jit_compile must be True or False, got 'yes'"),
+    (dict(quiet=1), r"quiet must be True or False, got 1"),
     (dict(task="classification"), r"task must be a runner\.Task .*got 'classification'"),
     (dict(model_fn=keras.Sequential()), r"model_fn must be a function with no arguments that makes the object "
                                         r"inside strategy\.scope\(\), got Sequential"),
@@ -186,3 +193,42 @@ def test_empty_training_data_is_one_message(one_device):
   empty = trainer_testlib.classification_data(8).take(0)
   with pytest.raises(ConfigError, match=r"^The training data ran out at step 0 of 4 \(0 step\(s\) in this call\)"):
     trainer_testlib.make_trainer(one_device, steps_per_loop=2).train(empty, global_batch_size=8, steps=4)
+
+
+def _warnings(caplog):
+  return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+
+
+def test_a_global_batch_larger_than_the_training_data_is_one_warning_with_both_sizes(one_device, caplog):
+  features, labels = trainer_testlib.classification_arrays(24)
+  trainer = trainer_testlib.make_trainer(one_device)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    for data in (runner.data.InMemory(features, labels), tf.data.Dataset.from_tensor_slices((features, labels))):
+      trainer.train(data, global_batch_size=32, steps=trainer.global_step + 1)
+      trainer.train(data, global_batch_size=32, steps=trainer.global_step + 1)  # The same input: not said again.
+    unknown = tf.data.Dataset.from_tensor_slices((features, labels)).filter(lambda x, y: True)  # Not counted.
+    trainer.train(unknown, global_batch_size=32, steps=trainer.global_step + 1)
+    trainer.train(runner.data.InMemory(features, labels), global_batch_size=24, steps=trainer.global_step + 1)
+  assert _warnings(caplog) == [
+      "The global batch of 32 examples is larger than the whole training data (24 examples): every step repeats "
+      "examples within its batch. Use a global batch of at most 24 (config.data.global_batch_size), or more data."] * 2
+
+
+def test_mixed_float16_without_a_gpu_is_one_warning_and_mixed_bfloat16_none(cpu_devices, caplog):
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), precision="mixed_float16")
+    trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), precision="mixed_bfloat16")
+  assert _warnings(caplog) == [
+      "precision='mixed_float16' without a GPU: the replicas train on CPU, where float16 math is emulated on most "
+      "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on a "
+      "TPU or a CPU with AVX512_BF16 or AMX."]
+
+
+def test_runner_run_warns_of_a_global_batch_larger_than_the_builtin_dataset_also_when_quiet(tmp_path, caplog):
+  config = runner.load_config(SYNTHETIC, ["data.num_examples=48", "mode=train", "trainer.train_steps=2",
+                                          "trainer.steps_per_loop=2", "strategy.name=one_device"])
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    runner.run(config, workdir=str(tmp_path / "run"), quiet=True)
+  assert _warnings(caplog) == [
+      "The global batch of 64 examples is larger than the whole training data (48 examples): every step repeats "
+      "examples within its batch. Use a global batch of at most 48 (config.data.global_batch_size), or more data."]
