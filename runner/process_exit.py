@@ -30,8 +30,15 @@ def remove_autograph_modules():
 
 
 def exit_now(status):
-  """Flushes stdout and stderr, deletes AutoGraph's files, and ends the process with `status`, skipping teardown."""
-  sys.stdout.flush()
-  sys.stderr.flush()
+  """Flushes stdout and stderr, deletes AutoGraph's files, and ends the process with `status`, skipping teardown.
+
+  A stream that cannot be flushed (its reader is gone, e.g. a launcher that
+  was killed) does not keep the process from ending with `status`.
+  """
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
   remove_autograph_modules()
   os._exit(status)  # pylint: disable=protected-access

@@ -113,7 +113,8 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
     try:
       return _run_mode(config, strategy, workdir)
     except BaseException:
-      before.restore_unless_checkpointed()
+      if strategy.extended.should_checkpoint:  # The chief's: another worker may leave before the chief has saved.
+        before.restore_unless_checkpointed()
       raise
 
 

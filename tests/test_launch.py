@@ -8,10 +8,12 @@ uninterrupted job, one fails with a user error and must not restart.
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -38,9 +40,9 @@ def _runner_args(workdir, **trainer):
 class Launch(process_testlib.TrainingProcess):
   """`python -m runner.launch LAUNCHER_ARGS -- RUNNER_ARGS` in a child process, its output in files."""
 
-  def __init__(self, workdir, launcher_args, runner_args, env):
+  def __init__(self, workdir, launcher_args, runner_args, env, preexec_fn=None):
     super().__init__([sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args], workdir=workdir,
-                     env=env, name="launch")
+                     env=env, name="launch", preexec_fn=preexec_fn)
 
   def pids(self, task):
     """The pids of `task` (e.g. 'worker:1'), one per start of the job, from the launcher's `[launch]` lines."""
@@ -58,6 +60,21 @@ def _launcher(args, env, timeout=60, **kwargs):
   """Runs `python -m runner.launch ARGS` to its end; returns the CompletedProcess."""
   return subprocess.run([sys.executable, "-m", "runner.launch", *args], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=timeout, check=False, **kwargs)
+
+
+def _latest_step(workdir):
+  """The step of the checkpoint a rerun in `workdir` resumes from, or None."""
+  path = tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints"))
+  return None if path is None else int(path.rpartition("-")[2])
+
+
+def _ended(pid):
+  """Whether process `pid` (not this one's child) has ended: gone, or a zombie nobody reaped yet."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rpartition(")")[2].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
 
 
 def _ports(cluster):
@@ -267,3 +284,89 @@ def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_e
   train = [row for row in rows if row["split"] == "train"]
   assert [row["step"] for row in train] == [20, 40, 60]  # A loop is 10 steps on each of the 2 workers.
   assert train[-1]["loss"] < 1.6  # The bound of tests/test_trainer_parameter_server.py (measured 1.354 to 1.361).
+
+
+NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_says_what_was_saved(
+    signum, tmp_path, subprocess_env):
+  """SIGTERM to the launcher, or Ctrl-C at its terminal (SIGINT to its whole process group), at a random moment.
+
+  Before training (start-up) nothing may be written; once it trains, both
+  workers save at one step, the first checkpoint included.
+  """
+  workdir = tmp_path / "job"
+  job = Launch(workdir, FAST_STOP + ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
+               subprocess_env, preexec_fn=os.setsid)  # A terminal's process group: the launcher leads it.
+  job.wait_for(lambda: job.pids("worker:1"), "the tasks' start")
+  time.sleep(random.Random(signum).uniform(0.5, 8))
+  if signum == signal.SIGINT:
+    os.killpg(job.process.pid, signal.SIGINT)
+  else:
+    job.process.send_signal(signal.SIGTERM)
+  status, _, stderr = job.wait()
+  assert status == 128 + signum, stderr[-3000:]
+  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}[signum]
+  step = _latest_step(workdir)
+  if step is None:
+    assert stderr.splitlines()[-1] == (
+        f"[launch] stopped by {name}: no checkpoint was written; a rerun of the same command starts from step 0.")
+    assert not workdir.exists() or not os.listdir(workdir)  # Stopped during start-up: nothing written.
+  else:
+    assert stderr.splitlines()[-1] == (
+        f"[launch] stopped by {name}: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
+    assert job.train_rows()[-1]["step"] == step
+    assert {"config.json", "config_history.jsonl", "metrics.jsonl", "checkpoints"} <= set(os.listdir(workdir))
+    for worker in (0, 1):  # Both stopped after the same loop (the non-chief may not see the chief's file yet).
+      assert re.search(rf"^\[worker:{worker}\] .*Stopped by SIGTERM: .* at step {step}\b", stderr, re.M), stderr[-3000:]
+  assert "Could not write" not in stderr and "Traceback" not in stderr
+
+
+def test_under_parameter_servers_a_dead_worker_is_no_error_and_a_stop_reaches_the_chief_first(tmp_path,
+                                                                                           subprocess_env):
+  workdir = tmp_path / "job"
+  job = Launch(workdir, ["--workers=2", "--ps=1"],
+               [f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train", f"--config.trainer.train_steps={NEVER}",
+                "--config.trainer.steps_per_loop=10"], subprocess_env)
+  rng = random.Random(6)
+  job.wait_for_rows(rng.randint(1, 4))
+  os.kill(job.pids("worker:1")[0], signal.SIGKILL)
+  job.wait_for(lambda: "[launch] worker:1 was killed by SIGKILL" in job.stderr(), "the launcher's line on worker:1")
+  job.wait_for_rows(len(job.train_rows()) + 3)  # The chief trains on with worker:0.
+  time.sleep(rng.uniform(0, 1))
+  job.process.send_signal(signal.SIGTERM)
+  status, _, stderr = job.wait()
+  assert status == 143, stderr[-3000:]
+  assert ("[launch] worker:1 was killed by SIGKILL; not an error under parameter servers: the chief trains on with "
+          "the other workers (it is not started again).\n") in stderr
+  step = _latest_step(workdir)
+  assert step is not None and job.train_rows()[-1]["step"] == step
+  assert re.search(rf"^\[chief\] .*Stopped by SIGTERM: saved a checkpoint at step {step} \(", stderr, re.M), stderr[-3000:]
+  assert stderr.splitlines()[-1] == (
+      f"[launch] stopped by SIGTERM: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
+  assert "[launch] killed" not in stderr  # No task needed SIGKILL: the servers served until the chief was done.
+  for task in ("worker:0", "ps:0"):
+    assert re.search(rf"^\[{task}\] .*(is done \(its port closed\)|SIGTERM received: {task} serves until)", stderr,
+                     re.M), stderr[-3000:]
+  assert "stopped serving at once" not in stderr and "Traceback" not in stderr
+
+
+def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one_step(tmp_path, subprocess_env):
+  workdir = tmp_path / "job"
+  job = Launch(workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
+               subprocess_env)
+  job.wait_for_rows(random.Random(7).randint(1, 20))
+  workers = job.pids("worker:0") + job.pids("worker:1")
+  job.process.kill()
+  assert job.wait()[0] == -signal.SIGKILL
+  deadline = time.monotonic() + 60
+  while not all(_ended(pid) for pid in workers) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  running = [pid for pid in workers if not _ended(pid)]
+  for pid in running:
+    os.kill(pid, signal.SIGKILL)
+  assert not running, "the tasks outlived their launcher"
+  step = _latest_step(workdir)  # Each got SIGTERM as its parent died: they saved at the end of the same loop.
+  assert step is not None and job.train_rows()[-1]["step"] == step
