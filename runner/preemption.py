@@ -193,4 +193,5 @@ def _joined_a_cluster():
   """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
   context = sys.modules.get("tensorflow.python.eager.context")
   current = context and context.context_safe()
-  return bool(current and (current.get_server_def() or current._collective_ops_server_def))  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  return bool(current and (current.get_server_def() or current._collective_ops_server_def))

@@ -289,7 +289,7 @@ def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_e
 NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_says_what_was_saved(
     signum, tmp_path, subprocess_env):
   """SIGTERM to the launcher, or Ctrl-C at its terminal (SIGINT to its whole process group), at a random moment.
@@ -328,8 +328,8 @@ def test_under_parameter_servers_a_dead_worker_is_no_error_and_a_stop_reaches_th
                                                                                            subprocess_env):
   workdir = tmp_path / "job"
   job = Launch(workdir, ["--workers=2", "--ps=1"],
-               [f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train", f"--config.trainer.train_steps={NEVER}",
-                "--config.trainer.steps_per_loop=10"], subprocess_env)
+               [f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train",
+                f"--config.trainer.train_steps={NEVER}", "--config.trainer.steps_per_loop=10"], subprocess_env)
   rng = random.Random(6)
   job.wait_for_rows(rng.randint(1, 4))
   os.kill(job.pids("worker:1")[0], signal.SIGKILL)
@@ -343,7 +343,8 @@ def test_under_parameter_servers_a_dead_worker_is_no_error_and_a_stop_reaches_th
           "the other workers (it is not started again).\n") in stderr
   step = _latest_step(workdir)
   assert step is not None and job.train_rows()[-1]["step"] == step
-  assert re.search(rf"^\[chief\] .*Stopped by SIGTERM: saved a checkpoint at step {step} \(", stderr, re.M), stderr[-3000:]
+  assert re.search(rf"^\[chief\] .*Stopped by SIGTERM: saved a checkpoint at step {step} \(", stderr,
+                   re.M), stderr[-3000:]
   assert stderr.splitlines()[-1] == (
       f"[launch] stopped by SIGTERM: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
   assert "[launch] killed" not in stderr  # No task needed SIGKILL: the servers served until the chief was done.
