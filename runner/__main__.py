@@ -30,7 +30,9 @@ while its batch was, as one `error:` line; 4 a
 peer of a multi-worker job could not be reached or stopped answering (one
 `error:` line naming it; a restart of the job resumes it); 143 after SIGTERM
 and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
-second Ctrl-C aborts); 1 any other error, a bug, with its traceback.
+second Ctrl-C aborts; during start-up one line `Stopped by SIGTERM during
+start-up; nothing was written.`, see `preemption.handle_outside_training`);
+1 any other error, a bug, with its traceback.
 TensorFlow's C++ start-up chatter is hidden unless TF_CPP_MIN_LOG_LEVEL is set
 (see `tensorflow_logs`).
 

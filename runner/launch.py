@@ -21,8 +21,26 @@ others (SIGTERM, so each saves a checkpoint; SIGKILL after --grace_seconds)
 and, with --max_restarts=K, starts the whole job again, at most K times: every
 task resumes from the last checkpoint in the shared --workdir. Exit status 2
 (a user error) and 3 (a non-finite step) are never restarted: a restart would
-fail the same way. SIGTERM or a first Ctrl-C is passed on to every task as
-SIGTERM (each saves a checkpoint and exits); a second Ctrl-C kills them at once.
+fail the same way. Under parameter servers a worker that dies is not a
+failure (the chief's ClusterCoordinator runs its steps on the others): the
+launcher says so and the job goes on, the worker not started again; only the
+last worker's death fails the job.
+
+Stopping: SIGTERM or a first Ctrl-C to the launcher stops the job; a second
+Ctrl-C kills every task at once. Each task runs in a session of its own, so
+a Ctrl-C at the terminal reaches the launcher alone, which stops the tasks in
+order. Workers of multi_worker_mirrored all get SIGTERM at once (they agree
+on the step to save at, see `runner.preemption`); under parameter servers the
+chief gets it first, and the workers and ps tasks serve until it has saved
+and exited, then get theirs. SIGTERM is repeated every second until a task
+exits (TensorFlow's multi-worker start-up swallows one; a task ignores
+those after the first). The launcher's last line then says whether the job
+saved, read from the workdir's checkpoint list: `[launch] stopped by
+SIGTERM: saved ckpt-40 at step 40; rerun the same command to resume from
+there.`, or that no checkpoint was written. On Linux every task gets SIGTERM
+when the launcher dies, even by SIGKILL (`prctl(PR_SET_PDEATHSIG)`), so no
+task outlives it and each stops as after a stop to the launcher (the
+parameter-server tasks serve on until their chief is gone).
 
 Exit status: 0 the job succeeded; the failed task's status when it is 1..255,
 1 when the task was killed by a signal; 143 after SIGTERM and 130 after
