@@ -139,6 +139,25 @@ def test_exit_statuses():
   assert [launch.exit_status(code) for code in (1, 2, 3, 143, 255, -9, -15)] == [1, 2, 3, 143, 255, 1, 1]
 
 
+def test_the_workdir_and_its_latest_checkpoint_are_read_without_tensorflow(tmp_path):
+  assert launch.workdir_of(["--config=c.py", f"--workdir={tmp_path}"]) == str(tmp_path)
+  assert launch.workdir_of(["-workdir", "gs://bucket/run", "--mode=train"]) == "gs://bucket/run"
+  assert launch.workdir_of(["--config=c.py", "--workdir"]) is None
+  assert launch.stop_outcome(str(tmp_path), None) == (
+      "no checkpoint was written; a rerun of the same command starts from step 0")
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "checkpoints" / "checkpoint").write_text(
+      'model_checkpoint_path: "ckpt-40"\n'
+      'all_model_checkpoint_paths: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-40"\n')
+  assert launch.latest_checkpoint(str(tmp_path)) == ("ckpt-40", 40)
+  assert launch.stop_outcome(str(tmp_path), None) == (
+      "saved ckpt-40 at step 40; rerun the same command to resume from there")
+  assert launch.stop_outcome(str(tmp_path), ("ckpt-40", 40)) == (
+      "no checkpoint was written by this stop; the latest is ckpt-40 (step 40), where a rerun of the same command "
+      "resumes")
+  assert launch.stop_outcome("gs://bucket/run", None).endswith("(the workdir is not local)")
+
+
 RUNNER = ["--", f"--config={SYNTHETIC}", "--workdir=/tmp/never-made"]
 EXAMPLE = "e.g. python -m runner.launch --workers=2 -- --config=configs/synthetic.py --workdir=/tmp/job"
 
