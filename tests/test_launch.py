@@ -320,7 +320,7 @@ def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_
   is checked whichever comes.
   """
   workdir = tmp_path / "job"
-  job = Launch(workdir, FAST_STOP + ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
+  job = Launch(workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
                subprocess_env, preexec_fn=os.setsid)  # A terminal's process group: the launcher leads it.
   job.wait_for(lambda: job.pids("worker:1"), "the tasks' start")
   if moment == "training":
