@@ -100,7 +100,8 @@ def _catches(pid, signum):
   return bool(caught >> (signum - 1) & 1)
 
 
-@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")],
+                         ids=["SIGTERM", "SIGINT"])
 def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(signum, name, tmp_path,
                                                                                subprocess_env):
   run = Run(tmp_path / "run", RUN + ONE_DEVICE, subprocess_env)
