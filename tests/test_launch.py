@@ -3,7 +3,10 @@
 The helpers and bad input need no TensorFlow and cost a fraction of a second.
 The jobs are real processes on localhost ports: one trains to the end, one
 has a worker SIGKILLed and must restart and end with the weights of an
-uninterrupted job, one fails with a user error and must not restart.
+uninterrupted job, one fails with a user error and must not restart; others
+get a stop at a random moment (SIGTERM, a terminal's Ctrl-C), lose a
+parameter-server worker, or lose their launcher to SIGKILL, and what they
+saved is checked on disk.
 """
 
 import json
