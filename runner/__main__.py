@@ -33,7 +33,9 @@ loss or gradients were not finite while its batch was, as one `error:` line; 4 a
 peer of a multi-worker job could not be reached or stopped answering (one
 `error:` line naming it; a restart of the job resumes it); 143 after SIGTERM
 and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
-second Ctrl-C aborts); 1 any other error, a bug, with its traceback.
+second Ctrl-C aborts; during start-up one line `Stopped by SIGTERM during
+start-up; nothing was written.`, see `preemption.handle_outside_training`);
+1 any other error, a bug, with its traceback.
 TensorFlow's C++ start-up chatter is hidden unless TF_CPP_MIN_LOG_LEVEL is set
 (see `tensorflow_logs`).
 
@@ -41,14 +43,17 @@ TensorFlow is imported only once the config is loaded and checked: --help,
 a bad flag and a config error answer without loading it.
 """
 
-from runner import tensorflow_logs
+from runner import preemption
+
+preemption.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
+
+from runner import tensorflow_logs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
 import re
-import signal
 import sys
 import traceback
 from typing import List
@@ -61,7 +66,6 @@ import strategies
 from strategies.errors import ClusterError, ConfigError, print_error_line
 
 from runner import config as config_lib
-from runner import preemption
 from runner import process_exit
 
 USER_ERROR_EXIT_CODE = 2
@@ -217,14 +221,14 @@ def run_main():
   """
   status = 1
   try:
-    app.run(main, flags_parser=parse_flags)
+    with preemption.raising_stops():
+      app.run(main, flags_parser=parse_flags)
     status = 0
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-  except KeyboardInterrupt:
-    print("error: interrupted by Ctrl-C before training or after it; a rerun resumes from the last checkpoint.",
-          file=sys.stderr)
-    status = preemption.EXIT_CODES[signal.SIGINT]
+  except preemption.Stopped as e:  # SIGTERM or Ctrl-C outside a training loop.
+    print(e.line, file=sys.stderr)
+    status = e.exit_code
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()  # A bug: keep its traceback.
   finally:

@@ -21,8 +21,26 @@ others (SIGTERM, so each saves a checkpoint; SIGKILL after --grace_seconds)
 and, with --max_restarts=K, starts the whole job again, at most K times: every
 task resumes from the last checkpoint in the shared --workdir. Exit status 2
 (a user error) and 3 (a non-finite step) are never restarted: a restart would
-fail the same way. SIGTERM or a first Ctrl-C is passed on to every task as
-SIGTERM (each saves a checkpoint and exits); a second Ctrl-C kills them at once.
+fail the same way. Under parameter servers a worker that dies is not a
+failure (the chief's ClusterCoordinator runs its steps on the others): the
+launcher says so and the job goes on, the worker not started again; only the
+last worker's death fails the job.
+
+Stopping: SIGTERM or a first Ctrl-C to the launcher stops the job; a second
+Ctrl-C kills every task at once. Each task runs in a session of its own, so
+a Ctrl-C at the terminal reaches the launcher alone, which stops the tasks in
+order. Workers of multi_worker_mirrored all get SIGTERM at once (they agree
+on the step to save at, see `runner.preemption`); under parameter servers the
+chief gets it first, and the workers and ps tasks serve until it has saved
+and exited, then get theirs. SIGTERM is repeated every second until a task
+exits (TensorFlow's multi-worker start-up swallows one; a task ignores
+those after the first). The launcher's last line then says whether the job
+saved, read from the workdir's checkpoint list: `[launch] stopped by
+SIGTERM: saved ckpt-40 at step 40; rerun the same command to resume from
+there.`, or that no checkpoint was written. On Linux every task gets SIGTERM
+when the launcher dies, even by SIGKILL (`prctl(PR_SET_PDEATHSIG)`), so no
+task outlives it and each stops as after a stop to the launcher (the
+parameter-server tasks serve on until their chief is gone).
 
 Exit status: 0 the job succeeded; the failed task's status when it is 1..255,
 1 when the task was killed by a signal; 143 after SIGTERM and 130 after
@@ -31,6 +49,7 @@ Ctrl-C; 2 for bad launcher input (one line `error: ...` on stderr).
 This module imports no TensorFlow: it only supervises processes.
 """
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -50,6 +69,10 @@ from runner import preemption
 USER_ERROR_EXIT_CODE = 2
 NOT_RESTARTED = {2: "a user error", 3: "a non-finite step"}  # Deterministic: a restart fails the same way.
 POLL_SECONDS = 0.1
+# TensorFlow's multi-worker start-up swallows a SIGTERM (its preemption notifier holds the signal for a moment), so
+# SIGTERM is sent again at this interval until the task exits; a task that noted one ignores the others.
+SIGTERM_REPEAT_SECONDS = 1.0
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies (Linux)
 SERVERS_END_SECONDS = 10  # A ps or worker server notices the chief is gone within about 4 s.
 THREAD_JOIN_SECONDS = 5  # for the last lines of the tasks' output once they exited
 HOST = "localhost"
@@ -69,6 +92,8 @@ _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
 _WORKDIR = re.compile(r"^--?workdir(=(.*))?$")
 _STRATEGY_NAME = re.compile(r"^--?config\.strategy\.name=(.*)$")
 _CLUSTER_FIELD = re.compile(r"^--?(no)?config\.strategy\.(worker_hosts|task_index)(=|$)")
+_LATEST_CHECKPOINT = re.compile(r'^model_checkpoint_path: "(.*)"$', re.M)
+_CHECKPOINT_STEP = re.compile(r"ckpt-(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +177,7 @@ def runner_arguments(arguments, *, ps):
   arguments = list(arguments)
   if not arguments:
     raise ValueError(f"Give the runner's arguments after --, e.g. {EXAMPLE}")
-  if not _has_workdir(arguments):
+  if workdir_of(arguments) is None:
     raise ValueError(
         "The runner arguments have no --workdir=DIR: every task and every restart must use the same workdir "
         "(all tasks restore from the chief's checkpoints there), and without one each task would make its own "
@@ -171,12 +196,49 @@ def runner_arguments(arguments, *, ps):
   return arguments
 
 
-def _has_workdir(arguments):
+def workdir_of(arguments):
+  """The value of the runner arguments' `--workdir=DIR` (or `--workdir DIR`), or None when they have none."""
   for position, argument in enumerate(arguments):
     match = _WORKDIR.match(argument)
-    if match and (match.group(2) if match.group(1) else position + 1 < len(arguments)):
-      return True
-  return False
+    if match and match.group(1):
+      return match.group(2) or None
+    if match and position + 1 < len(arguments):
+      return arguments[position + 1]
+  return None
+
+
+def latest_checkpoint(workdir):
+  """`(name, step)` of the checkpoint a run in the local `workdir` resumes from, e.g. `('ckpt-40', 40)`, or None.
+
+  Read from the checkpoint list `WORKDIR/checkpoints/checkpoint` without
+  TensorFlow; None also when it is missing or unreadable.
+  """
+  try:
+    with open(os.path.join(workdir, "checkpoints", "checkpoint"), encoding="utf-8") as f:
+      match = _LATEST_CHECKPOINT.search(f.read())
+  except (OSError, ValueError):
+    return None
+  name = os.path.basename(match.group(1)) if match else ""
+  step = _CHECKPOINT_STEP.search(name)
+  return (name, int(step.group(1))) if step else None
+
+
+def stop_outcome(workdir, before):
+  """The launcher's last words after a stop: whether the job saved a checkpoint in `workdir`.
+
+  Args:
+    workdir: the job's workdir (local, or a URL such as `gs://...`).
+    before: `latest_checkpoint(workdir)` when the job started.
+  """
+  if "://" in workdir:
+    return "the chief's last lines say whether it saved a checkpoint (the workdir is not local)"
+  after = latest_checkpoint(workdir)
+  if after is not None and after != before:
+    return f"saved {after[0]} at step {after[1]}; rerun the same command to resume from there"
+  if after is not None:
+    return (f"no checkpoint was written by this stop; the latest is {after[0]} (step {after[1]}), where a rerun "
+            "of the same command resumes")
+  return "no checkpoint was written; a rerun of the same command starts from step 0"
 
 
 def free_ports(count):
@@ -254,13 +316,20 @@ class _StopSignals:
 
 
 class _Job:
-  """One start of the job: a process per task, its output relayed, its exit put on `exits` as (Task, returncode)."""
+  """One start of the job: a process per task, its output relayed, its exit put on `exits` as (Task, returncode).
+
+  Every task runs in a session of its own, so a Ctrl-C at the terminal
+  reaches the launcher alone, which stops the tasks in order, and on Linux
+  it gets SIGTERM when the launcher dies (`_ends_with_the_launcher`).
+  """
 
   def __init__(self, *, workers, ps, arguments, output):
     ports = free_ports(sum(job_sizes(workers=workers, ps=ps).values()))
     self.cluster = cluster_spec(workers=workers, ps=ps, ports=ports)
     self.tasks = tasks(self.cluster)
     self.coordinators = {t for t in self.tasks if t.type == ("chief" if ps else "worker")}  # whose success ends it
+    # Under parameter servers the ClusterCoordinator runs a lost worker's functions on the others: not a failure.
+    self.dispensable = {t for t in self.tasks if ps and t.type == "worker"}
     self.exits = queue.Queue()
     self._arguments = arguments
     self._output = output
@@ -268,13 +337,14 @@ class _Job:
     self._threads = []
 
   def start(self):
+    preexec = _ends_with_the_launcher(os.getpid())
     for task in self.tasks:
       env = dict(os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type,
                                                             index=task.index)))
       env.setdefault("PYTHONUNBUFFERED", "1")  # Lines come as they are printed, not when a buffer fills.
-      process = subprocess.Popen(  # pylint: disable=consider-using-with
+      process = subprocess.Popen(  # pylint: disable=consider-using-with,subprocess-popen-preexec-fn
           [sys.executable, "-m", "runner", *self._arguments], env=env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
       self._processes[task] = process
       self._output.launcher(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
       prefix = f"[{task.name}]"
@@ -286,17 +356,29 @@ class _Job:
         thread.start()
 
   def stop(self, *, grace_seconds, abort):
-    """SIGTERM to every task still running; SIGKILL to those left after `grace_seconds` or once `abort()`.
+    """Stops the tasks still running: SIGTERM (every `SIGTERM_REPEAT_SECONDS`), then SIGKILL to those left after
+    `grace_seconds` or once `abort()`.
+
+    Under parameter servers the chief goes first: the workers and ps tasks
+    keep serving until it has saved and exited (or been killed), then they
+    get SIGTERM. Workers of `multi_worker_mirrored` all get SIGTERM at once:
+    they agree on the step to save at (see `runner.preemption`).
 
     Returns:
       The tasks that got SIGKILL.
     """
-    self._signal(self._running(), signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while self._running() and time.monotonic() < deadline and not abort():
-      time.sleep(POLL_SECONDS)
-    killed = self._running()
-    self._signal(killed, signal.SIGKILL)
+    first = [task for task in self.tasks if task in self.coordinators or not self.dispensable]
+    killed = []
+    for stage in (first, [task for task in self.tasks if task not in first]):
+      deadline = time.monotonic() + grace_seconds
+      while any(task in stage for task in self._running()) and time.monotonic() < deadline and not abort():
+        self._signal([task for task in self._running() if task in stage], signal.SIGTERM)
+        repeat = min(deadline, time.monotonic() + SIGTERM_REPEAT_SECONDS)
+        while any(task in stage for task in self._running()) and time.monotonic() < repeat and not abort():
+          time.sleep(POLL_SECONDS)
+      left = [task for task in self._running() if task in stage or abort()]
+      self._signal(left, signal.SIGKILL)
+      killed += left
     for process in self._processes.values():
       process.wait()
     deadline = time.monotonic() + THREAD_JOIN_SECONDS  # A task's own child may hold its pipes open: do not wait.
@@ -321,6 +403,30 @@ class _Job:
         pass  # It exited meanwhile.
 
 
+def _ends_with_the_launcher(launcher_pid):
+  """Returns the `preexec_fn` that gives a task SIGTERM when the launcher dies (Linux; elsewhere nothing).
+
+  The task asks the kernel for SIGTERM at its parent's death
+  (`prctl(PR_SET_PDEATHSIG)`), so a launcher killed by SIGKILL leaves no task
+  behind, and each stops as after a SIGTERM to it: workers save at an agreed
+  step, a parameter-server chief saves while its servers serve on until it
+  is gone. A launcher that died before the call leaves the task orphaned
+  already: it then exits at once, before running anything.
+  """
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # Looked up here: between fork and exec only the call runs.
+  except (OSError, AttributeError):
+    prctl = None  # Not Linux.
+
+  def preexec():
+    if prctl is not None:
+      prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != launcher_pid:
+      os._exit(preemption.EXIT_CODES[signal.SIGTERM])  # pylint: disable=protected-access
+
+  return preexec
+
+
 def _run_once(job, *, signals, grace_seconds, output):
   """Runs `job` until it succeeds, a task fails or a stop signal comes; then stops it.
 
@@ -330,19 +436,29 @@ def _run_once(job, *, signals, grace_seconds, output):
   try:
     job.start()
     pending = set(job.coordinators)
+    lost = set()
     while pending and not signals.received:
       try:
         task, returncode = job.exits.get(timeout=POLL_SECONDS)
       except queue.Empty:
         continue
+      if returncode != 0 and task in job.dispensable:
+        lost.add(task)
+        if lost != job.dispensable:
+          output.launcher(f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
+                          "chief trains on with the other workers (it is not started again).")
+          continue
       if returncode != 0:
-        output.launcher(f"{task.name} {describe_exit(returncode)}; stopping the other tasks "
-                        f"(SIGTERM, SIGKILL after {grace_seconds:g} s).")
+        last = ", and no worker is left" if task in job.dispensable else ""
+        output.launcher(f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
+                        f"after {grace_seconds:g} s).")
         return task, returncode
       pending.discard(task)
     if signals.received:
-      output.launcher(f"{preemption.NAMES[signals.received]} received: passing SIGTERM to every task, so each "
-                      "saves a checkpoint and exits. Press Ctrl-C again to kill them at once.")
+      order = ("the chief first; the workers and ps tasks serve until it has saved and exited"
+               if job.dispensable else "every task at once; the workers agree on the step to save at")
+      output.launcher(f"{preemption.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C "
+                      "again to kill every task at once.")
     else:  # Parameter-server tasks end by themselves once they see the chief gone; give them the time.
       job.wait(SERVERS_END_SECONDS, stop=lambda: signals.received)
     return None
@@ -359,11 +475,14 @@ def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
   `arguments` are the runner's, checked by `runner_arguments`.
   """
   output = _Output()
+  workdir = workdir_of(arguments)
   with _StopSignals() as signals:
     for attempt in range(max_restarts + 1):
+      before = latest_checkpoint(workdir)
       failure = _run_once(_Job(workers=workers, ps=ps, arguments=arguments, output=output),
                           signals=signals, grace_seconds=grace_seconds, output=output)
       if signals.received:
+        output.launcher(f"stopped by {preemption.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
         return preemption.EXIT_CODES[signals.received]
       if failure is None:
         return 0

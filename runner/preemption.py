@@ -4,8 +4,17 @@ A preempted VM gets SIGTERM; a user presses Ctrl-C (SIGINT). Either is noted
 and training ends at the end of the current loop, after a checkpoint, with
 the shell's exit status for that signal. A second Ctrl-C aborts at once,
 without saving.
+
+Outside training loops (start-up: imports, config, strategy, model,
+restore; and after training) `handle_outside_training` decides: a process
+alone raises `Stopped` at once, which leaves the workdir as it was (a run's
+clean-up runs on its way out); a task that has joined a multi-worker cluster
+cannot stop alone without its peers hanging or failing, so it notes the
+signal, and its first training loop hands it to every worker with the
+loop's reduction: all save at the end of that loop, at the same step.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -35,10 +44,12 @@ class StopSignals:
     self._watch = None
 
   def __enter__(self):
-    self.received = None
+    global _waiting_stop, _trained
+    self.received, _waiting_stop = _waiting_stop, None  # One a cluster task noted before: this loop ends training.
+    _trained = True
     if threading.current_thread() is threading.main_thread():
       self._previous = {signum: signal.signal(signum, self._note) for signum in EXIT_CODES}
-      self._watch = _SignalWatch()
+      self._watch = _SignalWatch(stops=int(self.received is not None))
     return self
 
   def __exit__(self, *exc_info):
@@ -51,8 +62,11 @@ class StopSignals:
 
   def _note(self, signum, frame):
     del frame
+    global _first_stop
     if self.received is None:
       self.received = signum
+    if _first_stop is None:
+      _first_stop = signum
 
 
 class _SignalWatch:
@@ -65,7 +79,11 @@ class _SignalWatch:
   gets one byte per signal as it arrives, in a thread of its own.
   """
 
-  def __init__(self):
+  def __init__(self, *, stops=0):
+    """Args:
+      stops: the stop signals received before (a SIGINT after one aborts).
+    """
+    self._stops = stops
     self._read, self._write = os.pipe()
     os.set_blocking(self._write, False)
     self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
@@ -80,7 +98,7 @@ class _SignalWatch:
     os.close(self._read)
 
   def _watch(self):
-    stops = 0
+    stops = self._stops
     while data := os.read(self._read, 64):
       for signum in data:
         if signum not in EXIT_CODES:
@@ -93,3 +111,87 @@ class _SignalWatch:
                           NAMES[signum],
                           " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "")
         stops += 1
+
+
+class Stopped(BaseException):
+  """A stop signal that ended a process alone outside a training loop (during start-up, or after training).
+
+  A BaseException, as KeyboardInterrupt, so that `except Exception` lets it
+  through and a run's clean-up (which leaves the workdir as it was) runs on
+  its way out.
+
+  Attributes:
+    signum: `signal.SIGTERM` or `signal.SIGINT`.
+    exit_code: the exit status for it (143, 130).
+    line: what the process says as it ends.
+  """
+
+  def __init__(self, signum):
+    self.signum = signum
+    self.exit_code = EXIT_CODES[signum]
+    name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    self.line = (f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
+                 if _trained else f"Stopped by {name} during start-up; nothing was written.")
+    super().__init__(self.line)
+
+
+_first_stop = None  # The first stop signal this process received, in or outside training.
+_waiting_stop = None  # One a cluster task noted outside training, for its next training loop to take.
+_raising = False  # Inside `raising_stops`: a signal outside training raises Stopped, else it exits at once.
+_trained = False  # A training loop ran in this process (StopSignals was entered).
+
+
+def handle_outside_training():
+  """Installs the handlers of SIGTERM and SIGINT for when no training loop runs; call it first thing in a process.
+
+  `StopSignals` takes over inside training loops and puts these back after.
+  A signal then ends the process with one line on stderr (`Stopped.line`)
+  and 143 or 130: at once, or inside `raising_stops` by raising `Stopped`
+  in the main thread. But a process that has joined a multi-worker cluster
+  notes it for its next training loop instead (`StopSignals` starts with
+  it), which every worker ends at the same step, saving (when no training
+  loop follows, the run ends as it would have). Once a stop is under way,
+  SIGTERM changes nothing and Ctrl-C exits at once with 130.
+  """
+  for signum in EXIT_CODES:
+    signal.signal(signum, _outside_training)
+
+
+@contextlib.contextmanager
+def raising_stops():
+  """Inside, a stop signal outside training raises `Stopped` (see `handle_outside_training`)."""
+  global _raising
+  _raising = True
+  try:
+    yield
+  finally:
+    _raising = False
+
+
+def _outside_training(signum, frame):
+  del frame
+  global _first_stop, _waiting_stop
+  if _first_stop is not None:
+    if signum == signal.SIGINT:
+      sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
+      process_exit.exit_now(EXIT_CODES[signal.SIGINT])
+    return
+  _first_stop = signum
+  if _joined_a_cluster():
+    _waiting_stop = signum
+    sys.stderr.write(f"{NAMES[signum]} received outside a training loop: the job stops at the end of its next one, "
+                     "every worker saving a checkpoint at the same step.\n")
+    return
+  stopped = Stopped(signum)
+  if _raising:
+    raise stopped
+  sys.stderr.write(stopped.line + "\n")
+  process_exit.exit_now(stopped.exit_code)
+
+
+def _joined_a_cluster():
+  """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
+  context = sys.modules.get("tensorflow.python.eager.context")
+  current = context and context.context_safe()
+  # pylint: disable-next=protected-access
+  return bool(current and (current.get_server_def() or current._collective_ops_server_def))

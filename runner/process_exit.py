@@ -47,14 +47,19 @@ def remove_autograph_modules():
 def exit_now(status):
   """Calls what `on_exit_now` registered, flushes stdout and stderr, deletes AutoGraph's files, and ends the process.
 
-  The process ends with `status`, skipping teardown.
+  The process ends with `status`, skipping teardown. A stream that cannot be
+  flushed (its reader is gone, e.g. a launcher that was killed) does not keep
+  the process from ending with `status`.
   """
   for callback in list(_before_exit):
     try:
       callback()
     except Exception:  # pylint: disable=broad-except
       pass
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
   remove_autograph_modules()
   os._exit(status)  # pylint: disable=protected-access

@@ -13,11 +13,17 @@ the cluster addresses (no shared files, so a `gs://` workdir works the
 same). Tasks may start in any order: a server waits for the chief at most
 `config.strategy.timeout_seconds` (None: forever), as the chief waits for
 the servers, then fails with a `ClusterError` (exit 4): a task restarted
-after the coordinator finished must not serve forever. SIGTERM and Ctrl-C
-end a serving task at once, with status 143 or 130 and one line on stderr.
+after the coordinator finished must not serve forever.
+
+SIGTERM asks a serving task to stop once the coordinator no longer needs
+it: it serves on while the chief's port answers (the chief, stopped too,
+saves its checkpoint through the servers) and then exits with 143, at once
+if the chief is not up. So a SIGTERM to every task at once (a cluster
+manager, or `runner.launch`'s tasks when the launcher dies) still saves.
+Ctrl-C ends a serving task at once with 130; a SIGTERM after the first
+changes nothing. Each says so in one line on stderr.
 """
 
-import functools
 import json
 import os
 import signal
@@ -62,8 +68,9 @@ def describe():
 def serve(timeout_seconds):
   """Starts this task's `tf.distribute.Server` and serves until the coordinator is done (see the module docstring).
 
-  Prints one line saying so. Returns when the chief's port has closed;
-  SIGTERM or Ctrl-C end the process at once (143 or 130).
+  Prints one line saying so. Returns when the chief's port has closed.
+  After a SIGTERM it serves while the chief is up, then exits with 143;
+  Ctrl-C ends the process at once (130).
 
   Args:
     timeout_seconds: the longest wait for the chief to come up; None waits
@@ -73,6 +80,7 @@ def serve(timeout_seconds):
     ConfigError: `TF_CONFIG` has no chief, or the server cannot start (e.g.
       its port is taken).
     ClusterError: the chief did not come up within `timeout_seconds`.
+    SystemExit: 143, the coordinator done after a SIGTERM.
   """
   resolver = cluster.from_tf_config()
   spec = resolver.cluster_spec()
@@ -81,8 +89,7 @@ def serve(timeout_seconds):
   me = f"{resolver.task_type}:{resolver.task_id}"
   # On a small machine a worker needs more inter-op threads than the functions it runs at once, or it can hang.
   config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(4, num_workers + 2))
-  for signum in preemption.EXIT_CODES:
-    signal.signal(signum, functools.partial(_exit_at_once, me))
+  stop = _StopWhenTheCoordinatorIsDone(me)
   try:
     server = tf.distribute.Server(spec, job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc",
                                   config=config, start=True)
@@ -91,9 +98,11 @@ def serve(timeout_seconds):
         f"{me} could not start its server at {spec.task_address(resolver.task_type, resolver.task_id)} "
         f"({' '.join(error.message.split())}); check that the port is free and the address is this host's.") from None
   print(f"serving as {me} of a parameter-server cluster until the coordinator ({chief}) is done", flush=True)
-  _wait_for_the_coordinator(chief, me, timeout_seconds)
+  _wait_for_the_coordinator(chief, me, timeout_seconds, stopping=lambda: stop.received is not None)
   logging.info("The coordinator (%s) is done (its port closed): %s stops serving.", chief, me)
   del server  # Kept alive until here.
+  if stop.received is not None:
+    raise SystemExit(preemption.EXIT_CODES[stop.received])
 
 
 def _chief_address(spec):
@@ -106,10 +115,15 @@ def _chief_address(spec):
   return spec.job_tasks("chief")[0]
 
 
-def _wait_for_the_coordinator(chief, me, timeout_seconds):
-  """Returns once `chief` has accepted a connection and then refused two probes in a row."""
+def _wait_for_the_coordinator(chief, me, timeout_seconds, *, stopping):
+  """Returns once `chief` has accepted a connection and then refused two probes in a row.
+
+  Once `stopping()`, one refused probe is enough, also before the chief was up.
+  """
   deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
   while not peers.listening(chief):
+    if stopping():
+      return
     if deadline is not None and time.monotonic() > deadline:
       raise ClusterError(
           f"{me} served for {timeout_seconds:g} s without the coordinator: nothing listens at chief:0 ({chief}). "
@@ -117,13 +131,32 @@ def _wait_for_the_coordinator(chief, me, timeout_seconds):
           "chief had already finished, this task has nothing left to do.")
     time.sleep(POLL_SECONDS)
   refused = 0
-  while refused < 2:
+  while refused < (1 if stopping() else 2):
     time.sleep(POLL_SECONDS)
     refused = 0 if peers.listening(chief) else refused + 1
 
 
-def _exit_at_once(me, signum, frame):
-  del frame
-  sys.stderr.write(f"{preemption.NAMES[signum]} received: {me} stopped serving (the coordinator writes the "
-                   "checkpoints; it fails if a ps task it needs is gone).\n")
-  process_exit.exit_now(preemption.EXIT_CODES[signum])
+class _StopWhenTheCoordinatorIsDone:
+  """Installs SIGTERM and SIGINT handlers: a first SIGTERM is noted in `received` (others ignored); Ctrl-C exits.
+
+  The handlers stay for the process's life: a serving task ends with its
+  server.
+  """
+
+  def __init__(self, me):
+    self.received = None
+    self._me = me
+    for signum in preemption.EXIT_CODES:
+      signal.signal(signum, self._note)
+
+  def _note(self, signum, frame):
+    del frame
+    if signum == signal.SIGTERM:
+      if self.received is None:
+        self.received = signum
+        sys.stderr.write(f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
+                         "checkpoint through the servers), then exits.\n")
+      return
+    sys.stderr.write(f"{preemption.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
+                     "writes the checkpoints; it fails if a ps task it needs is gone).\n")
+    process_exit.exit_now(preemption.EXIT_CODES[signum])

@@ -98,6 +98,28 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy,
   _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), rtol)
 
 
+def _catches(pid, signum):
+  """Whether process `pid` has a handler for `signum` now (its SigCgt mask in /proc)."""
+  with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+    caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+  return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(signum, name, tmp_path,
+                                                                               subprocess_env):
+  run = Run(tmp_path / "run", RUN + ONE_DEVICE, subprocess_env)
+  run.wait_for(lambda: _catches(run.process.pid, signal.SIGTERM), "a SIGTERM handler", timeout=30)
+  time.sleep(random.Random(signum).uniform(0, 0.8))  # Within start-up: loading TensorFlow alone takes longer.
+  run.process.send_signal(signum)
+  status, stdout, stderr = run.wait(timeout=60)
+  assert (status, stdout) == (128 + signum, ""), stderr[-3000:]
+  assert stderr.splitlines()[-1] == f"Stopped by {name} during start-up; nothing was written."
+  assert not (tmp_path / "run").exists()
+  _no_traceback(stderr)
+
+
 def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
   # Loops of several seconds (about 9 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
   # where Python runs no signal handler until the loop's call returns.

@@ -3,15 +3,20 @@
 The helpers and bad input need no TensorFlow and cost a fraction of a second.
 The jobs are real processes on localhost ports: one trains to the end, one
 has a worker SIGKILLed and must restart and end with the weights of an
-uninterrupted job, one fails with a user error and must not restart.
+uninterrupted job, one fails with a user error and must not restart; others
+get a stop at a random moment (SIGTERM, a terminal's Ctrl-C), lose a
+parameter-server worker, or lose their launcher to SIGKILL, and what they
+saved is checked on disk.
 """
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -38,9 +43,9 @@ def _runner_args(workdir, **trainer):
 class Launch(process_testlib.TrainingProcess):
   """`python -m runner.launch LAUNCHER_ARGS -- RUNNER_ARGS` in a child process, its output in files."""
 
-  def __init__(self, workdir, launcher_args, runner_args, env):
+  def __init__(self, workdir, launcher_args, runner_args, env, preexec_fn=None):
     super().__init__([sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args], workdir=workdir,
-                     env=env, name="launch")
+                     env=env, name="launch", preexec_fn=preexec_fn)
 
   def pids(self, task):
     """The pids of `task` (e.g. 'worker:1'), one per start of the job, from the launcher's `[launch]` lines."""
@@ -58,6 +63,21 @@ def _launcher(args, env, timeout=60, **kwargs):
   """Runs `python -m runner.launch ARGS` to its end; returns the CompletedProcess."""
   return subprocess.run([sys.executable, "-m", "runner.launch", *args], cwd=REPO, env=env, capture_output=True,
                         text=True, timeout=timeout, check=False, **kwargs)
+
+
+def _latest_step(workdir):
+  """The step of the checkpoint a rerun in `workdir` resumes from, or None."""
+  path = tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints"))
+  return None if path is None else int(path.rpartition("-")[2])
+
+
+def _ended(pid):
+  """Whether process `pid` (not this one's child) has ended: gone, or a zombie nobody reaped yet."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rpartition(")")[2].split()[0] == "Z"
+  except FileNotFoundError:
+    return True
 
 
 def _ports(cluster):
@@ -120,6 +140,25 @@ def test_exit_statuses():
   assert [launch.describe_exit(code) for code in (2, 143, -9)] == [
       "exited with status 2", "exited with status 143", "was killed by SIGKILL"]
   assert [launch.exit_status(code) for code in (1, 2, 3, 143, 255, -9, -15)] == [1, 2, 3, 143, 255, 1, 1]
+
+
+def test_the_workdir_and_its_latest_checkpoint_are_read_without_tensorflow(tmp_path):
+  assert launch.workdir_of(["--config=c.py", f"--workdir={tmp_path}"]) == str(tmp_path)
+  assert launch.workdir_of(["-workdir", "gs://bucket/run", "--mode=train"]) == "gs://bucket/run"
+  assert launch.workdir_of(["--config=c.py", "--workdir"]) is None
+  assert launch.stop_outcome(str(tmp_path), None) == (
+      "no checkpoint was written; a rerun of the same command starts from step 0")
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "checkpoints" / "checkpoint").write_text(
+      'model_checkpoint_path: "ckpt-40"\n'
+      'all_model_checkpoint_paths: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-40"\n')
+  assert launch.latest_checkpoint(str(tmp_path)) == ("ckpt-40", 40)
+  assert launch.stop_outcome(str(tmp_path), None) == (
+      "saved ckpt-40 at step 40; rerun the same command to resume from there")
+  assert launch.stop_outcome(str(tmp_path), ("ckpt-40", 40)) == (
+      "no checkpoint was written by this stop; the latest is ckpt-40 (step 40), where a rerun of the same command "
+      "resumes")
+  assert launch.stop_outcome("gs://bucket/run", None).endswith("(the workdir is not local)")
 
 
 RUNNER = ["--", f"--config={SYNTHETIC}", "--workdir=/tmp/never-made"]
@@ -267,3 +306,102 @@ def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_e
   train = [row for row in rows if row["split"] == "train"]
   assert [row["step"] for row in train] == [20, 40, 60]  # A loop is 10 steps on each of the 2 workers.
   assert train[-1]["loss"] < 1.6  # The bound of tests/test_trainer_parameter_server.py (measured 1.354 to 1.361).
+
+
+NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
+
+
+@pytest.mark.parametrize("signum, moment", [(signal.SIGTERM, "start-up"), (signal.SIGINT, "training")],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_says_what_was_saved(
+    signum, moment, tmp_path, subprocess_env):
+  """SIGTERM to the launcher, or Ctrl-C at its terminal (SIGINT to its whole process group), at a random moment.
+
+  SIGTERM comes within 2 s of the tasks' start (start-up, where nothing may
+  be written), Ctrl-C within 2 s of the first train row: training, before
+  any checkpoint, where both workers must save at one step. Either outcome
+  is checked whichever comes.
+  """
+  workdir = tmp_path / "job"
+  job = Launch(workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
+               subprocess_env, preexec_fn=os.setsid)  # A terminal's process group: the launcher leads it.
+  job.wait_for(lambda: job.pids("worker:1"), "the tasks' start")
+  if moment == "training":
+    job.wait_for_rows(1)
+  time.sleep(random.Random(signum).uniform(0, 2))
+  if signum == signal.SIGINT:
+    os.killpg(job.process.pid, signal.SIGINT)
+  else:
+    job.process.send_signal(signal.SIGTERM)
+  status, _, stderr = job.wait()
+  assert status == 128 + signum, stderr[-3000:]
+  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}[signum]
+  step = _latest_step(workdir)
+  if step is None:
+    assert stderr.splitlines()[-1] == (
+        f"[launch] stopped by {name}: no checkpoint was written; a rerun of the same command starts from step 0.")
+    assert not workdir.exists() or not os.listdir(workdir)  # Stopped during start-up: nothing written.
+  else:
+    assert stderr.splitlines()[-1] == (
+        f"[launch] stopped by {name}: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
+    assert job.train_rows()[-1]["step"] == step
+    assert {"config.json", "config_history.jsonl", "metrics.jsonl", "checkpoints"} <= set(os.listdir(workdir))
+    for worker in (0, 1):  # Both stopped after the same loop (the non-chief may not see the chief's file yet).
+      assert re.search(rf"^\[worker:{worker}\] .*Stopped by SIGTERM: .* at step {step}\b", stderr, re.M), stderr[-3000:]
+  assert "Could not write" not in stderr and "Traceback" not in stderr
+
+
+def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worker_is_no_error(tmp_path,
+                                                                                           subprocess_env):
+  """A stop at a random moment of training saves; the same command resumes, loses a worker and ends at train_steps."""
+  workdir, steps = tmp_path / "job", 400
+  command = (["--workers=2", "--ps=1"], [f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train",
+                                         f"--config.trainer.train_steps={steps}", "--config.trainer.steps_per_loop=10"])
+  stopped = Launch(workdir, *command, subprocess_env)
+  rng = random.Random(6)
+  stopped.wait_for_rows(1)
+  time.sleep(rng.uniform(0, 1))
+  stopped.process.send_signal(signal.SIGTERM)
+  status, _, stderr = stopped.wait()
+  assert status == 143, stderr[-3000:]
+  step = _latest_step(workdir)
+  assert step is not None and step < steps and stopped.train_rows()[-1]["step"] == step
+  assert re.search(rf"^\[chief\] .*Stopped by SIGTERM: saved a checkpoint at step {step} \(", stderr,
+                   re.M), stderr[-3000:]
+  assert stderr.splitlines()[-1] == (
+      f"[launch] stopped by SIGTERM: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
+  assert "[launch] killed" not in stderr  # No task needed SIGKILL: the servers served until the chief was done.
+  for task in ("worker:0", "worker:1", "ps:0"):
+    assert re.search(rf"^\[{task}\] .*(is done \(its port closed\)|SIGTERM received: {task} serves until)", stderr,
+                     re.M), stderr[-3000:]
+  assert "stopped serving at once" not in stderr and "Traceback" not in stderr
+
+  resumed = Launch(workdir, *command, subprocess_env)
+  resumed.wait_for_rows(len(stopped.train_rows()) + 1)
+  os.kill(resumed.pids("worker:1")[0], signal.SIGKILL)
+  status, stdout, stderr = resumed.wait()
+  assert status == 0, stderr[-3000:]
+  assert ("[launch] worker:1 was killed by SIGKILL; not an error under parameter servers: the chief trains on with "
+          "the other workers (it is not started again).\n") in stderr
+  assert re.search(rf"^\[chief\] .*Resuming at step {step}: ", stderr, re.M), stderr[-3000:]
+  final = int(re.search(r"^\[chief\] global step: (\d+)$", stdout, re.M).group(1))
+  assert final >= steps and _latest_step(workdir) == final  # A lost function's steps stay applied: maybe a few more.
+
+
+def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one_step(tmp_path, subprocess_env):
+  workdir = tmp_path / "job"
+  job = Launch(workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
+               subprocess_env)
+  job.wait_for_rows(random.Random(7).randint(1, 20))
+  workers = job.pids("worker:0") + job.pids("worker:1")
+  job.process.kill()
+  assert job.wait()[0] == -signal.SIGKILL
+  deadline = time.monotonic() + 60
+  while not all(_ended(pid) for pid in workers) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  running = [pid for pid in workers if not _ended(pid)]
+  for pid in running:
+    os.kill(pid, signal.SIGKILL)
+  assert not running, "the tasks outlived their launcher"
+  step = _latest_step(workdir)  # Each got SIGTERM as its parent died: they saved at the end of the same loop.
+  assert step is not None and job.train_rows()[-1]["step"] == step
