@@ -67,3 +67,20 @@ def train_rows(workdir):
     return []
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.endswith("\n") and '"train"' in line]
+
+
+def files_of(directory):
+  """{relative path: bytes} of every file under `directory`: to check that a run changed nothing, byte for byte."""
+  found = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, directory)] = f.read()
+  return found
+
+
+def config_history(workdir):
+  """The entries of `workdir/config_history.jsonl`, one per run."""
+  with open(os.path.join(str(workdir), "config_history.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]

@@ -220,21 +220,12 @@ def _one_kilobyte_files(command, env):
   return process.returncode, stdout, stderr, process.pid
 
 
-def _snapshot(directory):
-  """{relative path: bytes} of every file under `directory`."""
-  found = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
-      with open(os.path.join(root, name), "rb") as f:
-        found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
-  return found
-
 
 def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it_was(tmp_path, subprocess_env):
   workdir = tmp_path / "run"
   overrides = ["mode=train", "strategy.name=one_device", "data.num_examples=512", "trainer.steps_per_loop=10"]
   runner.run(runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=20"]), str(workdir), quiet=True)
-  before = _snapshot(workdir)
+  before = process_testlib.files_of(workdir)
   assert len(before["config.json"]) > 1024 and len(before["config_history.jsonl"]) > 1024
   status, stdout, stderr, pid = _one_kilobyte_files(
       [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"] + [
@@ -247,7 +238,7 @@ def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it
                 f"config_history.jsonl.tmp-{pid}-") + r"[0-9a-f]{8}" + re.escape(
                     "; File too large); neither was changed: free some space or fix the permissions, then run "
                     "again."), error), error
-  assert _snapshot(workdir) == before  # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
+  assert process_testlib.files_of(workdir) == before  # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
 
 
 def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(tmp_path, subprocess_env):
@@ -270,7 +261,7 @@ def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(
   status, stdout, stderr, _ = _one_kilobyte_files([sys.executable, "-c", rollback, str(workdir)], subprocess_env)
   assert status == 0 and stdout == "returned\n", stderr[-3000:]
   assert f"Could not put {workdir}/config.json back as it was before the run: {workdir}/config.json.tmp-" in stderr
-  assert _snapshot(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}  # No part, no .tmp-.
+  assert process_testlib.files_of(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}  # No part, no .tmp-.
 
 
 def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import tensorflow as tf
 
+import process_testlib
 import runner
 from strategies import ConfigError
 
@@ -196,26 +197,12 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
   sys.modules.pop("wrongs", None)
 
 
-def _snapshot(directory):
-  """{relative path: bytes} of every file under `directory`."""
-  found = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
-      path = os.path.join(root, name)
-      with open(path, "rb") as f:
-        found[os.path.relpath(path, directory)] = f.read()
-  return found
-
-
-def _history(workdir):
-  with open(os.path.join(workdir, "config_history.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
 
 
 def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothing(tmp_path):
   workdir = str(tmp_path / "work")
   runner.run(_quick(mode="train"), workdir)
-  before = _snapshot(workdir)
+  before = process_testlib.files_of(workdir)
   changed_model = _quick(mode="train", model={"hidden_units": (8,)}, trainer={"train_steps": 80})
   with pytest.raises(ConfigError, match=r"The workdir's checkpoint ckpt-40 was trained with another model, task, "
                                         r"optimizer, precision or data \(model\.hidden_units: \[16\] -> \[8\]\)\. "
@@ -224,7 +211,7 @@ def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothin
   changed_data = _quick(mode="train", data={"num_features": 8})
   with pytest.raises(ConfigError, match=r"\(training data elements: .*shape=\(16,\).* -> .*shape=\(8,\).*\)"):
     runner.run(changed_data, workdir)
-  assert _snapshot(workdir) == before
+  assert process_testlib.files_of(workdir) == before
 
 
 def test_a_rerun_that_changes_how_training_goes_on_resumes_and_keeps_the_history(tmp_path, caplog):
@@ -235,7 +222,7 @@ def test_a_rerun_that_changes_how_training_goes_on_resumes_and_keeps_the_history
   assert result.global_step == 60
   assert ("Resuming at step 40 with a changed config: optimizer.learning_rate 0.001 -> 0.0005, "
           "trainer.train_steps 40 -> 60.") in caplog.text
-  history = _history(workdir)
+  history = process_testlib.config_history(workdir)
   assert [(entry["step"], entry["changed"]) for entry in history] == [
       (0, {}), (40, {"optimizer.learning_rate": [0.001, 0.0005], "trainer.train_steps": [40, 60]})]
   assert history[1]["config"]["optimizer"]["learning_rate"] == 0.0005

@@ -34,19 +34,6 @@ def _quick(mode="train", train_steps=40):
           "model": {"hidden_units": (16,)}, "trainer": {"train_steps": train_steps, "steps_per_loop": 20}}
 
 
-def _snapshot(directory):
-  """{relative path: bytes} of every file under `directory`."""
-  found = {}
-  for root, _, files in os.walk(directory):
-    for name in files:
-      with open(os.path.join(root, name), "rb") as f:
-        found[os.path.relpath(os.path.join(root, name), directory)] = f.read()
-  return found
-
-
-def _history(workdir):
-  with open(os.path.join(workdir, "config_history.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
 
 
 def test_a_held_workdir_stops_a_training_run_touching_nothing_while_eval_still_runs(tmp_path):
@@ -54,14 +41,14 @@ def test_a_held_workdir_stops_a_training_run_touching_nothing_while_eval_still_r
   runner.run(_quick(), workdir, quiet=True)
   assert not os.path.exists(os.path.join(workdir, LOCK))  # Released after a normal run.
   held = workdir_lock.acquire(workdir, mode="train")
-  before = _snapshot(workdir)
+  before = process_testlib.files_of(workdir)
   with pytest.raises(workdir_lock.WorkdirInUseError, match=(
       rf"^The workdir {re.escape(workdir)} is in use by another run: pid {os.getpid()} on host "
       rf"{re.escape(socket.gethostname())}, mode 'train', {SINCE} \(.+\)\. Wait for it to end, or stop it, or use "
       rf"another --workdir \(a killed run's lock {re.escape(os.path.join(workdir, LOCK))} is taken over by the next "
       r"run\)\.$")):
     runner.run(_quick(train_steps=60), workdir, quiet=True)
-  assert _snapshot(workdir) == before  # Byte for byte.
+  assert process_testlib.files_of(workdir) == before  # Byte for byte.
   assert runner.run(_quick(mode="eval"), workdir, quiet=True).eval_metrics["num_examples"] == 64  # Not blocked.
   held.release()
   assert LOCK not in os.listdir(workdir)
@@ -108,10 +95,10 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
           "a run starting now": {"text": ""}}
   for named, holder in live.items():
     _write_lock(str(tmp_path), **holder)
-    written = _snapshot(tmp_path)
+    written = process_testlib.files_of(tmp_path)
     with pytest.raises(workdir_lock.WorkdirInUseError, match=f"is in use by another run: {named}"):
       workdir_lock.acquire(str(tmp_path), mode="train")
-    assert _snapshot(tmp_path) == written
+    assert process_testlib.files_of(tmp_path) == written
     os.remove(os.path.join(tmp_path, LOCK))
 
 
@@ -154,7 +141,7 @@ def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, 
     holder.process.send_signal(stop)
     status, _, stderr = holder.wait()
     assert status == (143 if stop == signal.SIGTERM else -signal.SIGKILL), stderr[-3000:]
-    history = _history(workdir)
+    history = process_testlib.config_history(workdir)
     assert len(history) == 1  # Only the holder recorded its config.
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
       assert json.load(f)["model"]["hidden_units"] == history[0]["config"]["model"]["hidden_units"]
