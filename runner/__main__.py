@@ -148,12 +148,17 @@ def main(command_line):
   """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes one `error:` line and its status."""
   try:
     _run(command_line)
-  except ConfigError as e:
-    exit_with_user_error(e)
-  except FloatingPointError as e:
-    exit_with_user_error(e, NON_FINITE_EXIT_CODE)
-  except ClusterError as e:
-    exit_with_user_error(e, CLUSTER_EXIT_CODE)
+  except BaseException as e:  # pylint: disable=broad-except
+    stopped = preemption.raised_stop()
+    if stopped is not None and e is not stopped:  # What a library made of a stop signal (see `raised_stop`).
+      raise stopped from None
+    if isinstance(e, ConfigError):
+      exit_with_user_error(e)
+    if isinstance(e, FloatingPointError):
+      exit_with_user_error(e, NON_FINITE_EXIT_CODE)
+    if isinstance(e, ClusterError):
+      exit_with_user_error(e, CLUSTER_EXIT_CODE)
+    raise
 
 
 def _run(command_line):

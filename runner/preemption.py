@@ -139,6 +139,7 @@ _first_stop = None  # The first stop signal this process received, in or outside
 _waiting_stop = None  # One a cluster task noted outside training, for its next training loop to take.
 _raising = False  # Inside `raising_stops`: a signal outside training raises Stopped, else it exits at once.
 _trained = False  # A training loop ran in this process (StopSignals was entered).
+_raised = None  # The `Stopped` that `raising_stops` raised, whatever a library turned it into on its way up.
 
 
 def handle_outside_training():
@@ -168,6 +169,16 @@ def raising_stops():
     _raising = False
 
 
+def raised_stop():
+  """Returns the `Stopped` a stop signal raised in this process (see `raising_stops`), or None.
+
+  A library may turn it into another exception on its way up (a stop during
+  TensorFlow's import surfaces as `ImportError: initialization failed`), so
+  whatever ends a run after it is that stop, not an error of its own.
+  """
+  return _raised
+
+
 def _outside_training(signum, frame):
   del frame
   global _first_stop, _waiting_stop
@@ -184,6 +195,8 @@ def _outside_training(signum, frame):
     return
   stopped = Stopped(signum)
   if _raising:
+    global _raised
+    _raised = stopped
     raise stopped
   sys.stderr.write(stopped.line + "\n")
   process_exit.exit_now(stopped.exit_code)
