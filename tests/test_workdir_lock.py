@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -139,7 +138,7 @@ def test_a_run_over_a_damaged_lock_trains_with_a_warning_and_over_a_fresh_one_st
   os.makedirs(workdir)
   path = os.path.join(workdir, LOCK)
   with open(path, "wb") as f:
-    f.write(np.random.default_rng(0).bytes(64))
+    f.write(bytes(range(255, 127, -1)))  # Not UTF-8.
   before = process_testlib.files_of(workdir)
   with pytest.raises(workdir_lock.WorkdirInUseError, match=r"in use by another run: a run starting now \(the lock .* "
                      r"cannot be read \(UnicodeDecodeError: "):
