@@ -353,8 +353,8 @@ def _failures_named(file_path, during):
     raise
   except SystemExit as e:  # sys.exit() or exit() in the file: it would end the run with no word of why.
     raise ConfigError(
-        f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with {e!r}; "
-        "a config file must return its config (raise an exception to report a problem).") from e
+        f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with "
+        f"{e!r}; a config file must return its config (raise an exception to report a problem).") from e
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError(
         f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}") from e

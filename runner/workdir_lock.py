@@ -166,8 +166,8 @@ def acquire(workdir, *, mode):
           f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
           f"--workdir (a killed run's lock {path} is taken over by the next run).")
     if found.holder is None:
-      logging.warning("Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no run "
-                      "holds it).", path, found.unreadable, age)
+      logging.warning("Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
+                      "run holds it).", path, found.unreadable, age)
     else:
       logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path, found.holder.describe())
     _remove_stale(path, found)
@@ -257,8 +257,9 @@ def _holder(fields):
     TypeError: they are not a holder's fields, of its types.
   """
   holder = Holder(**fields)
+  texts = (holder.host, holder.process_start, holder.mode, holder.command)
   if not (isinstance(holder.pid, int) and isinstance(holder.since, (int, float))
-          and all(isinstance(value, str) for value in (holder.host, holder.process_start, holder.mode, holder.command))):
+          and all(isinstance(text, str) for text in texts)):
     raise TypeError(f"not a holder's fields: {fields!r}")
   return holder
 

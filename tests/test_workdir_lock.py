@@ -101,7 +101,8 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
 
 _DAMAGED = {  # What a lock file holds: how the message says it cannot be read.
     "empty": (b"", "is empty"),
-    "random bytes": (bytes(range(256))[::-1] * 2, r"cannot be read \(UnicodeDecodeError: 'utf-8' codec can't decode .*\)"),
+    "random bytes": (bytes(range(256))[::-1] * 2,
+                     r"cannot be read \(UnicodeDecodeError: 'utf-8' codec can't decode .*\)"),
     "cut short": (b'{"host": "h", "pid": 12', r"cannot be read \(JSONDecodeError: .*\)"),
     "another JSON": (b'{"pid": "12"}', r"cannot be read \(TypeError: .*\)"),
 }
