@@ -9,6 +9,13 @@ completed from the `ckpt-N.index` files (a save writes a checkpoint's
 `.index` last; one cut short is found unreadable when restored, and skipped),
 so every reader sees the same checkpoints whatever happened to the list, and
 `write` puts a sound list back atomically.
+
+Only the directory's own checkpoints are its checkpoints: a list may name
+paths elsewhere (a copied workdir whose list has absolute paths into the
+original, a list written by TF1 or by hand). Those are left out, so they are
+never restored from nor deleted by rotation, and the list is rewritten
+without them; an absolute path into the directory itself is its own file,
+named once. A listed checkpoint with no file left is left out too.
 """
 
 import dataclasses
@@ -39,14 +46,20 @@ class CheckpointList:
     paths: the checkpoints' path prefixes (`DIRECTORY/ckpt-N`), oldest first:
       those the list file names, in its order, when it names every `ckpt-N`
       on disk; else those it names and those on disk, by step.
-    listed: the paths the list file itself names.
-    problem: None when the list file names every checkpoint on disk; else
-      what is wrong with it, a phrase that follows "The checkpoint list FILE"
-      (e.g. "is missing", "cannot be read (UnicodeDecodeError: ...)").
+    listed: the paths in the directory that the list file names, as
+      `DIRECTORY/NAME`, once each, those with no file left included.
+    outside: the paths the list file names in another directory, left out
+      of `paths`.
+    problem: None when the list file names every checkpoint on disk and
+      nothing else; else what is wrong with it, a phrase that follows "The
+      checkpoint list FILE" (e.g. "is missing", "cannot be read
+      (UnicodeDecodeError: ...)", "names checkpoints outside its directory:
+      ...").
   """
   directory: str
   paths: Tuple[str, ...]
   listed: Tuple[str, ...]
+  outside: Tuple[str, ...]
   problem: Optional[str]
 
   @property
@@ -56,25 +69,35 @@ class CheckpointList:
 
   def rebuilt_warning(self):
     """The line that says the list was rebuilt from the files (None if nothing was)."""
-    if self.problem is None or not self.paths:
+    if self.problem is None:
       return None
-    return (f"The checkpoint list {os.path.join(self.directory, LIST_FILE)} {self.problem}; rebuilt it from the "
-            f"checkpoint files: {', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is "
-            f"rewritten at the next save.")
+    path = os.path.join(self.directory, LIST_FILE)
+    if not self.paths:
+      return f"The checkpoint list {path} {self.problem}; its directory holds no checkpoint of its own."
+    return (f"The checkpoint list {path} {self.problem}; rebuilt it from the checkpoint files: "
+            f"{', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is rewritten at the next save.")
 
 
 def read(directory):
   """Returns the `CheckpointList` of `directory` (empty if it does not exist); never raises for a damaged list."""
-  listed, problem = _listed(directory)
-  unlisted = [(step, path) for step, path in _on_disk(directory) if path not in listed]
-  if not unlisted:
-    # A missing list with no checkpoint is a new directory; a damaged one is rewritten at the next save.
-    return CheckpointList(directory=directory, paths=listed, listed=listed,
-                          problem=None if problem == "is missing" else problem)
-  if problem is None:
-    problem = f"does not name {', '.join(os.path.basename(path) for _, path in unlisted)}"
-  paths = sorted(listed + tuple(path for _, path in unlisted), key=_step_or_oldest)
-  return CheckpointList(directory=directory, paths=tuple(paths), listed=listed, problem=problem)
+  names, problem = _listed(directory)
+  listed, outside, twice = _sorted_out(names, directory)
+  without_files = [path for path in listed if not tf.io.gfile.glob(path + ".*")]
+  kept = tuple(path for path in listed if path not in without_files)
+  unlisted = [path for _, path in _on_disk(directory) if path not in kept]
+  problems = [] if problem is None or (problem == "is missing" and not unlisted) else [problem]
+  if outside:  # A copied workdir's list naming the original's, say: never this directory's to restore or delete.
+    problems.append(f"names checkpoints outside its directory: {', '.join(outside)} (left out: they are neither "
+                    "restored from nor deleted)")
+  if twice:
+    problems.append(f"names {_basenames(twice)} more than once")
+  if without_files:
+    problems.append(f"names checkpoints that have no files: {_basenames(without_files)}")
+  if unlisted and problem is None:
+    problems.append(f"does not name {_basenames(unlisted)}")
+  paths = sorted(kept + tuple(unlisted), key=_step_or_oldest) if unlisted else kept
+  return CheckpointList(directory=directory, paths=tuple(paths), listed=listed, outside=outside,
+                        problem=", and ".join(problems) or None)
 
 
 def write(checkpoints):
@@ -124,6 +147,36 @@ def _listed(directory):
     names.append(state.model_checkpoint_path)
   return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name)
                for name in names), None
+
+
+def _sorted_out(names, directory):
+  """Returns `(the paths of names in directory, once each, as DIRECTORY/NAME; those elsewhere; those named twice)`.
+
+  A name is in `directory` when its (absolute, normalised) parent is the
+  directory, whatever the spelling: relative, or absolute as TF1 wrote it.
+  """
+  inside, outside, twice = [], [], []
+  for name in names:
+    path = os.path.join(directory, os.path.basename(name))
+    if not _is_in(name, directory):
+      if name not in outside:
+        outside.append(name)
+    elif path in inside:
+      twice.append(path)
+    else:
+      inside.append(path)
+  return tuple(inside), tuple(outside), tuple(twice)
+
+
+def _is_in(path, directory):
+  """Whether `path` (a list file's entry, made absolute) names a file directly in `directory`."""
+  if "://" in path or "://" in directory:
+    return os.path.dirname(path).rstrip("/") == directory.rstrip("/")
+  return os.path.realpath(os.path.dirname(path)) == os.path.realpath(directory)
+
+
+def _basenames(paths):
+  return ", ".join(os.path.basename(path) for path in paths)
 
 
 def _on_disk(directory):

@@ -56,6 +56,10 @@ class Checkpoints:
     empty, garbled) is rebuilt from the `ckpt-N` files, with a warning, and
     rewritten at the next save, so that `max_to_keep` rotates every
     checkpoint on disk, oldest first (see `checkpoint_list`);
+  - only the checkpoints in `model_dir/checkpoints` are restored from and
+    rotated: those a state file names in another directory (a copied
+    workdir's list naming the original's) are left out with a warning, and
+    are an error when they are all it names;
   - a latest checkpoint that cannot be read (truncated, corrupt) is skipped
     for the one before it, with a warning naming it; if none can be read,
     restoring fails with an error naming each;
@@ -91,10 +95,17 @@ class Checkpoints:
     Raises:
       ConfigError: the checkpoint does not match the model or optimizer
         (another architecture, optimizer or precision wrote it), or no
-        checkpoint (listed, or found on disk) can be read. Either way no
-        variable changed.
+        checkpoint (listed, or found on disk) can be read, or the list names
+        checkpoints only in another directory (never restored from: a run
+        must not start over them unseen). Either way no variable changed.
     """
     checkpoints = checkpoint_list.read(self.directory)
+    if checkpoints.outside and not checkpoints.paths:
+      raise ConfigError(
+          f"The checkpoint list {os.path.join(self.directory, checkpoint_list.LIST_FILE)} names only checkpoints "
+          f"outside its directory: {', '.join(checkpoints.outside)}. A run restores from and rotates only the "
+          f"checkpoints in {self.directory}: copy them there to resume from them, or remove the list to train from "
+          "scratch.")
     rebuilt = checkpoints.rebuilt_warning()
     if rebuilt:
       logging.warning("%s", rebuilt)

@@ -295,8 +295,8 @@ def load_config(path, overrides=()):
 
   Raises:
     ConfigError: a missing file, a file that does not load (a SyntaxError,
-      an ImportError, any exception: the message names the file, its line and
-      the error, the exception is chained), a `get_config` that is missing,
+      an ImportError, any exception, a `sys.exit` call: the message names the
+      file, its line and the error, the exception is chained), a `get_config` that is missing,
       raises or returns something other than a ConfigDict, an unknown
       field (with a did-you-mean), a value of the wrong type, or any check of
       `validate`.
@@ -338,17 +338,23 @@ def _failures_named(file_path, during):
 
   A ConfigError the file raises itself passes as it is. The original
   exception is chained (`__cause__`), so its traceback stays available (the
-  CLI prints it with `--verbose`).
+  CLI prints it with `--verbose`). A `SystemExit` (the file calls `sys.exit`)
+  is one too: loading a config never ends the process.
 
   Raises:
     ConfigError: "Config file '{file}', line {n}{during}: {ExceptionType}:
-      {message}", the line being the last one of the config file in the
-      traceback (for a SyntaxError in another file, that file and line).
+      {message}" ("...: the config file tried to end the process with
+      SystemExit(...); ..." for a `SystemExit`), the line being the last one
+      of the config file in the traceback (for a SyntaxError in another file, that file and line).
   """
   try:
     yield
   except ConfigError:
     raise
+  except SystemExit as e:  # sys.exit() or exit() in the file: it would end the run with no word of why.
+    raise ConfigError(
+        f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with "
+        f"{e!r}; a config file must return its config (raise an exception to report a problem).") from e
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError(
         f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}") from e

@@ -15,6 +15,10 @@ is recognised and its lock taken over:
 - on another host (a shared file system, `gs://`), when the holder has not
   refreshed the file's modification time (every `HEARTBEAT_SECONDS`) for
   `STALE_AFTER_SECONDS`; the hosts' clocks must agree to within a minute.
+A lock file that is empty or cannot be read (not UTF-8, not a holder's JSON)
+is a run starting now (its holder writes it right after creating it) for
+`UNREADABLE_GRACE_SECONDS` after it was last written; older, it is damaged
+and taken over like a stale one, with a warning that says so.
 
 Creation is atomic on local file systems and NFS (`O_CREAT | O_EXCL`); a
 stale lock is taken over by renaming it aside and checking that it was the
@@ -27,6 +31,7 @@ the workdir, but not two runs started within that time of each other.
 import dataclasses
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -44,6 +49,9 @@ FILE_NAME = ".tf-runner.lock"
 HEARTBEAT_SECONDS = 30
 STALE_AFTER_SECONDS = 300
 REMOTE_SETTLE_SECONDS = 2
+# How long a lock file that is empty or cannot be read counts as a run starting now (its holder creates it, then
+# writes its few bytes at once); older, it is damaged. Far longer than that write, far shorter than a user's wait.
+UNREADABLE_GRACE_SECONDS = 10
 _COMMAND_CHARACTERS = 300  # The command is kept short: the lock file stays one small write.
 
 
@@ -101,7 +109,7 @@ class WorkdirLock:
     if self._heartbeat is not threading.current_thread():
       self._heartbeat.join()
     try:
-      if _read(self.path) == self._text:
+      if _read(self.path) == self._text.encode():
         _remove(self.path)
     except (FileNotFoundError, tf.errors.NotFoundError):
       pass  # Gone with a workdir the run created and removed.
@@ -144,29 +152,36 @@ def acquire(workdir, *, mode):
     found = _read_complete(path)
     if found is None:
       continue  # Released meanwhile.
-    holder, modified = found
-    if not _is_stale(holder, modified):
-      named = holder.describe() if holder else "a run starting now"
-      if holder and holder.host != socket.gethostname():
-        named += (f"; it refreshed the lock {time.time() - modified:.0f} s ago, and one not refreshed for "
-                  f"{STALE_AFTER_SECONDS} s is taken over")
+    age = time.time() - found.modified
+    if not _is_stale(found):
+      if found.holder is None:
+        named = (f"a run starting now (the lock {path}, written {age:.0f} s ago, {found.unreadable}; one that still "
+                 f"{found.unreadable} {UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over)")
+      else:
+        named = found.holder.describe()
+        if found.holder.host != socket.gethostname():
+          named += (f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
+                    "taken over")
       raise WorkdirInUseError(
           f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
           f"--workdir (a killed run's lock {path} is taken over by the next run).")
-    logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path,
-                    holder.describe() if holder else "unreadable")
+    if found.holder is None:
+      logging.warning("Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
+                      "run holds it).", path, found.unreadable, age)
+    else:
+      logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path, found.holder.describe())
     _remove_stale(path, found)
   raise WorkdirInUseError(f"The workdir {workdir} is being taken by other runs at once; run again, or use another "
                           "--workdir.")
 
 
 def is_held(workdir):
-  """Whether a live run holds the lock of `workdir` (a stale one does not; one that cannot be read counts as held)."""
+  """Whether a live run holds the lock of `workdir` (a stale or damaged one does not; a failed read counts as held)."""
   try:
     found = _read_or_none(os.path.join(workdir, FILE_NAME))
   except (OSError, tf.errors.OpError):
     return True
-  return found is not None and not _is_stale(*found)
+  return found is not None and not _is_stale(found)
 
 
 def _create_local(path, text):
@@ -192,7 +207,7 @@ def _create_remote(path, text):
     return False
   _write_remote(path, text)
   time.sleep(REMOTE_SETTLE_SECONDS)
-  return _read(path) == text
+  return _read(path) == text.encode()
 
 
 def _write_remote(path, text):
@@ -200,34 +215,72 @@ def _write_remote(path, text):
     f.write(text)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Found:
+  """A lock file as read.
+
+  Attributes:
+    holder: the run it names; None if it cannot be read.
+    modified: when it was last written, seconds since the epoch.
+    unreadable: None if it names a holder; else why not, a phrase after
+      "it" ("is empty", "cannot be read (UnicodeDecodeError: ...)").
+  """
+  holder: Optional[Holder]
+  modified: float
+  unreadable: Optional[str]
+
+
 def _read_or_none(path):
-  """Returns `(holder or None if unreadable, modified: seconds since the epoch)`, or None without a lock file."""
+  """Returns the `_Found` lock file at `path`, or None if there is none.
+
+  Raises:
+    OSError, tf.errors.OpError: it exists but cannot be opened (a directory, an I/O error).
+  """
   try:
-    text = _read(path)
+    data = _read(path)
     modified = tf.io.gfile.stat(path).mtime_nsec / 1e9
   except (FileNotFoundError, tf.errors.NotFoundError):
     return None
+  if not data.strip():
+    return _Found(holder=None, modified=modified, unreadable="is empty")
   try:
-    return Holder(**json.loads(text)), modified
-  except (ValueError, TypeError):  # Being written (or its writer died while writing).
-    return None, modified
+    return _Found(holder=_holder(json.loads(data.decode("utf-8"))), modified=modified, unreadable=None)
+  except (ValueError, TypeError) as error:  # Being written, or its writer died while writing, or damaged.
+    message = re.sub(r"[^\x20-\x7e]+", "?", str(error))[:120]
+    return _Found(holder=None, modified=modified, unreadable=f"cannot be read ({type(error).__name__}: {message})")
+
+
+def _holder(fields):
+  """The `Holder` of a lock file's JSON `fields`.
+
+  Raises:
+    TypeError: they are not a holder's fields, of its types.
+  """
+  holder = Holder(**fields)
+  texts = (holder.host, holder.process_start, holder.mode, holder.command)
+  if not (isinstance(holder.pid, int) and isinstance(holder.since, (int, float))
+          and all(isinstance(text, str) for text in texts)):
+    raise TypeError(f"not a holder's fields: {fields!r}")
+  return holder
 
 
 def _read_complete(path):
   """`_read_or_none`, waiting up to a second for a lock file just created to hold its holder."""
   for _ in range(10):
     found = _read_or_none(path)
-    if found is None or found[0] is not None:
+    if found is None or found.holder is not None or _is_stale(found):  # Stale: damaged, no holder is writing it.
       return found
     time.sleep(0.1)
   return found
 
 
-def _is_stale(holder, modified):
-  """Whether the lock of `holder` (None: unreadable), last refreshed at `modified`, belongs to no live run."""
-  if holder is not None and holder.host == socket.gethostname():
-    return _process_start(holder.pid) not in (holder.process_start, "")
-  return time.time() - modified > STALE_AFTER_SECONDS
+def _is_stale(found):
+  """Whether the `_Found` lock belongs to no live run (a damaged one included)."""
+  if found.holder is None:
+    return time.time() - found.modified > UNREADABLE_GRACE_SECONDS
+  if found.holder.host == socket.gethostname():
+    return _process_start(found.holder.pid) not in (found.holder.process_start, "")
+  return time.time() - found.modified > STALE_AFTER_SECONDS
 
 
 def _remove_stale(path, found):
@@ -274,7 +327,8 @@ def _is_remote(path):
 
 
 def _read(path):
-  with tf.io.gfile.GFile(path) as f:
+  """The bytes of `path` (bytes: a damaged lock file need not be UTF-8)."""
+  with tf.io.gfile.GFile(path, "rb") as f:
     return f.read()
 
 

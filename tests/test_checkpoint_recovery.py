@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+import strategies
 from runner import checkpointing
 import process_testlib
 import trainer_testlib
@@ -35,9 +36,9 @@ def _trainer(model_dir, **options):
   return trainer_testlib.make_trainer(ONE_DEVICE, model_dir=model_dir, checkpoint_every=2, max_to_keep=3, **options)
 
 
-def _copy(trained, tmp_path):
-  """A copy of the trained run's model_dir; returns `(model_dir, its checkpoint directory)`."""
-  model_dir = str(tmp_path / "run")
+def _copy(trained, parent):
+  """A copy of the trained run's model_dir, as `parent/run`; returns `(model_dir, its checkpoint directory)`."""
+  model_dir = str(parent / "run")
   shutil.copytree(trained[0], model_dir)
   return model_dir, os.path.join(model_dir, "checkpoints")
 
@@ -151,6 +152,55 @@ def test_a_rebuilt_list_whose_newest_checkpoint_is_unreadable_falls_back_and_nev
   assert checkpointing.latest(model_dir) == os.path.join(checkpoints, "ckpt-8")
   reader = tf.train.load_checkpoint(os.path.join(checkpoints, "ckpt-6"))  # Written again by this run: whole.
   assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 6
+
+
+def _write_list(directory, names):
+  """Writes `directory`'s checkpoint list as naming `names`, oldest first, the last as the newest."""
+  with open(os.path.join(directory, "checkpoint"), "w", encoding="utf-8") as f:
+    f.write(f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{name}"\n'
+                                                               for name in names))
+
+
+def test_a_copied_workdirs_list_naming_the_originals_checkpoints_never_touches_them(trained, tmp_path, caplog):
+  original, original_checkpoints = _copy(trained, tmp_path / "original")
+  model_dir, checkpoints = _copy(trained, tmp_path / "copy")
+  _write_list(checkpoints, [os.path.join(original_checkpoints, "ckpt-2"), os.path.join(original_checkpoints, "ckpt-4"),
+                            os.path.join(checkpoints, "ckpt-4"), "ckpt-4", "ckpt-9",  # Its own, thrice; no files.
+                            os.path.join(original_checkpoints, "ckpt-6")])
+  untouched = process_testlib.files_of(original)
+  assert checkpointing.latest(model_dir) == os.path.join(checkpoints, "ckpt-6")
+  with caplog.at_level("WARNING", logger="absl"):
+    resumed = _trainer(model_dir)
+  assert resumed.global_step == 6
+  for got, want in zip(resumed.model.get_weights(), trained[1]):
+    np.testing.assert_array_equal(got, want)
+  outside = ", ".join(os.path.join(original_checkpoints, name) for name in ("ckpt-2", "ckpt-4", "ckpt-6"))
+  assert (f"The checkpoint list {os.path.join(checkpoints, 'checkpoint')} names checkpoints outside its directory: "
+          f"{outside} (left out: they are neither restored from nor deleted), and names ckpt-4 more than once, and "
+          "names checkpoints that have no files: ckpt-9, and does not name ckpt-2, ckpt-6; rebuilt it from the "
+          "checkpoint files: ckpt-2, ckpt-4, ckpt-6 (newest last). It is rewritten at the next save.") in caplog.text
+
+  resumed.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=12)
+  assert _names(_checkpoint_files(checkpoints)) == ["ckpt-8", "ckpt-10", "ckpt-12"]  # max_to_keep=3, its own only.
+  with open(os.path.join(checkpoints, "checkpoint"), encoding="utf-8") as f:
+    assert re.findall(r'^all_model_checkpoint_paths: "(.*)"$', f.read(), re.M) == ["ckpt-8", "ckpt-10", "ckpt-12"]
+  assert process_testlib.files_of(original) == untouched  # Byte for byte.
+
+
+def test_a_list_naming_only_another_directorys_checkpoints_is_an_error_touching_nothing(trained, tmp_path):
+  original, original_checkpoints = _copy(trained, tmp_path / "original")
+  model_dir, checkpoints = _copy(trained, tmp_path / "copy")
+  for path in glob.glob(os.path.join(checkpoints, "ckpt-*")):
+    os.remove(path)
+  _write_list(checkpoints, [os.path.join(original_checkpoints, "ckpt-6")])
+  before = {directory: process_testlib.files_of(directory) for directory in (original, model_dir)}
+  with pytest.raises(strategies.ConfigError, match=(
+      rf"^The checkpoint list {re.escape(os.path.join(checkpoints, 'checkpoint'))} names only checkpoints outside "
+      rf"its directory: {re.escape(os.path.join(original_checkpoints, 'ckpt-6'))}\. A run restores from and rotates "
+      rf"only the checkpoints in {re.escape(checkpoints)}: copy them there to resume from them, or remove the list to "
+      r"train from scratch\.$")):
+    _trainer(model_dir)
+  assert {directory: process_testlib.files_of(directory) for directory in (original, model_dir)} == before
 
 
 def test_runner_run_resumes_over_a_garbled_checkpoint_list(tmp_path):

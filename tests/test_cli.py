@@ -385,6 +385,9 @@ _ANSWERS_WITHOUT_TENSORFLOW = {
                       "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
     "config_syntax_verbose": (["-m", "runner", "--config={tmp}/broken.py", "--verbose"], 2,
                               "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
+    "config_exit": (["-m", "runner", "--config={tmp}/exits.py"], 2,
+                    "error: Config file '{tmp}/exits.py', line 2: the config file tried to end the process with "
+                    "SystemExit('bye');"),
 }
 _WITH_TRACEBACK = {"config_syntax_verbose"}
 _IMPORT_TIME = re.compile(r"^import time: +\d+ \| +\d+ \| +(?P<module>[\w.]+)$")
@@ -397,6 +400,7 @@ def _imported(stderr):
 
 def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
   (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n  pass\n")
+  (tmp_path / "exits.py").write_text("import sys\nsys.exit('bye')\n")
   env = dict(os.environ, PYTHONPATH=REPO)
   processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + [a.format(tmp=tmp_path) for a in args],
                                       env=env, cwd=REPO,

@@ -171,6 +171,11 @@ def test_missing_config_file_and_file_without_get_config(tmp_path):
      "{file}', line 3, in get_config(): ValueError: no variant here", ValueError),
     ("X = 1\nimport no_such_module_here\ndef get_config():\n  pass\n",
      "{file}', line 2: ModuleNotFoundError: No module named 'no_such_module_here'", ModuleNotFoundError),
+    ("import sys\nsys.exit('bye')\n", "{file}', line 2: the config file tried to end the process with "
+     "SystemExit('bye'); a config file must return its config (raise an exception to report a problem).", SystemExit),
+    ("import sys\ndef get_config():\n  sys.exit(3)\n", "{file}', line 3, in get_config(): the config file tried to "
+     "end the process with SystemExit(3); a config file must return its config (raise an exception to report a "
+     "problem).", SystemExit),
     ("def get_config():\n  return 42\n",
      "{file}': get_config() returned 42 (int); it must return an ml_collections.ConfigDict.", type(None)),
 ])

@@ -75,9 +75,7 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
   stale = {"same host, the pid gone": {"pid": gone.pid, "process_start": "boot:1"},
            "same host, the pid now another process": {"pid": os.getpid(), "process_start": "another-boot:1"},
            "another host, not refreshed for longer than the timeout": {
-               "host": "elsewhere", "age_seconds": workdir_lock.STALE_AFTER_SECONDS + 60},
-           "unreadable (its writer died while writing), old": {
-               "text": "", "age_seconds": workdir_lock.STALE_AFTER_SECONDS + 60}}
+               "host": "elsewhere", "age_seconds": workdir_lock.STALE_AFTER_SECONDS + 60}}
   for case, holder in stale.items():
     _write_lock(str(tmp_path), **holder)
     with caplog.at_level("WARNING", logger="absl"):
@@ -91,8 +89,7 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
               "process_start": own_start},
           rf"pid 4242 on host elsewhere, mode 'train', {SINCE} \(python -m runner --config=other.py\); it refreshed "
           rf"the lock 6\d s ago, and one not refreshed for {workdir_lock.STALE_AFTER_SECONDS} s is taken over\. ": {
-              "host": "elsewhere", "pid": 4242, "age_seconds": 60},
-          "a run starting now": {"text": ""}}
+              "host": "elsewhere", "pid": 4242, "age_seconds": 60}}
   for named, holder in live.items():
     _write_lock(str(tmp_path), **holder)
     written = process_testlib.files_of(tmp_path)
@@ -100,6 +97,59 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
       workdir_lock.acquire(str(tmp_path), mode="train")
     assert process_testlib.files_of(tmp_path) == written
     os.remove(os.path.join(tmp_path, LOCK))
+
+
+_DAMAGED = {  # What a lock file holds: how the message says it cannot be read.
+    "empty": (b"", "is empty"),
+    "random bytes": (bytes(range(256))[::-1] * 2,
+                     r"cannot be read \(UnicodeDecodeError: 'utf-8' codec can't decode .*\)"),
+    "cut short": (b'{"host": "h", "pid": 12', r"cannot be read \(JSONDecodeError: .*\)"),
+    "another JSON": (b'{"pid": "12"}', r"cannot be read \(TypeError: .*\)"),
+}
+
+
+@pytest.mark.parametrize("content, problem", list(_DAMAGED.values()), ids=list(_DAMAGED))
+def test_an_unreadable_lock_is_a_run_starting_now_for_a_few_seconds_then_damaged_and_taken_over(
+    tmp_path, caplog, content, problem):
+  workdir, path = str(tmp_path), os.path.join(tmp_path, LOCK)
+  with open(path, "wb") as f:
+    f.write(content)
+  os.utime(path, (time.time() - 1,) * 2)  # Just written: its holder may still be writing it.
+  with pytest.raises(workdir_lock.WorkdirInUseError, match=(
+      rf"^The workdir {re.escape(workdir)} is in use by another run: a run starting now \(the lock "
+      rf"{re.escape(path)}, written [123] s ago, {problem}; one that still {problem} "
+      rf"{workdir_lock.UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over\)\. Wait for it ")):
+    workdir_lock.acquire(workdir, mode="train")
+  assert process_testlib.files_of(tmp_path) == {LOCK: content}
+  assert workdir_lock.is_held(workdir)
+  os.utime(path, (time.time() - workdir_lock.UNREADABLE_GRACE_SECONDS - 5,) * 2)
+  assert not workdir_lock.is_held(workdir)
+  with caplog.at_level("WARNING", logger="absl"):
+    taken = workdir_lock.acquire(workdir, mode="train")
+  assert re.search(rf"Took over the workdir lock {re.escape(path)}, which is damaged: it {problem}, 1\d s after it "
+                   r"was last written \(no run holds it\)\.", caplog.text), caplog.text
+  with open(path, encoding="utf-8") as f:
+    assert json.load(f)["pid"] == os.getpid()
+  taken.release()
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_run_over_a_damaged_lock_trains_with_a_warning_and_over_a_fresh_one_stops_touching_nothing(tmp_path, caplog):
+  workdir = str(tmp_path / "work")
+  os.makedirs(workdir)
+  path = os.path.join(workdir, LOCK)
+  with open(path, "wb") as f:
+    f.write(bytes(range(255, 127, -1)))  # Not UTF-8.
+  before = process_testlib.files_of(workdir)
+  with pytest.raises(workdir_lock.WorkdirInUseError, match=r"in use by another run: a run starting now \(the lock .* "
+                     r"cannot be read \(UnicodeDecodeError: "):
+    runner.run(_quick(), workdir, quiet=True)
+  assert process_testlib.files_of(workdir) == before
+  os.utime(path, (time.time() - workdir_lock.UNREADABLE_GRACE_SECONDS - 1,) * 2)
+  with caplog.at_level("WARNING", logger="absl"):
+    assert runner.run(_quick(), workdir, quiet=True).global_step == 40
+  assert f"Took over the workdir lock {path}, which is damaged: it cannot be read (UnicodeDecodeError: " in caplog.text
+  assert LOCK not in os.listdir(workdir)
 
 
 def _runner(workdir, env, *args, name="run"):
