@@ -1,6 +1,7 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
 import os
+import re
 
 from absl import logging
 import keras
@@ -252,4 +253,9 @@ def _damage(path):
 
 
 def _first_line(error):
-  return (str(error).strip().splitlines() or [""])[0]
+  """The first line of `error`'s message, without TensorFlow's `{{function_node ...}}` and `[Op:...]` wrapping."""
+  line = (str(error).strip().splitlines() or [""])[0]
+  return _OP_WRAPPING.sub("", line).strip()
+
+
+_OP_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
