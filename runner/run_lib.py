@@ -50,7 +50,9 @@ class RunResult:
       when the run trained no step (mode 'eval' or 'export', or a resumed run
       already at `train_steps`).
     eval_metrics: the final evaluation (`loss`, the task's metrics,
-      `num_examples`), or None when the mode does not evaluate.
+      `num_examples`), or None when the mode does not evaluate. A
+      'train_and_eval' run with nothing left to train returns the one
+      `metrics.jsonl` holds for its step (evaluating only without one).
     checkpoint_path: the latest checkpoint in the workdir, or None.
     export_path: the SavedModel directory for mode 'export', else None.
     model: the Keras model with the run's final weights (on every worker of

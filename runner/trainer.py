@@ -479,9 +479,10 @@ class Trainer:
   def _controller(self, global_batch_size, evaluate, eval_every, label_range):
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
 
-    Order: report, exit on a stop request, evaluate (when due), the user's
-    actions, checkpoint (when due). Under parameter servers a loop is one
-    scheduled function of `steps_per_loop` steps per worker.
+    Order: report, exit on a stop request, evaluate (when due; at the last
+    step after a checkpoint), the user's actions, checkpoint (when due).
+    Under parameter servers a loop is one scheduled function of
+    `steps_per_loop` steps per worker.
     """
     builtin_before = [actions_lib.ReportProgress(self._reporter), self._exit_on_stop]
     if eval_every is not None:
