@@ -262,7 +262,7 @@ class Trainer:
         self._save_unless_saved()  # Before the final evaluation: one that fails or is stopped loses no step.
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
-        if signals.received is not None:  # It came during the final evaluation, which ran to its end.
+        if signals.received is not None:  # It came after the last loop's check: during the final evaluation, say.
           self._exit_on_stop.exit(signals.received, step=self._global_step)
       finally:
         self._reporter.flush()
