@@ -133,5 +133,5 @@ def test_the_final_evaluation_starts_after_the_checkpoint_of_the_last_step(tmp_p
                 eval_every=eval_every)
   assert eval_data.seen[-1] == str(tmp_path / "checkpoints" / "ckpt-4")
   assert checkpointing.latest_step(str(tmp_path)) == 4
-  with open(tmp_path / "checkpoints" / "checkpoint", encoding="utf-8") as f:  # Saved once, not again by checkpoint_every.
+  with open(tmp_path / "checkpoints" / "checkpoint", encoding="utf-8") as f:  # Once: not again by checkpoint_every.
     assert f.read().count('all_model_checkpoint_paths: "ckpt-4"') == 1
