@@ -2,8 +2,8 @@
 
 After every call of the inner loop, the Trainer's controller runs a list of
 actions, in order, on every worker: report progress, save and exit on a stop
-signal (SIGTERM, Ctrl-C), evaluate when due, the user's own actions,
-checkpoint when due.
+signal (SIGTERM, Ctrl-C), evaluate when due (at the last step after a
+checkpoint), the user's own actions, checkpoint when due.
 """
 
 import abc
@@ -114,23 +114,46 @@ class ExitOnStopSignal(Action):
     self._save = save
 
   def __call__(self, loop):
-    if loop.stop_signal is None:
-      return
+    if loop.stop_signal is not None:
+      self.exit(loop.stop_signal, step=loop.step)
+
+  def exit(self, signum, *, step):
+    """Saves, says so and ends the process with the status of `signum` (143 for SIGTERM, 130 for SIGINT).
+
+    The Trainer also calls it for a stop that arrived after its last loop
+    (during the final evaluation).
+
+    Raises:
+      SystemExit: always.
+    """
     path = self._save()
-    where = (f"saved a checkpoint at step {loop.step} ({path}); run the same command again to resume from there"
-             if path else f"nothing saved at step {loop.step} (no model_dir)")
-    logging.warning("Stopped by %s: %s.", preemption.NAMES[loop.stop_signal], where)
-    raise SystemExit(preemption.EXIT_CODES[loop.stop_signal])
+    where = (f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
+             if path else f"nothing saved at step {step} (no model_dir)")
+    logging.warning("Stopped by %s: %s.", preemption.NAMES[signum], where)
+    raise SystemExit(preemption.EXIT_CODES[signum])
 
 
 class Evaluate(Action):
-  """Evaluates every `every_steps` steps and puts the results in `loop.eval_results`."""
+  """Evaluates every `every_steps` steps and puts the results in `loop.eval_results`.
 
-  def __init__(self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int):
+  At the step training runs to (`loop.total_steps`) it saves first: the steps
+  trained are in a checkpoint before the final evaluation starts, so an
+  evaluation that fails or is stopped loses none of them.
+  """
+
+  def __init__(self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int, save: Callable[[], None]):
+    """Args:
+      evaluate: evaluates at the current step and reports it; returns the results.
+      every_steps: the evaluations' cadence in steps.
+      save: writes a checkpoint at the current step unless there is one.
+    """
     self._evaluate = evaluate
+    self._save = save
     self.every_steps = every_steps
 
   def __call__(self, loop):
+    if loop.step >= loop.total_steps:
+      self._save()
     loop.eval_results = self._evaluate()
 
 
@@ -138,6 +161,11 @@ class SaveCheckpoint(Action):
   """Writes a checkpoint every `every_steps` steps."""
 
   def __init__(self, save: Callable[[], None], *, every_steps: int):
+    """Args:
+      save: writes a checkpoint at the current step unless there is one
+        (the final evaluation's may have written it).
+      every_steps: the checkpoints' cadence in steps.
+    """
     self._save = save
     self.every_steps = every_steps
 

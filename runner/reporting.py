@@ -28,20 +28,30 @@ def train_results_at(model_dir, step):
   cut short by a kill) are skipped. The throughput (`steps_per_sec`,
   `examples_per_sec`) is left out, as from `Trainer.train`.
   """
+  row = _last_row(model_dir, split="train", step=step)
+  return {name: value for name, value in row.items() if name not in ("steps_per_sec", "examples_per_sec")}
+
+
+def eval_results_at(model_dir, step):
+  """Returns the last evaluation at `step` in `model_dir/metrics.jsonl` (as `Trainer.evaluate` returned it), or {}.
+
+  {} when the file or such a row is missing; rows that do not parse are skipped.
+  """
+  return _last_row(model_dir, split="eval", step=step)
+
+
+def _last_row(model_dir, *, split, step):
+  """The values of the last row of `split` and `step` in `model_dir/metrics.jsonl` (without those two keys), or {}."""
   path = os.path.join(model_dir, "metrics.jsonl")
   if not tf.io.gfile.exists(path):
     return {}
   found = {}
   with tf.io.gfile.GFile(path, "r") as lines:
     for line in lines:
-      try:
-        row = json.loads(line)
-      except ValueError:
-        continue
-      if isinstance(row, dict) and row.get("split") == "train" and row.get("step") == step:
+      row = _parsed(line)
+      if isinstance(row, dict) and row.get("split") == split and row.get("step") == step:
         found = row
-  return {name: value for name, value in found.items()
-          if name not in ("split", "step", "steps_per_sec", "examples_per_sec")}
+  return {name: value for name, value in found.items() if name not in ("split", "step")}
 
 
 class Reporter:

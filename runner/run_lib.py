@@ -23,6 +23,7 @@ from runner import input_pipeline
 from runner import optimizers
 from runner import progress_output
 from runner import registry
+from runner import reporting
 from runner import steps_per_loop as steps_per_loop_lib
 from runner import trainer_options
 from runner import workdir_lock
@@ -49,7 +50,9 @@ class RunResult:
       when the run trained no step (mode 'eval' or 'export', or a resumed run
       already at `train_steps`).
     eval_metrics: the final evaluation (`loss`, the task's metrics,
-      `num_examples`), or None when the mode does not evaluate.
+      `num_examples`), or None when the mode does not evaluate. A
+      'train_and_eval' run with nothing left to train returns the one
+      `metrics.jsonl` holds for its step (evaluating only without one).
     checkpoint_path: the latest checkpoint in the workdir, or None.
     export_path: the SavedModel directory for mode 'export', else None.
     model: the Keras model with the run's final weights (on every worker of
@@ -134,7 +137,7 @@ def _run_mode(config, strategy, workdir):
   """Restores the Trainer and runs `config.mode` in `workdir`; returns the `RunResult`."""
   trainer, train_data = _restored_trainer(config, strategy, workdir)
   evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
-  train_metrics = export_path = None
+  train_metrics = eval_metrics = export_path = None
   if config.mode in TRAINING_MODES:
     evaluating = config.mode == "train_and_eval"
     train_metrics = trainer.train(
@@ -142,16 +145,33 @@ def _run_mode(config, strategy, workdir):
         steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
         eval_every=config.trainer.eval_every if evaluating else None,
         eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
-    if evaluating and trainer.last_eval_metrics is None:  # Trained before; nothing left to train.
-      trainer.evaluate(dataset(config, "eval"), **evaluation)
+    eval_metrics = trainer.last_eval_metrics
+    if evaluating and eval_metrics is None:  # Trained before; nothing left to train.
+      eval_metrics = _final_evaluation(trainer, config, workdir, evaluation)
   if config.mode == "eval":
-    trainer.evaluate(dataset(config, "eval"), **evaluation)
+    eval_metrics = trainer.evaluate(dataset(config, "eval"), **evaluation)
   if config.mode == "export":
     export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
   return RunResult(
       workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
-      global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=trainer.last_eval_metrics,
+      global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=eval_metrics,
       checkpoint_path=checkpointing.latest(workdir), export_path=export_path, model=trainer.model)
+
+
+def _final_evaluation(trainer, config, workdir, evaluation):
+  """The final evaluation of a 'train_and_eval' run that found nothing to train: the one recorded, else a new one.
+
+  An evaluation at the global step already in `metrics.jsonl` (the finished
+  run's) is returned as it is, so a rerun adds no second row for that step;
+  mode 'eval' evaluates anew. Without one (the final evaluation failed or was
+  stopped), it evaluates.
+  """
+  recorded = reporting.eval_results_at(workdir, trainer.global_step)
+  if not recorded:
+    return trainer.evaluate(dataset(config, "eval"), **evaluation)
+  logging.info("Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
+               os.path.join(workdir, "metrics.jsonl"), trainer.global_step)
+  return recorded
 
 
 def _restored_trainer(config, strategy, workdir):

@@ -139,6 +139,7 @@ class Trainer:
     self._eval_loop = None  # (the LabelRange it checks, the EvalLoop)
     self._last_train_results = {}
     self._last_eval_results = None
+    self._exit_on_stop = actions_lib.ExitOnStopSignal(save=self._save_for_exit)
     with progress_output.shown(quiet=self._quiet):  # It may restore a checkpoint, and say so.
       self._prepare(None)
 
@@ -172,10 +173,13 @@ class Trainer:
     order is deterministic: unshuffled or a seeded shuffle). After each loop
     of `steps_per_loop` steps the actions run (report, stop signal,
     evaluation, the user's actions, checkpoint); loops end early where an
-    action is due, and a checkpoint is always written at the end. On SIGTERM
-    or a first Ctrl-C (SIGINT) the Trainer finishes the current loop, saves a
-    checkpoint and exits the process with status 143 or 130; a second Ctrl-C
-    exits at once with 130, without saving.
+    action is due, and a checkpoint is always written at the end, before the
+    final evaluation (so an evaluation that fails or is stopped loses no
+    trained step). On SIGTERM or a first Ctrl-C (SIGINT) the Trainer finishes
+    the current loop, saves a checkpoint and exits the process with status
+    143 or 130; one that arrives during the final evaluation (a single
+    compiled call) lets it finish and write its report, then exits with that
+    status. A second Ctrl-C exits at once with 130, without saving.
 
     Args:
       data: an unbatched `tf.data.Dataset` of `(features, labels)` or
@@ -205,7 +209,8 @@ class Trainer:
         taken are checkpointed first).
       DataError: the data does not fit the model or the task, cannot be
         read, or a step's batch held NaN or inf (see `data_checks`); no
-        checkpoint is written with non-finite weights.
+        checkpoint is written with non-finite weights. From the final
+        evaluation's data, after the checkpoint of the last step.
       FloatingPointError: a step's loss or gradients were not finite while
         its batch was (the training diverged; the message names the step).
       ClusterError: another worker died or stopped answering (found by the
@@ -254,10 +259,11 @@ class Trainer:
             raise
           raise peers.lost(e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step,
                            saved_step=self._saved_step) from None
+        self._save_unless_saved()  # Before the final evaluation: one that fails or is stopped loses no step.
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
-        if self._checkpoints is not None and self._saved_step != self._global_step:
-          self._save()
+        if signals.received is not None:  # It came after the last loop's check: during the final evaluation, say.
+          self._exit_on_stop.exit(signals.received, step=self._global_step)
       finally:
         self._reporter.flush()
     return dict(self._last_train_results)
@@ -473,17 +479,18 @@ class Trainer:
   def _controller(self, global_batch_size, evaluate, eval_every, label_range):
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
 
-    Order: report, exit on a stop request, evaluate (when due), the user's
-    actions, checkpoint (when due). Under parameter servers a loop is one
-    scheduled function of `steps_per_loop` steps per worker.
+    Order: report, exit on a stop request, evaluate (when due; at the last
+    step after a checkpoint), the user's actions, checkpoint (when due).
+    Under parameter servers a loop is one scheduled function of
+    `steps_per_loop` steps per worker.
     """
-    builtin_before = [actions_lib.ReportProgress(self._reporter),
-                      actions_lib.ExitOnStopSignal(save=self._save_for_exit)]
+    builtin_before = [actions_lib.ReportProgress(self._reporter), self._exit_on_stop]
     if eval_every is not None:
-      builtin_before.append(actions_lib.Evaluate(evaluate, every_steps=eval_every))
+      builtin_before.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=self._save_unless_saved))
     builtin_after = []
     if self._options.checkpoint_every is not None:
-      builtin_after.append(actions_lib.SaveCheckpoint(self._save, every_steps=self._options.checkpoint_every))
+      builtin_after.append(
+          actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every))
     steps_per_loop = self._steps_per_loop((eval_every, self._options.checkpoint_every))
     if self._coordinator is not None:
       steps_per_loop *= parameter_server_loops.num_workers(self._strategy)
@@ -563,10 +570,14 @@ class Trainer:
     self._checkpoints.save(self._global_step)
     self._saved_step = self._global_step
 
-  def _save_for_exit(self):
-    """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
+  def _save_unless_saved(self):
+    """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet."""
     if self._checkpoints is not None and self._saved_step != self._global_step:
       self._save()
+
+  def _save_for_exit(self):
+    """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
+    self._save_unless_saved()
     self._reporter.flush()
     return None if self._checkpoints is None else checkpointing.latest(self._checkpoints.model_dir)
 

@@ -5,6 +5,7 @@ Each case is a child process (TensorFlow's import costs seconds), so the
 cases run side by side. The digits example through the CLI is in test_run.py.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -72,8 +73,13 @@ def cli_runs(tmp_path_factory):
 
       def short_features(config, split):
         return runner.data.TFRecordFiles(__file__.replace("records.py", "short.tfrecord"), parse)
+
+      def short_eval_features(config, split):  # Training records that parse, evaluation records that do not.
+        name = "full.tfrecord" if split == "train" else "short.tfrecord"
+        return runner.data.TFRecordFiles(__file__.replace("records.py", name), parse)
       """))
-  _write_short_records(str(tmp / "short.tfrecord"))
+  _write_records(str(tmp / "short.tfrecord"), num_values=3)
+  _write_records(str(tmp / "full.tfrecord"), num_values=16)
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -88,6 +94,9 @@ def cli_runs(tmp_path_factory):
   for mistake in ("mistakes:labels", "mistakes:batched", "mistakes:dict_features", "records:short_features"):
     cases[f"data_{mistake.partition(':')[2]}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}",
                                 "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
+  cases["eval_short_features"] = [f"--config={SYNTHETIC}", "--config.data.name=records:short_eval_features",
+                                  "--config.data.global_batch_size=8", "--config.trainer.train_steps=4",
+                                  "--config.trainer.steps_per_loop=2"]
   cases["warnings"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=48",
                        "--config.trainer.precision=mixed_float16", "--config.trainer.train_steps=2",
                        "--config.trainer.steps_per_loop=2"]
@@ -134,13 +143,13 @@ def cli_runs(tmp_path_factory):
   return results
 
 
-def _write_short_records(path):
-  """Writes 8 tf.train.Examples whose feature 'x' holds 3 floats (records.py's parse reads 16)."""
+def _write_records(path, *, num_values):
+  """Writes 8 tf.train.Examples whose feature 'x' holds `num_values` floats (records.py's parse reads 16)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  # Only this fixture needs it.
   with tf.io.TFRecordWriter(path) as writer:
     for label in range(8):
       writer.write(tf.train.Example(features=tf.train.Features(feature={
-          "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * 3)),
+          "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * num_values)),
           "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
 
 
@@ -335,6 +344,19 @@ def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs,
   assert _error_lines(stderr) == [message.replace("{tmp}", str(workdir.parent))]
   assert "Traceback" not in stderr
   assert not workdir.exists()
+
+
+def test_evaluation_records_of_another_schema_are_one_error_line_with_status_2_after_the_trained_checkpoint(cli_runs):
+  returncode, _, stderr, workdir = cli_runs["eval_short_features"]
+  assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
+  assert _error_lines(stderr) == [
+      f"error: The evaluation data cannot be parsed: {workdir.parent}/short.tfrecord, record 0 (counting from 0): its "
+      "feature 'x' holds float_list of 3 values, but parse_fn reads it as float32 of shape [16] (16 values). Write the "
+      "files with the features parse_fn reads, or change the features it reads."]
+  assert "Traceback" not in stderr
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
+  with open(workdir / "metrics.jsonl", encoding="utf-8") as f:  # The steps trained are kept; no eval row.
+    assert [(row["split"], row["step"]) for row in map(json.loads, f)] == [("train", 2), ("train", 4)]
 
 
 def test_a_batch_larger_than_the_data_and_float16_on_cpus_train_with_one_warning_line_each(cli_runs):

@@ -281,3 +281,16 @@ def test_config_profile_steps_trace_those_steps_into_the_workdirs_summaries(tmp_
     assert [json.loads(line)["step"] for line in f] == [20, 30, 40, 60]
   (trace,) = (tmp_path / "summaries" / "train" / "plugins" / "profile").glob("*/*.xplane.pb")
   assert trace.stat().st_size > 1000
+
+
+def test_a_finished_train_and_eval_run_again_returns_its_evaluation_without_a_second_row(tmp_path):
+  first = runner.run(_quick(), str(tmp_path))
+  again = runner.run(_quick(), str(tmp_path))
+  assert again.global_step == 40 and again.eval_metrics == first.eval_metrics
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+    rows = [(row["split"], row["step"]) for row in map(json.loads, f)]
+  assert rows == [("train", 20), ("train", 40), ("eval", 40)]
+  evaluated = runner.run(_quick(mode="eval"), str(tmp_path))  # Mode 'eval' evaluates anew, with its own row.
+  assert evaluated.eval_metrics == first.eval_metrics
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+    assert [(row["split"], row["step"]) for row in map(json.loads, f)] == rows + [("eval", 40)]

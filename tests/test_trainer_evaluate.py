@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+from runner import checkpointing
 import strategies
 import trainer_testlib
 
@@ -109,3 +110,28 @@ def test_the_tasks_loss_is_converted_by_autograph_as_in_training():
   trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), task=CappedLoss())
   results = trainer.evaluate(trainer_testlib.classification_data(30), global_batch_size=8)
   assert results["loss"] == pytest.approx(1.0) and results["num_examples"] == 30
+
+
+class _CheckpointsSeen(runner.data.DatasetProvider):
+  """Evaluation data that notes the newest checkpoint on disk each time an evaluation makes its input."""
+
+  def __init__(self, model_dir):
+    self.model_dir = model_dir
+    self.seen = []
+
+  def get_dataset(self, input_context):
+    self.seen.append(checkpointing.latest(self.model_dir))
+    return trainer_testlib.classification_data(16, seed=1)
+
+
+@pytest.mark.parametrize("eval_every", [None, 2], ids=["after_the_loops", "in_the_last_loop"])
+def test_the_final_evaluation_starts_after_the_checkpoint_of_the_last_step(tmp_path, eval_every):
+  trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
+                                         steps_per_loop=2, checkpoint_every=2 if eval_every else None)
+  eval_data = _CheckpointsSeen(str(tmp_path))
+  trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=4, eval_data=eval_data,
+                eval_every=eval_every)
+  assert eval_data.seen[-1] == str(tmp_path / "checkpoints" / "ckpt-4")
+  assert checkpointing.latest_step(str(tmp_path)) == 4
+  with open(tmp_path / "checkpoints" / "checkpoint", encoding="utf-8") as f:  # Once: not again by checkpoint_every.
+    assert f.read().count('all_model_checkpoint_paths: "ckpt-4"') == 1
