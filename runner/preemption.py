@@ -107,8 +107,8 @@ class _SignalWatch:
           sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
           process_exit.exit_now(EXIT_CODES[signal.SIGINT])
         if not stops:
-          logging.warning("%s received: training stops at the end of this loop, after saving a checkpoint.%s",
-                          NAMES[signum],
+          logging.warning("%s received: the run stops at the end of this loop (or of the final evaluation), with a "
+                          "checkpoint saved.%s", NAMES[signum],
                           " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "")
         stops += 1
 
