@@ -35,7 +35,7 @@ chief gets it first, and the workers and ps tasks serve until it has saved
 and exited, then get theirs. SIGTERM is repeated every second until a task
 exits (TensorFlow's multi-worker start-up swallows one; a task ignores
 those after the first). The launcher's last line then says whether the job
-saved, read from the workdir's checkpoint list: `[launch] stopped by
+saved, read from the workdir's checkpoint files: `[launch] stopped by
 SIGTERM: saved ckpt-40 at step 40; rerun the same command to resume from
 there.`, or that no checkpoint was written. On Linux every task gets SIGTERM
 when the launcher dies, even by SIGKILL (`prctl(PR_SET_PDEATHSIG)`), so no
@@ -92,8 +92,7 @@ _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
 _WORKDIR = re.compile(r"^--?workdir(=(.*))?$")
 _STRATEGY_NAME = re.compile(r"^--?config\.strategy\.name=(.*)$")
 _CLUSTER_FIELD = re.compile(r"^--?(no)?config\.strategy\.(worker_hosts|task_index)(=|$)")
-_LATEST_CHECKPOINT = re.compile(r'^model_checkpoint_path: "(.*)"$', re.M)
-_CHECKPOINT_STEP = re.compile(r"ckpt-(\d+)$")
+_CHECKPOINT_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,19 +207,17 @@ def workdir_of(arguments):
 
 
 def latest_checkpoint(workdir):
-  """`(name, step)` of the checkpoint a run in the local `workdir` resumes from, e.g. `('ckpt-40', 40)`, or None.
+  """`(name, step)` of the newest checkpoint in the local `workdir`, e.g. `('ckpt-40', 40)`, or None.
 
-  Read from the checkpoint list `WORKDIR/checkpoints/checkpoint` without
-  TensorFlow; None also when it is missing or unreadable.
+  Found from the `ckpt-N.index` files without TensorFlow, as a rerun finds
+  them whatever happened to the checkpoint list (`runner.checkpoint_list`).
   """
   try:
-    with open(os.path.join(workdir, "checkpoints", "checkpoint"), encoding="utf-8") as f:
-      match = _LATEST_CHECKPOINT.search(f.read())
-  except (OSError, ValueError):
+    names = os.listdir(os.path.join(workdir, "checkpoints"))
+  except OSError:
     return None
-  name = os.path.basename(match.group(1)) if match else ""
-  step = _CHECKPOINT_STEP.search(name)
-  return (name, int(step.group(1))) if step else None
+  steps = [int(match.group(1)) for match in map(_CHECKPOINT_INDEX.match, names) if match]
+  return (f"ckpt-{max(steps)}", max(steps)) if steps else None
 
 
 def stop_outcome(workdir, before):

@@ -149,9 +149,8 @@ def test_the_workdir_and_its_latest_checkpoint_are_read_without_tensorflow(tmp_p
   assert launch.stop_outcome(str(tmp_path), None) == (
       "no checkpoint was written; a rerun of the same command starts from step 0")
   (tmp_path / "checkpoints").mkdir()
-  (tmp_path / "checkpoints" / "checkpoint").write_text(
-      'model_checkpoint_path: "ckpt-40"\n'
-      'all_model_checkpoint_paths: "ckpt-20"\nall_model_checkpoint_paths: "ckpt-40"\n')
+  for name in ("checkpoint", "ckpt-20.index", "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-60_temp"):
+    (tmp_path / "checkpoints" / name).write_text("")  # A damaged list, and what a killed save of step 60 left.
   assert launch.latest_checkpoint(str(tmp_path)) == ("ckpt-40", 40)
   assert launch.stop_outcome(str(tmp_path), None) == (
       "saved ckpt-40 at step 40; rerun the same command to resume from there")
