@@ -79,7 +79,7 @@ class Holder:
   command: str
 
   def describe(self):
-    """Returns e.g. "pid 12 on host h, mode 'train', since 2026-11-25 16:50:02 UTC (python -m runner ...)"."""
+    """Returns e.g. "pid 12 on host h, mode 'train', since YYYY-MM-DD HH:MM:SS UTC (python -m runner ...)"."""
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
     return f"pid {self.pid} on host {self.host}, mode {self.mode!r}, since {since} ({self.command})"
 
