@@ -110,7 +110,8 @@ def write(checkpoints):
   removed (a list must name one).
 
   Raises:
-    tf.errors.OpError: the file could not be written; the previous one is unchanged.
+    tf.errors.OpError, OSError: the file could not be written (see `atomic_files.replace`); the previous one is
+      unchanged.
   """
   path = os.path.join(checkpoints.directory, LIST_FILE)
   if not checkpoints.paths:
