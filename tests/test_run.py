@@ -197,8 +197,6 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
   sys.modules.pop("wrongs", None)
 
 
-
-
 def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothing(tmp_path):
   workdir = str(tmp_path / "work")
   runner.run(_quick(mode="train"), workdir)
