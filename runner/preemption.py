@@ -182,7 +182,7 @@ def raised_stop():
 
 def _outside_training(signum, frame):
   del frame
-  global _first_stop, _waiting_stop
+  global _first_stop, _waiting_stop, _raised
   if _first_stop is not None:
     if signum == signal.SIGINT:
       sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
@@ -196,7 +196,6 @@ def _outside_training(signum, frame):
     return
   stopped = Stopped(signum)
   if _raising:
-    global _raised
     _raised = stopped
     raise stopped
   sys.stderr.write(stopped.line + "\n")
