@@ -28,6 +28,9 @@ def replace_all(contents_by_path):
 
   A failed write changes none of them; no temporary file is left either way.
 
+  Args:
+    contents_by_path: `{path: str or bytes}`, local paths or `gs://` (through `tf.io.gfile`).
+
   Raises:
     tf.errors.OpError, OSError: a file could not be written or renamed.
   """

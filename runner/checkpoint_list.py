@@ -27,6 +27,8 @@ from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=g-direct-tensorflow-import
 
+from strategies.errors import first_line
+
 from runner import atomic_files
 
 PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
@@ -108,7 +110,8 @@ def write(checkpoints):
   removed (a list must name one).
 
   Raises:
-    tf.errors.OpError: the file could not be written; the previous one is unchanged.
+    tf.errors.OpError, OSError: the file could not be written (see `atomic_files.replace`); the previous one is
+      unchanged.
   """
   path = os.path.join(checkpoints.directory, LIST_FILE)
   if not checkpoints.paths:
@@ -139,7 +142,7 @@ def _listed(directory):
     with tf.io.gfile.GFile(path, "rb") as f:
       text_format.Parse(f.read().decode("utf-8"), state)
   except (text_format.ParseError, UnicodeDecodeError, tf.errors.OpError) as error:
-    return (), f"cannot be read ({type(error).__name__}: {_printable(error)})"
+    return (), f"cannot be read ({type(error).__name__}: {first_line(error, limit=160)})"
   if not state.model_checkpoint_path:
     return (), "names no checkpoint"
   names = list(state.all_model_checkpoint_paths)
@@ -187,12 +190,6 @@ def _on_disk(directory):
     if _step(prefix) is not None:
       found.append((_step(prefix), prefix))
   return sorted(found)
-
-
-def _printable(error):
-  """The first line of `error`'s message, each run of unprintable characters (a zeroed file's) as one '?', cut short."""
-  line = re.sub(r"[^\x20-\x7e]+", "?", (str(error).strip().splitlines() or [""])[0])
-  return line if len(line) <= 160 else line[:157] + "..."
 
 
 def _step(path):

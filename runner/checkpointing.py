@@ -1,7 +1,6 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
 import os
-import re
 
 from absl import logging
 import keras
@@ -9,7 +8,7 @@ import tensorflow as tf
 
 from runner import checkpoint_list
 from runner import worker_files
-from strategies.errors import ConfigError
+from strategies.errors import ConfigError, first_line
 
 DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.
 
@@ -151,7 +150,7 @@ class Checkpoints:
       except (tf.errors.OpError, OSError) as error:
         self._remove_unlisted(os.path.join(directory, f"ckpt-{step}"))
         previous = latest(self.model_dir)
-        reason = _first_line(getattr(error, "message", None) or str(error))
+        reason = first_line(getattr(error, "message", None) or str(error))
         raise CheckpointWriteError(
             f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
             + (f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
@@ -174,7 +173,7 @@ class Checkpoints:
         tf.io.gfile.rmtree(leftover)
       except (tf.errors.OpError, OSError) as error:
         logging.warning("Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
-                        leftover, _first_line(error))
+                        leftover, first_line(error))
         continue
       logging.info("Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).",
                    leftover)
@@ -207,7 +206,7 @@ class Checkpoints:
       if damage:
         raise UnreadableCheckpoint(damage) from None
       raise ConfigError(
-          f"The checkpoint {path} does not match this model and optimizer ({_first_line(error)}). "
+          f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
           f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
 
   def _put_back(self, values):
@@ -248,14 +247,5 @@ def _damage(path):
     for name in reader.get_variable_to_shape_map():
       reader.get_tensor(name)
   except Exception as error:  # pylint: disable=broad-except
-    return f"{type(error).__name__}: {_first_line(error)}"
+    return f"{type(error).__name__}: {first_line(error)}"
   return None
-
-
-def _first_line(error):
-  """The first line of `error`'s message, without TensorFlow's `{{function_node ...}}` and `[Op:...]` wrapping."""
-  line = (str(error).strip().splitlines() or [""])[0]
-  return _OP_WRAPPING.sub("", line).strip()
-
-
-_OP_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")

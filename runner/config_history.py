@@ -103,8 +103,9 @@ def record(workdir, config, *, step, data_spec, previous):
     with tf.io.gfile.GFile(history) as f:
       earlier = f.read()
   try:
-    atomic_files.replace_all({history: earlier + json.dumps(entry, sort_keys=True) + "\n",
-                      os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n"})
+    atomic_files.replace_all({
+        history: earlier + json.dumps(entry, sort_keys=True) + "\n",
+        os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n"})
   except (OSError, tf.errors.OpError) as e:
     raise ConfigError(f"Could not write the run's {CONFIG_FILE} and {HISTORY_FILE} in {workdir} "
                       f"({getattr(e, 'message', None) or e}); neither was changed: free some space or fix the "

@@ -162,7 +162,8 @@ def check_one_tensor_for_sequential(element_spec, model, *, purpose):
   raise DataError(
       f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
       f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset ({combine}), "
-      "or use a model with one keras.Input per part (a functional keras.Model, as an import path in config.model.name).")
+      "or use a model with one keras.Input per part (a functional keras.Model, as an import path in "
+      "config.model.name).")
 
 
 def label_range(element_spec, outputs_spec, task, *, purpose):

@@ -121,13 +121,14 @@ class Stopped(BaseException):
   its way out.
 
   Attributes:
-    signum: `signal.SIGTERM` or `signal.SIGINT`.
-    exit_code: the exit status for it (143, 130).
+    exit_code: the exit status: 143 for SIGTERM, 130 for Ctrl-C.
     line: what the process says as it ends.
   """
 
   def __init__(self, signum):
-    self.signum = signum
+    """Args:
+      signum: `signal.SIGTERM` or `signal.SIGINT`.
+    """
     self.exit_code = EXIT_CODES[signum]
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     self.line = (f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
@@ -181,7 +182,7 @@ def raised_stop():
 
 def _outside_training(signum, frame):
   del frame
-  global _first_stop, _waiting_stop
+  global _first_stop, _waiting_stop, _raised
   if _first_stop is not None:
     if signum == signal.SIGINT:
       sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
@@ -195,7 +196,6 @@ def _outside_training(signum, frame):
     return
   stopped = Stopped(signum)
   if _raising:
-    global _raised
     _raised = stopped
     raise stopped
   sys.stderr.write(stopped.line + "\n")

@@ -42,15 +42,11 @@ def eval_results_at(model_dir, step):
 
 def _last_row(model_dir, *, split, step):
   """The values of the last row of `split` and `step` in `model_dir/metrics.jsonl` (without those two keys), or {}."""
-  path = os.path.join(model_dir, "metrics.jsonl")
-  if not tf.io.gfile.exists(path):
-    return {}
   found = {}
-  with tf.io.gfile.GFile(path, "r") as lines:
-    for line in lines:
-      row = _parsed(line)
-      if isinstance(row, dict) and row.get("split") == split and row.get("step") == step:
-        found = row
+  for line in _lines(os.path.join(model_dir, "metrics.jsonl")):
+    row = _parsed(line)
+    if isinstance(row, dict) and row.get("split") == split and row.get("step") == step:
+      found = row
   return {name: value for name, value in found.items() if name not in ("split", "step")}
 
 
@@ -163,10 +159,7 @@ def _drop_rows_past(path, step):
   reader or a crash sees the old rows or the new ones, never a mix. Other
   lines are kept as they are.
   """
-  if not tf.io.gfile.exists(path):
-    return
-  with tf.io.gfile.GFile(path, "rb") as f:
-    lines = f.read().splitlines(keepends=True)
+  lines = _lines(path)
   kept = []
   for line in lines:
     row = _parsed(line)
@@ -182,6 +175,14 @@ def _drop_rows_past(path, step):
   atomic_files.replace(path, b"".join(kept))
   logging.info("Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
                "this run trains those steps again.", len(lines) - len(kept), path, step)
+
+
+def _lines(path):
+  """The lines of the file at `path` as bytes, each with its newline (a last line cut short without); [] if none."""
+  if not tf.io.gfile.exists(path):
+    return []
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return f.read().splitlines(keepends=True)
 
 
 def _parsed(line):

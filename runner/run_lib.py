@@ -46,9 +46,10 @@ class RunResult:
     strategy: the `tf.distribute.Strategy` it ran under.
     num_replicas: the strategy's replicas in sync.
     global_step: the step count after the run.
-    train_metrics: the last train loop's `loss` and task metrics, or None
-      when the run trained no step (mode 'eval' or 'export', or a resumed run
-      already at `train_steps`).
+    train_metrics: the last train loop's `loss` and task metrics; for a
+      resumed run already at `train_steps`, those of that step's train row in
+      `metrics.jsonl` (see `Trainer.train`). None when there are none (mode
+      'eval' or 'export', or no such row).
     eval_metrics: the final evaluation (`loss`, the task's metrics,
       `num_examples`), or None when the mode does not evaluate. A
       'train_and_eval' run with nothing left to train returns the one

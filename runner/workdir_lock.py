@@ -31,7 +31,6 @@ the workdir, but not two runs started within that time of each other.
 import dataclasses
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -41,7 +40,7 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-from strategies.errors import ConfigError
+from strategies.errors import ConfigError, first_line
 
 from runner import process_exit
 
@@ -80,7 +79,7 @@ class Holder:
   command: str
 
   def describe(self):
-    """Returns e.g. "pid 12 on host h, mode 'train', since 2026-11-25 16:50:02 UTC (python -m runner ...)"."""
+    """Returns e.g. "pid 12 on host h, mode 'train', since YYYY-MM-DD HH:MM:SS UTC (python -m runner ...)"."""
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
     return f"pid {self.pid} on host {self.host}, mode {self.mode!r}, since {since} ({self.command})"
 
@@ -246,8 +245,8 @@ def _read_or_none(path):
   try:
     return _Found(holder=_holder(json.loads(data.decode("utf-8"))), modified=modified, unreadable=None)
   except (ValueError, TypeError) as error:  # Being written, or its writer died while writing, or damaged.
-    message = re.sub(r"[^\x20-\x7e]+", "?", str(error))[:120]
-    return _Found(holder=None, modified=modified, unreadable=f"cannot be read ({type(error).__name__}: {message})")
+    return _Found(holder=None, modified=modified,
+                  unreadable=f"cannot be read ({type(error).__name__}: {first_line(error, limit=120)})")
 
 
 def _holder(fields):

@@ -1,5 +1,6 @@
 """The one error type for bad user input, shared by `strategies` and `runner`, and how a command line shows it."""
 
+import re
 import sys
 
 
@@ -24,3 +25,22 @@ class ClusterError(RuntimeError):
 def print_error_line(error):
   """Prints `error` as the one line `error: ...` on stderr (its whitespace and newlines collapsed)."""
   print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+
+
+def first_line(error, *, limit=None):
+  """Returns the first line of `error`'s message, fit to quote inside another message.
+
+  TensorFlow's `{{function_node ...}}` and `[Op:...]` wrapping is left out, and
+  each run of control characters (a zeroed or binary file's) becomes one '?'.
+
+  Args:
+    error: an exception, or its message.
+    limit: None, or the most characters to keep; a longer line is cut to end in '...'.
+  """
+  line = (str(error).strip().splitlines() or [""])[0]
+  line = _CONTROL_CHARACTERS.sub("?", _TENSORFLOW_WRAPPING.sub("", line)).strip()
+  return line if limit is None or len(line) <= limit else line[:limit - 3] + "..."
+
+
+_TENSORFLOW_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f]+")

@@ -62,11 +62,12 @@ class TrainingProcess(Process):
 
 def train_rows(workdir):
   """The complete train rows of `workdir/metrics.jsonl` so far."""
-  path = os.path.join(str(workdir), "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.endswith("\n") and '"train"' in line]
+  return [row for row in metrics_rows(workdir) if row["split"] == "train"]
+
+
+def metrics_rows(workdir):
+  """The complete rows of `workdir/metrics.jsonl` so far (a last line still being written left out)."""
+  return _json_lines(os.path.join(str(workdir), "metrics.jsonl"))
 
 
 def files_of(directory):
@@ -82,5 +83,12 @@ def files_of(directory):
 
 def config_history(workdir):
   """The entries of `workdir/config_history.jsonl`, one per run."""
-  with open(os.path.join(str(workdir), "config_history.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
+  return _json_lines(os.path.join(str(workdir), "config_history.jsonl"))
+
+
+def _json_lines(path):
+  """The JSON value of each complete line of the file at `path`; [] if there is none."""
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]

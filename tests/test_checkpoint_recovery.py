@@ -1,7 +1,6 @@
 """What a stopped run leaves behind: a damaged checkpoint list, an interrupted save's `ckpt-N_temp`, replayed rows."""
 
 import glob
-import json
 import os
 import re
 import shutil
@@ -214,8 +213,7 @@ def test_runner_run_resumes_over_a_garbled_checkpoint_list(tmp_path):
     f.write(b"\xff\xfe garbled \x00")
   resumed = runner.run({**config, "trainer": {**config["trainer"], "train_steps": 60}}, workdir)
   assert resumed.global_step == 60 and resumed.checkpoint_path.endswith("ckpt-60")
-  with open(os.path.join(workdir, "config_history.jsonl"), encoding="utf-8") as f:
-    assert [json.loads(line)["step"] for line in f] == [0, 40]
+  assert [entry["step"] for entry in process_testlib.config_history(workdir)] == [0, 40]
 
 
 _SAVE_FOREVER = textwrap.dedent("""
@@ -270,11 +268,6 @@ class _CrashAtStep(runner.actions.Action):
       raise RuntimeError(f"crashed at step {loop.step}")
 
 
-def _rows(model_dir):
-  with open(os.path.join(model_dir, "metrics.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
-
-
 def test_rows_of_steps_past_the_restored_one_are_dropped_so_each_step_has_one_row(tmp_path, caplog):
   model_dir = str(tmp_path / "run")
   data, eval_data = trainer_testlib.classification_data(64), trainer_testlib.classification_data(16, seed=1)
@@ -282,14 +275,14 @@ def test_rows_of_steps_past_the_restored_one_are_dropped_so_each_step_has_one_ro
   crashed = _trainer(model_dir, actions=[_CrashAtStep(5)])
   with pytest.raises(RuntimeError, match="crashed at step 5"):
     crashed.train(data, **train)
-  before = _rows(model_dir)
+  before = process_testlib.metrics_rows(model_dir)
   assert [(row["split"], row["step"]) for row in before] == [
       (split, step) for step in range(1, 6) for split in ("train", "eval")]
   with caplog.at_level("INFO", logger="absl"):
     resumed = _trainer(model_dir)
     assert resumed.global_step == 4
     resumed.train(data, **train)
-  after = _rows(model_dir)
+  after = process_testlib.metrics_rows(model_dir)
   assert [(row["split"], row["step"]) for row in after] == [
       (split, step) for step in range(1, 7) for split in ("train", "eval")]
   assert after[:8] == before[:8]  # The rows up to the restored step stay as they were.

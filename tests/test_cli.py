@@ -92,8 +92,9 @@ def cli_runs(tmp_path_factory):
                          "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
   }
   for mistake in ("mistakes:labels", "mistakes:batched", "mistakes:dict_features", "records:short_features"):
-    cases[f"data_{mistake.partition(':')[2]}"] = [f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}",
-                                "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
+    cases[f"data_{mistake.partition(':')[2]}"] = [
+        f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}", "--config.trainer.train_steps=10",
+        "--config.trainer.steps_per_loop=5"]
   cases["eval_short_features"] = [f"--config={SYNTHETIC}", "--config.data.name=records:short_eval_features",
                                   "--config.data.global_batch_size=8", "--config.trainer.train_steps=4",
                                   "--config.trainer.steps_per_loop=2"]

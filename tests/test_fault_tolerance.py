@@ -122,8 +122,8 @@ def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(
 
 def test_a_signal_that_a_library_turns_into_another_error_is_still_the_stop(tmp_path, subprocess_env):
   # TensorFlow's import turns the stop's exception into `ImportError: initialization failed` when the signal comes
-  # inside its native module's start-up (about 1 run in 4 with SIGTERM 1.3 s after start). A data function that
-  # does the same makes that moment certain: the workdir exists by then, holding the run's lock.
+  # inside its native module's start-up, a moment a test cannot hit at will. A data function that does the same
+  # makes that moment certain: the workdir exists by then, holding the run's lock.
   (tmp_path / "converting.py").write_text(textwrap.dedent("""
       import os, signal, time
 
@@ -262,7 +262,8 @@ def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it
                 f"config_history.jsonl.tmp-{pid}-") + r"[0-9a-f]{8}" + re.escape(
                     "; File too large); neither was changed: free some space or fix the permissions, then run "
                     "again."), error), error
-  assert process_testlib.files_of(workdir) == before  # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
+  # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
+  assert process_testlib.files_of(workdir) == before
 
 
 def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(tmp_path, subprocess_env):
@@ -285,7 +286,8 @@ def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(
   status, stdout, stderr, _ = _one_kilobyte_files([sys.executable, "-c", rollback, str(workdir)], subprocess_env)
   assert status == 0 and stdout == "returned\n", stderr[-3000:]
   assert f"Could not put {workdir}/config.json back as it was before the run: {workdir}/config.json.tmp-" in stderr
-  assert process_testlib.files_of(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}  # No part, no .tmp-.
+  # Each file whole (the run's config.json, the old history), no part, no .tmp- file.
+  assert process_testlib.files_of(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}
 
 
 def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):

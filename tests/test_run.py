@@ -197,8 +197,6 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
   sys.modules.pop("wrongs", None)
 
 
-
-
 def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothing(tmp_path):
   workdir = str(tmp_path / "work")
   runner.run(_quick(mode="train"), workdir)
@@ -287,6 +285,7 @@ def test_a_finished_train_and_eval_run_again_returns_its_evaluation_without_a_se
   first = runner.run(_quick(), str(tmp_path))
   again = runner.run(_quick(), str(tmp_path))
   assert again.global_step == 40 and again.eval_metrics == first.eval_metrics
+  assert again.train_metrics == pytest.approx(first.train_metrics)  # Step 40's train row, throughput left out.
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     rows = [(row["split"], row["step"]) for row in map(json.loads, f)]
   assert rows == [("train", 20), ("train", 40), ("eval", 40)]
