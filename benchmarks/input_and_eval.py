@@ -69,7 +69,7 @@ DEFAULT_CONTENDERS = ("raw", "hand_map", "hand_vectorized", "provider", "provide
                       "trainer_evaluate")
 WORKLOADS = ("mlp", "small")
 HAND_TUNED = ("hand_map", "hand_vectorized")  # What the target compares with.
-# Issue 13, target 5.
+# Target 5 (docs/benchmarks.md): the provider against the best hand-tuned pipeline, the Trainer against Keras.
 PROVIDER_VERSUS_HAND_TUNED = 0.95
 TRAINER_VERSUS_KERAS_EVALUATE = 1.0
 FEATURES = {"x": tf.io.FixedLenFeature([contenders_lib.NUM_FEATURES], tf.float32),

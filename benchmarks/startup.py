@@ -9,7 +9,7 @@ configs/digits.py with a typo in an override, and three other config errors.
 With --before, the runner's commands also run from that commit's tree (a
 temporary git worktree) in the same rounds. It prints the machine, a Markdown
 table of the median seconds of each command with its ratio to the import, and
-issue 13's target 6: every answer of this tree <= 0.3x the import, PASS or
+target 6 of docs/benchmarks.md: every answer of this tree <= 0.3x the import, PASS or
 FAIL. A command that exits with another status than its answer's is a FAIL.
 """
 
@@ -96,7 +96,7 @@ def table(times, trees):
 
 
 def target_line(times):
-  """Returns issue 13's target 6 with PASS or FAIL: every runner answer of this tree <= 0.3x the import."""
+  """Returns target 6 with PASS or FAIL: every runner answer of this tree <= 0.3x the import."""
   reference = statistics.median(seconds for seconds, _ in times[THIS_TREE, REFERENCE])
   worst, passed = 0.0, True
   for name, (_, expected, runner) in COMMANDS.items():

@@ -4,8 +4,8 @@
 [--contenders=trainer_100,trainer_1000,loop_100,loop_1000]`
 
 `benchmarks.throughput` runs each contender in a process of its own, as the
-issue's peer harness does; on a shared 2-core host the same contender's
-rounds there spread by 10 to 40%, more than the few percent this compares.
+peer harness does; there one contender's rounds can spread by more than the
+few percent this compares.
 Here the contenders share one process, one strategy and the same workload
 (`benchmarks.contenders`), each with its own model and input. A contender is
 `KIND_N`: a kind of `benchmarks.contenders` (`trainer`, `loop`, `orbit`,

@@ -41,7 +41,7 @@ REFERENCES = {
 }
 KERAS_FIT = ("keras_fit_1", "keras_fit_100")  # Keras fit without XLA: the settings of target 2.
 AROUND_FIT = " (around fit)"  # The suffix of a Keras fit row timed around the `fit` call.
-# Issue 13's targets: the Trainer against the hand-written loop with as many steps per call, and
+# The speed targets (docs/benchmarks.md): the Trainer against the hand-written loop with as many steps per call, and
 # against Orbit's StandardTrainer (target 1); trainer_100 against Keras fit at 100 steps per execution
 # where that works (one_device), and against Keras fit at its best working setting where the multi-step
 # fit crashes (mirrored2) (target 2); steps_per_loop="auto" against the best fixed setting (target 3);

@@ -268,7 +268,7 @@ class TFRecordFiles(DatasetProvider):
   `RECORDS_PER_TURN` records from each in turn (TensorFlow's autotuned cycle
   depends on the host's cores, and one record per turn costs each record a
   turn of the interleave: half the speed of reading,
-  docs/benchmarks.md#input-and-evaluation-issue-13-target-5).
+  docs/benchmarks.md#input-and-evaluation-target-5).
 
   The Trainer reads batches (`get_batches`, `get_repeated_batches`): a batch
   of serialized records is read, then parsed by one vectorized call of

@@ -3,7 +3,7 @@
 A `tf.function` called with a distributed iterator rebuilds the iterator's
 type spec and flattens it on every call: on this project's 2-core machine
 about 0.5 ms of Python per call, as much as a whole small training step
-(docs/benchmarks.md#per-step-overhead-issue-13-2026-11-24). The iterator's type spec never
+(docs/benchmarks.md#per-step-overhead-2026-11-24). The iterator's type spec never
 changes, so `FlatCall` builds it once, takes the iterator's components (its
 resource handles) from it at each call, and calls the traced concrete
 function with them directly.

@@ -82,7 +82,7 @@ class TrainLoop:
   iterator's threads with every Trainer.
 
   A step adds as little to the hand-written step as it can, since on a small
-  model every op costs (docs/benchmarks.md#per-step-overhead-issue-13-2026-11-24): each replica
+  model every op costs (docs/benchmarks.md#per-step-overhead-2026-11-24): each replica
   packs its loss with four sums that are finite exactly when its gradients,
   its batch's features and its labels are, and its labels lie in
   `valid_labels` (a log of 1 or 0); the vector is summed over replicas, added
@@ -329,7 +329,7 @@ class EvalLoop:
 
   The function is traced without AutoGraph, as Keras traces its own steps
   (converting the loop and the step's code cost a first evaluation about
-  2 s; docs/benchmarks.md#input-and-evaluation-issue-13-target-5), so the
+  2 s; docs/benchmarks.md#input-and-evaluation-target-5), so the
   loop is an explicit `tf.while_loop`. The task's loss alone is still
   converted, as in training: it is a `tf.function` of its own, so a loss
   with Python control flow on tensors evaluates as it trains.
