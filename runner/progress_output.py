@@ -16,7 +16,7 @@ from absl import logging
 
 from runner import tensorflow_logs
 
-_depth = 0  # How many `shown` blocks are open in this process: the outermost decides.
+_open = False  # Whether a `shown` block is open in this process: the outermost decides.
 
 
 @contextlib.contextmanager
@@ -34,13 +34,9 @@ def shown(*, quiet):
   Inside another `shown` block (a Trainer's method under `runner.run`) the
   outer block's choice holds and this one changes nothing.
   """
-  global _depth
-  if _depth:
-    _depth += 1
-    try:
-      yield
-    finally:
-      _depth -= 1
+  global _open
+  if _open:
+    yield
     return
   verbosity = logging.get_verbosity()
   handler = None
@@ -53,11 +49,11 @@ def shown(*, quiet):
       handler.setFormatter(logging.PythonFormatter())
       handler.addFilter(tensorflow_logs.without_tensorflow_info)
       python_logging.root.addHandler(handler)
-  _depth = 1
+  _open = True
   try:
     yield
   finally:
-    _depth = 0
+    _open = False
     if handler is not None:
       python_logging.root.removeHandler(handler)
     logging.set_verbosity(verbosity)

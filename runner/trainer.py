@@ -38,6 +38,17 @@ from strategies.errors import ConfigError
 _ALL_STEPS = 2**62
 
 
+def _showing_progress(method):
+  """Runs a public Trainer method inside `progress_output.shown(quiet=self._quiet)` (its progress lines)."""
+
+  @functools.wraps(method)
+  def with_progress_shown(self, *args, **kwargs):
+    with progress_output.shown(quiet=self._quiet):  # pylint: disable=protected-access
+      return method(self, *args, **kwargs)
+
+  return with_progress_shown
+
+
 class Trainer:
   """Trains, evaluates and exports a Keras model under a `tf.distribute.Strategy`.
 
@@ -163,6 +174,7 @@ class Trainer:
     """The number of training steps taken so far, restored checkpoints included (an int)."""
     return self._global_step
 
+  @_showing_progress
   def train(self, data, *, global_batch_size, steps, eval_data=None, eval_every=None,
             eval_global_batch_size=None, eval_steps=None):
     """Trains until the global step reaches `steps`.
@@ -218,11 +230,6 @@ class Trainer:
         parameter servers a ps task is gone; the message names it and the
         step the job resumes from.
     """
-    with progress_output.shown(quiet=self._quiet):
-      return self._train(data, global_batch_size=global_batch_size, steps=steps, eval_data=eval_data,
-                         eval_every=eval_every, eval_global_batch_size=eval_global_batch_size, eval_steps=eval_steps)
-
-  def _train(self, data, *, global_batch_size, steps, eval_data, eval_every, eval_global_batch_size, eval_steps):
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     if not checks.is_int(steps) or steps < 0:
       raise ConfigError(f"steps (the global step to train to) must be an int >= 0, got {steps!r}.")
@@ -234,7 +241,7 @@ class Trainer:
       return self._nothing_to_train(steps)
     iterator = self._train_iterator(data, global_batch_size)
     evaluate = functools.partial(
-        self._evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
+        self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
     first_step = self._global_step
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
@@ -268,6 +275,7 @@ class Trainer:
         self._reporter.flush()
     return dict(self._last_train_results)
 
+  @_showing_progress
   def evaluate(self, data, *, global_batch_size, steps=None):
     """Evaluates the model on `data`, counting every example exactly once.
 
@@ -293,10 +301,6 @@ class Trainer:
       DataError: the data does not fit the model or the task, or cannot be
         read (see `data_checks`).
     """
-    with progress_output.shown(quiet=self._quiet):
-      return self._evaluate(data, global_batch_size=global_batch_size, steps=steps)
-
-  def _evaluate(self, data, *, global_batch_size, steps):
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)
     strategy = parameter_server_loops.evaluation_strategy(self._strategy)
@@ -346,6 +350,7 @@ class Trainer:
           "or give the model an input in model_fn (keras.Input).")
     return self._global_step
 
+  @_showing_progress
   def export(self, path, *, data=None):
     """Writes the model as a SavedModel with a `serving_default` signature (see `exporting`).
 
@@ -361,10 +366,6 @@ class Trainer:
       ConfigError: the model's input shape is unknown (a model that builds
         lazily, before any train or evaluate, and no `data`).
     """
-    with progress_output.shown(quiet=self._quiet):
-      return self._export(path, data=data)
-
-  def _export(self, path, *, data):
     if data is not None:
       self._prepare_for(data, "export")
     declared = data_checks.declared_features_spec(self._model)
