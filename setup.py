@@ -21,7 +21,7 @@ setuptools.setup(
     long_description=open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["runner", "strategies", "configs"],
+    packages=setuptools.find_packages(include=["runner", "runner.*", "strategies", "configs"]),
     install_requires=[
         TENSORFLOW + TENSORFLOW_VERSION,
         "keras>=3",
@@ -39,5 +39,5 @@ setuptools.setup(
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
     },
     entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main",
-                                      "tf-runner-launch=runner.launch:run_main"]},
+                                      "tf-runner-launch=runner.cluster.launcher:run_main"]},
 )

@@ -42,7 +42,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import runner  # pylint: disable=g-import-not-at-top
-from runner import process_exit  # pylint: disable=g-import-not-at-top
+from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
 import strategies  # pylint: disable=g-import-not-at-top
 
 NUM_FEATURES = 64

@@ -29,7 +29,7 @@ import tensorflow as tf  # pylint: disable=unused-import
 TENSORFLOW_IMPORTED = time.time()
 
 from runner import Trainer  # pylint: disable=unused-import  (runner's names load on first use: this loads them)
-from runner import process_exit
+from runner.cluster import process_exit
 
 RUNNER_IMPORTED = time.time()
 

@@ -53,8 +53,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from benchmarks import contenders as contenders_lib  # pylint: disable=g-import-not-at-top
 from benchmarks import throughput  # pylint: disable=g-import-not-at-top
 import runner  # pylint: disable=g-import-not-at-top
-from runner import input_pipeline  # pylint: disable=g-import-not-at-top
-from runner import process_exit  # pylint: disable=g-import-not-at-top
+from runner.data import pipeline as input_pipeline  # pylint: disable=g-import-not-at-top
+from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
 
 REPO_ROOT = throughput.REPO_ROOT
 GLOBAL_BATCH_SIZE = 256

@@ -1,7 +1,7 @@
 """What exact resume costs: the time to the first batch when a run resumes at a later step.
 
 `python -m benchmarks.resume_cost [--steps=0,1000,10000,100000] [--rounds=3]`
-builds the Trainer's training input (`runner.input_pipeline.for_training`) on
+builds the Trainer's training input (`runner.data.pipeline.for_training`) on
 one device, global batch 64, for in-memory arrays (2,048 examples of 16
 floats, shuffled) and for TFRecord files (8 files, 2,048 records, parsed,
 shuffled), resuming at each step, and prints the median seconds to the first
@@ -21,8 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from runner import data  # pylint: disable=g-import-not-at-top,wrong-import-position
-from runner import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runner.data import providers as data  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runner.data import pipeline as input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 GLOBAL_BATCH = 64
 NUM_EXAMPLES = 2048

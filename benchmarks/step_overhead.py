@@ -33,7 +33,7 @@ from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
 
 from benchmarks import contenders  # pylint: disable=g-import-not-at-top
 from benchmarks import throughput  # pylint: disable=g-import-not-at-top
-from runner import process_exit  # pylint: disable=g-import-not-at-top
+from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
 
 KINDS = ("trainer", "loop", "orbit")
 DEFAULT_CONTENDERS = "trainer_100,trainer_1000,loop_100,loop_1000"

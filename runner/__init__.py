@@ -10,15 +10,16 @@ from strategies import lazy_names
 _PUBLIC = {
     "actions": "runner.actions",
     "data": "runner.data",
+    "interfaces": "runner.interfaces",
     "tasks": "runner.tasks",
-    "Task": "runner.tasks",
-    "TPUCheckResult": "runner.tpu_check",
-    "Trainer": "runner.trainer",
-    "check_tpu": "runner.tpu_check",
-    "config_fields": "runner.own_fields",
-    "load_config": "runner.config",
-    "run": "runner.run_lib",
-    "RunResult": "runner.run_lib",
+    "Task": "runner.interfaces",
+    "TPUCheckResult": "runner.tpu.check",
+    "Trainer": "runner.training.trainer",
+    "check_tpu": "runner.tpu.check",
+    "config_fields": "runner.config.declared_fields",
+    "load_config": "runner.config.run_config",
+    "run": "runner.from_config",
+    "RunResult": "runner.from_config",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -16,13 +16,13 @@ Flags:
                           file raised) before its `error:` line.
   --check_tpu             compiles and runs the config's train and eval steps the way
                           a TPU would, on logical CPUs, and prints one line `PASS: ...`
-                          or exits 2 naming what a TPU would reject (`runner.tpu_check`);
+                          or exits 2 naming what a TPU would reject (`runner.tpu.check`);
                           trains nothing lasting, writes nothing.
 
 On a worker or ps task of a parameter-server cluster (TF_CONFIG task type
 'worker' or 'ps', config.strategy.name 'parameter_server') the same command
 serves instead of training, until the coordinator (the chief) is done; see
-`runner.task_server`.
+`runner.cluster.task_server`.
 
 Exit status: 0 done; 2 a user error (bad config, override, name, batch size,
 workdir, no TPU, a checkpoint that does not match or cannot be written, what
@@ -34,7 +34,7 @@ peer of a multi-worker job could not be reached or stopped answering (one
 `error:` line naming it; a restart of the job resumes it); 143 after SIGTERM
 and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
 second Ctrl-C aborts; during start-up one line `Stopped by SIGTERM during
-start-up; nothing was written.`, see `preemption.handle_outside_training`);
+start-up; nothing was written.`, see `stop_signals.handle_outside_training`);
 1 any other error, a bug, with its traceback.
 TensorFlow's C++ start-up chatter is hidden unless TF_CPP_MIN_LOG_LEVEL is set
 (see `tensorflow_logs`).
@@ -43,11 +43,11 @@ TensorFlow is imported only once the config is loaded and checked: --help,
 a bad flag and a config error answer without loading it.
 """
 
-from runner import preemption
+from runner.cluster import stop_signals
 
-preemption.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
+stop_signals.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
 
-from runner import tensorflow_logs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runner.outputs import tensorflow_logs  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
@@ -65,8 +65,8 @@ from absl import logging as absl_logging
 import strategies
 from strategies.errors import ClusterError, ConfigError, print_error_line
 
-from runner import config as config_lib
-from runner import process_exit
+from runner.config import run_config as config_lib
+from runner.cluster import process_exit
 
 USER_ERROR_EXIT_CODE = 2
 NON_FINITE_EXIT_CODE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
@@ -149,7 +149,7 @@ def main(command_line):
   try:
     _run(command_line)
   except BaseException as e:  # pylint: disable=broad-except
-    stopped = preemption.raised_stop()
+    stopped = stop_signals.raised_stop()
     if stopped is not None and e is not stopped:  # What a library made of a stop signal (see `raised_stop`).
       raise stopped from None
     if isinstance(e, ConfigError):
@@ -170,11 +170,11 @@ def _run(command_line):
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
   config = config_lib.load_config(_CONFIG.value, overrides)
   # The config holds; what follows needs TensorFlow's devices.
-  from runner import checkpointing
-  from runner import run_lib
-  from runner import steps_per_loop as steps_per_loop_lib
-  from runner import task_server
-  from runner import tpu_check
+  from runner.outputs import checkpoints
+  from runner import from_config
+  from runner.training import steps_per_loop as steps_per_loop_lib
+  from runner.cluster import task_server
+  from runner.tpu import check as tpu_check
   if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
     verdict = tpu_check.check_tpu(config)
     if not verdict.passed:
@@ -189,19 +189,19 @@ def _run(command_line):
       task_server.serve(config.strategy.timeout_seconds)
     return
   if _DRY_RUN.value:
-    strategy = run_lib.create_strategy(config)
+    strategy = from_config.create_strategy(config)
     config = steps_per_loop_lib.resolved(config, strategy)
-    batch_sizes = run_lib.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
+    batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
     print(f"config:\n{config}")
     print(f"strategy: {strategies.describe(strategy)}")
     print(f"replicas: {strategy.num_replicas_in_sync}")
     print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
-    step = checkpointing.latest_step(_WORKDIR.value)
-    print(f"workdir: {run_lib.describe_workdir(_WORKDIR.value, step)}")
-    print(f"plan: {run_lib.step_plan(config, step)}")
+    step = checkpoints.latest_step(_WORKDIR.value)
+    print(f"workdir: {from_config.describe_workdir(_WORKDIR.value, step)}")
+    print(f"plan: {from_config.step_plan(config, step)}")
     print("dry run: nothing trained or written.")
     return
-  result = run_lib.run(config, _WORKDIR.value)
+  result = from_config.run(config, _WORKDIR.value)
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")
@@ -226,12 +226,12 @@ def run_main():
   """
   status = 1
   try:
-    with preemption.raising_stops():
+    with stop_signals.raising_stops():
       app.run(main, flags_parser=parse_flags)
     status = 0
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-  except preemption.Stopped as e:  # SIGTERM or Ctrl-C outside a training loop.
+  except stop_signals.Stopped as e:  # SIGTERM or Ctrl-C outside a training loop.
     print(e.line, file=sys.stderr)
     status = e.exit_code
   except BaseException:  # pylint: disable=broad-except

@@ -1,4 +1,4 @@
-"""Periodic work after each train loop: the `Action` interface, what an action sees, and the built-in actions.
+"""Periodic work after each train loop: the built-in actions (`Action` and `LoopEnd` are in `runner.interfaces`).
 
 After every call of the inner loop, the Trainer's controller runs a list of
 actions, in order, on every worker: report progress, save and exit on a stop
@@ -6,78 +6,15 @@ signal (SIGTERM, Ctrl-C), evaluate when due (at the last step after a
 checkpoint), the user's own actions, checkpoint when due.
 """
 
-import abc
-import dataclasses
 import math
 from typing import Callable, Mapping, Optional
 
 from absl import logging
 
-from runner import preemption
+from runner.cluster import stop_signals
+from runner.interfaces import Action, LoopEnd  # pylint: disable=unused-import  (public here too)
 from strategies import checks
 from strategies.errors import ConfigError
-
-
-@dataclasses.dataclass
-class LoopEnd:
-  """What an action sees after a train loop; the same on every worker.
-
-  Attributes:
-    step: the global step after the loop.
-    total_steps: the step `train` runs to.
-    train_results: `loss` and every metric over this loop's steps (reduced
-      over all replicas, so equal on every worker).
-    eval_results: the evaluation run at this step (by the built-in
-      evaluation action, which runs before the user's actions), else None.
-    steps_per_sec, examples_per_sec: the loop's throughput (this worker's clock).
-    learning_rate: the optimizer's learning rate after the loop.
-    stop_signal: None, or the signal (`signal.SIGTERM`, `signal.SIGINT`)
-      that asked training to stop; the built-in stop action then saves and
-      exits, before the user's actions run.
-    is_chief: this worker writes the run's files.
-    tracing_seconds: for the first loop of a `train` call whose loop function
-      was traced before it, the seconds tracing took (not counted in
-      `steps_per_sec`); else None.
-  """
-  step: int
-  total_steps: int
-  train_results: Mapping[str, float]
-  steps_per_sec: float
-  examples_per_sec: float
-  learning_rate: float
-  stop_signal: Optional[int]
-  is_chief: bool
-  tracing_seconds: Optional[float] = None
-  eval_results: Optional[Mapping[str, float]] = None
-  stop_at: Optional[int] = dataclasses.field(default=None, init=False)
-
-  def stop(self, at_step=None):
-    """Asks training to end once the global step reaches `at_step` (None: now, after this loop).
-
-    The end is a normal one: the final evaluation and checkpoint still
-    happen. Ask the same on every worker (decide from this object's values,
-    which are equal everywhere), or workers would stop at different steps.
-    """
-    at_step = self.step if at_step is None else checks.positive_int(at_step, "at_step")
-    self.stop_at = at_step if self.stop_at is None else min(self.stop_at, at_step)
-
-
-class Action(abc.ABC):
-  """Work the Trainer does after train loops, on every worker, with the loop's `LoopEnd`.
-
-  Attributes:
-    every_steps: None (the default) runs the action after every loop; an int
-      N makes loops end at multiples of N and runs the action only there.
-  """
-
-  every_steps: Optional[int] = None
-
-  @abc.abstractmethod
-  def __call__(self, loop: LoopEnd) -> None:
-    """Does the work for the loop that just ended; may call `loop.stop(...)`.
-
-    Runs on every worker. Write files only where `loop.is_chief`.
-    """
 
 
 def is_due(action, step):
@@ -86,7 +23,7 @@ def is_due(action, step):
 
 
 class ReportProgress(Action):
-  """The progress line, TensorBoard scalars and metrics.jsonl row of every loop (see `reporting.Reporter`)."""
+  """The progress line, TensorBoard scalars and metrics.jsonl row of every loop (see `reports.Reporter`)."""
 
   def __init__(self, reporter):
     self._reporter = reporter
@@ -129,8 +66,8 @@ class ExitOnStopSignal(Action):
     path = self._save()
     where = (f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
              if path else f"nothing saved at step {step} (no model_dir)")
-    logging.warning("Stopped by %s: %s.", preemption.NAMES[signum], where)
-    raise SystemExit(preemption.EXIT_CODES[signum])
+    logging.warning("Stopped by %s: %s.", stop_signals.NAMES[signum], where)
+    raise SystemExit(stop_signals.EXIT_CODES[signum])
 
 
 class Evaluate(Action):

@@ -1,83 +1,11 @@
-"""What the model is trained to do: the `Task` interface and the built-in tasks."""
+"""What the model is trained to do: the built-in tasks (the `Task` interface is in `runner.interfaces`)."""
 
-import abc
-import dataclasses
-from typing import Optional
 
 import keras
 import tensorflow as tf
 
+from runner.interfaces import LabelRange, Task  # pylint: disable=unused-import  (public here too)
 from strategies.errors import ConfigError
-
-
-@dataclasses.dataclass(frozen=True)
-class LabelRange:
-  """The values every label must take; every step checks its batch's smallest and largest label against it.
-
-  Attributes:
-    low: the least valid value.
-    high: the first value past the valid ones (exclusive).
-    integer: labels must be whole numbers.
-    meaning: what the labels are, for messages, e.g. "class ids of a model
-      with 10 outputs (classes)".
-  """
-  low: float
-  high: float
-  integer: bool
-  meaning: str
-
-  def describe(self):
-    """E.g. "integers in [0, 10) (class ids of a model with 10 outputs (classes))"."""
-    kind = "integers" if self.integer else "values"
-    return f"{kind} in [{self.low:g}, {self.high:g}) ({self.meaning})"
-
-
-class Task(abc.ABC):
-  """The loss and metrics of one kind of problem.
-
-  The Trainer calls `loss` inside each replica's step with float32 outputs and
-  averages the per-example values over the global batch itself (honouring
-  sample weights), so a task never reduces over the batch. `metrics` is called
-  once, inside `strategy.scope()`.
-  """
-
-  @abc.abstractmethod
-  def loss(self, labels, outputs):
-    """Returns the per-example loss, a float32 tensor of shape `[batch]`.
-
-    Args:
-      labels: the labels of one per-replica batch, as the dataset gives them.
-      outputs: the model's outputs for that batch, cast to float32.
-    """
-
-  def metrics(self):
-    """Returns fresh Keras metrics, each updated with `(labels, outputs, sample_weight)`.
-
-    Their names are the keys of the Trainer's results; each must give a scalar.
-    """
-    return []
-
-  def check_labels(self, labels_spec, outputs_spec) -> Optional[LabelRange]:
-    """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.
-
-    The Trainer calls it once per dataset, before the first step, and checks
-    every batch's labels against the range it returns. The default checks
-    nothing.
-
-    Args:
-      labels_spec: the spec of one example's labels (no batch dimension).
-      outputs_spec: the spec of the model's outputs for a batch (a nest of
-        `tf.TensorSpec`, batch dimension first).
-
-    Returns:
-      The `LabelRange` every label value must lie in, or None.
-
-    Raises:
-      ConfigError: such labels cannot work; the message starts with
-        "labels" and names the spec found and the one expected.
-    """
-    del labels_spec, outputs_spec
-    return None
 
 
 class Classification(Task):

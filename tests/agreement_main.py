@@ -15,7 +15,7 @@ sys.path.insert(0, REPO)
 import numpy as np
 
 import runner
-from runner import process_exit
+from runner.cluster import process_exit
 
 
 def main(weights_file, workdir, *overrides):

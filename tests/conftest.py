@@ -25,7 +25,7 @@ os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 SESSION_TEMP_DIR = tempfile.mkdtemp(prefix="tf-runner-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TEMP_DIR
 
-from runner import process_exit  # pylint: disable=g-import-not-at-top
+from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
 import strategies  # pylint: disable=g-import-not-at-top
 
 # The suite never collects reference cycles. A collection deletes every cyclic garbage Trainer of the

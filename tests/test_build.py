@@ -9,7 +9,7 @@ have no cycle, which Bazel refuses. setup.py is read through `egg_info`, the
 metadata pip installs from.
 
 A package face (`runner/__init__.py`) depends on its modules, never the
-reverse: modules import each other directly (`from runner import loops`),
+reverse: modules import each other directly (`from runner.training import loops`),
 not through the face, so the graph stays acyclic.
 """
 
@@ -210,9 +210,9 @@ def test_the_deps_have_no_cycle():
 
 def test_a_planted_cycle_is_found():
   planted = {name: dict(target, deps=list(target["deps"])) for name, target in TARGETS.items()}
-  planted["runner_checkpointing"]["deps"].append(":runner")  # runner -> ... -> checkpointing -> runner
+  planted["runner_outputs_checkpoints"]["deps"].append(":runner")  # runner -> ... -> checkpoints -> runner
   cycle = find_cycle(planted)
   assert cycle is not None and cycle[0] == cycle[-1]
-  assert {"runner", "runner_checkpointing"} <= set(cycle)
+  assert {"runner", "runner_outputs_checkpoints"} <= set(cycle)
   assert find_cycle({"a": {"deps": [":b"]}, "b": {"deps": [":a"]}}) in (["a", "b", "a"], ["b", "a", "b"])
   assert find_cycle({"a": {"deps": [":b"]}, "b": {"deps": []}}) is None

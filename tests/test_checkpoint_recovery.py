@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import runner
 import strategies
-from runner import checkpointing
+from runner.outputs import checkpoints as checkpoints_lib
 import process_testlib
 import trainer_testlib
 
@@ -106,8 +106,8 @@ def test_a_damaged_checkpoint_list_is_rebuilt_from_the_files_and_rotation_knows_
   damage(os.path.join(checkpoints, "checkpoint"))
   before = _checkpoint_files(checkpoints)
   assert _names(before) == ["ckpt-2", "ckpt-4", "ckpt-6"]
-  assert checkpointing.latest(model_dir) == os.path.join(checkpoints, "ckpt-6")  # What run_lib and the CLI see.
-  assert checkpointing.latest_step(model_dir) == 6
+  assert checkpoints_lib.latest(model_dir) == os.path.join(checkpoints, "ckpt-6")  # What runner.run and the CLI see.
+  assert checkpoints_lib.latest_step(model_dir) == 6
   with caplog.at_level("WARNING", logger="absl"):
     resumed = _trainer(model_dir)
   assert resumed.global_step == 6
@@ -148,7 +148,7 @@ def test_a_rebuilt_list_whose_newest_checkpoint_is_unreadable_falls_back_and_nev
                    r"\(\w+Error: .*\)\. Resumed from ckpt-4 instead", caplog.text)
   resumed.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=8)
   assert _names(_checkpoint_files(checkpoints)) == ["ckpt-4", "ckpt-6", "ckpt-8"]
-  assert checkpointing.latest(model_dir) == os.path.join(checkpoints, "ckpt-8")
+  assert checkpoints_lib.latest(model_dir) == os.path.join(checkpoints, "ckpt-8")
   reader = tf.train.load_checkpoint(os.path.join(checkpoints, "ckpt-6"))  # Written again by this run: whole.
   assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 6
 
@@ -167,7 +167,7 @@ def test_a_copied_workdirs_list_naming_the_originals_checkpoints_never_touches_t
                             os.path.join(checkpoints, "ckpt-4"), "ckpt-4", "ckpt-9",  # Its own, thrice; no files.
                             os.path.join(original_checkpoints, "ckpt-6")])
   untouched = process_testlib.files_of(original)
-  assert checkpointing.latest(model_dir) == os.path.join(checkpoints, "ckpt-6")
+  assert checkpoints_lib.latest(model_dir) == os.path.join(checkpoints, "ckpt-6")
   with caplog.at_level("WARNING", logger="absl"):
     resumed = _trainer(model_dir)
   assert resumed.global_step == 6

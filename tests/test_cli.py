@@ -15,7 +15,7 @@ import textwrap
 import portpicker
 import pytest
 
-from runner import tensorflow_logs
+from runner.outputs import tensorflow_logs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIGITS = os.path.join(REPO, "configs", "digits.py")
@@ -282,7 +282,7 @@ def test_a_successful_run_prints_only_the_projects_own_lines_on_stderr(cli_runs)
   assert "global step: 40" in stdout
   lines = stderr.splitlines()
   assert not _foreign_lines(stderr), "\n".join(_foreign_lines(stderr))
-  assert sum(bool(re.search(r"reporting.py:\d+\] step \d+/40: ", line)) for line in lines) == 2  # One per loop.
+  assert sum(bool(re.search(r"reports.py:\d+\] step \d+/40: ", line)) for line in lines) == 2  # One per loop.
 
 
 def test_a_run_leaves_nothing_in_the_temporary_folder(cli_runs):

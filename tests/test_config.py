@@ -13,9 +13,9 @@ import pytest
 
 import runner
 import strategies
-from runner import config as config_lib
-from runner import optimizers
-from runner import registry
+from runner.config import run_config as config_lib
+from runner.config import optimizers
+from runner.config import registry
 from runner import tasks
 from strategies import ConfigError
 
@@ -134,10 +134,10 @@ def test_config_file_variants():
     (["task.name=clasification"], r"Unknown task 'clasification'. Did you mean 'classification'\?"),
     (["model.name=no_such_package_xyz.models:mlp"],
      r"The model 'no_such_package_xyz.models:mlp' does not import: ModuleNotFoundError"),
-    (["model.name=runner.builtin_models:mpl"],
-     r"module 'runner.builtin_models' has no attribute 'mpl'. Did you mean 'mlp'\?"),
-    (["model.name=runner.builtin_models:BUILTINS"],
-     r"The model 'runner.builtin_models:BUILTINS' is a dict, not a function"),
+    (["model.name=runner.models:mpl"],
+     r"module 'runner.models' has no attribute 'mpl'. Did you mean 'mlp'\?"),
+    (["model.name=runner.models:BUILTINS"],
+     r"The model 'runner.models:BUILTINS' is a dict, not a function"),
     (["data.global_batch_size=0"], r"config.data.global_batch_size must be a positive int, got 0"),
     (["optimizer.name=rmsprop"], r"config.optimizer.name='rmsprop' is not valid. Valid: sgd, adam, adamw"),
     (["optimizer.schedule=cosin"], r"config.optimizer.schedule='cosin' is not valid. Did you mean 'cosine'\?"),

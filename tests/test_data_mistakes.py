@@ -1,4 +1,4 @@
-"""Data mistakes are one DataError line naming what was found and what was expected (runner.data_checks).
+"""Data mistakes are one DataError line naming what was found and what was expected (runner.data.checks).
 
 The command line turns each into one `error:` line with exit status 2 (the
 cases in test_cli.py); here the messages themselves, in one process.
@@ -14,9 +14,9 @@ import tensorflow as tf
 import runner
 import strategies
 import trainer_testlib
-from runner import builtin_models
-from runner import config as config_lib
-from runner.data import DataError
+from runner import models as builtin_models
+from runner.config import run_config as config_lib
+from runner.data.providers import DataError
 
 NUM_FEATURES, NUM_CLASSES = trainer_testlib.NUM_FEATURES, trainer_testlib.NUM_CLASSES
 SYNTHETIC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "synthetic.py")

@@ -18,12 +18,12 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner import builtin_datasets
-from runner import config as config_lib
-from runner import data
-from runner import input_pipeline
-from runner import parameter_server_loops
-from runner import tpu_check
+from runner.data import builtin_datasets
+from runner.config import run_config as config_lib
+from runner.data import providers as data
+from runner.data import pipeline as input_pipeline
+from runner.training import parameter_server_loops
+from runner.tpu import check as tpu_check
 from strategies import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +31,7 @@ TIMEOUT_SECONDS = 180
 # A dataset function for config runs over the records of `_write_records`.
 RECORDS_PLUGIN = textwrap.dedent("""
     import tensorflow as tf
-    from runner import data
+    from runner.data import providers as data
 
     PROVIDERS = {}
 

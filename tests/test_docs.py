@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import runner
-from runner import config as config_lib
+from runner.config import run_config as config_lib
 import strategies
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import process_testlib
 import runner
-from runner import workdir_lock
+from runner.workdir import lock as workdir_lock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -273,7 +273,7 @@ def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(
   (workdir / "config_history.jsonl").write_text('{"step": 0}\n')
   rollback = textwrap.dedent("""
       import sys
-      from runner import workdir_state
+      from runner.workdir import state as workdir_state
       workdir = sys.argv[1]
       state = workdir_state.WorkdirState.read(workdir, created=False)
       for name, text in [("config.json", "{}\\n"), ("config_history.jsonl", '{"step": 0}\\n{"step": 5}\\n'),

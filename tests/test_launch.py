@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import process_testlib
 
-from runner import launch
+from runner.cluster import launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -85,26 +85,26 @@ def _ports(cluster):
 
 
 def test_the_tf_config_of_each_of_two_workers():
-  cluster = launch.cluster_spec(workers=2, ps=0, ports=launch.free_ports(2))
+  cluster = launcher.cluster_spec(workers=2, ps=0, ports=launcher.free_ports(2))
   assert list(cluster) == ["worker"] and len(cluster["worker"]) == 2
   assert all(re.fullmatch(r"localhost:\d+", address) for address in cluster["worker"])
   assert len(set(_ports(cluster))) == 2
-  assert [task.name for task in launch.tasks(cluster)] == ["worker:0", "worker:1"]
-  for task in launch.tasks(cluster):
-    config = launch.tf_config(cluster=cluster, task_type=task.type, index=task.index)
+  assert [task.name for task in launcher.tasks(cluster)] == ["worker:0", "worker:1"]
+  for task in launcher.tasks(cluster):
+    config = launcher.tf_config(cluster=cluster, task_type=task.type, index=task.index)
     assert config == {"cluster": cluster, "task": {"type": "worker", "index": task.index}}
     assert json.loads(json.dumps(config)) == config  # What the task's environment gets.
 
 
 def test_the_tf_config_of_a_parameter_server_job():
-  cluster = launch.cluster_spec(workers=2, ps=1, ports=[5000, 5001, 5002, 5003])
+  cluster = launcher.cluster_spec(workers=2, ps=1, ports=[5000, 5001, 5002, 5003])
   assert cluster == {"chief": ["localhost:5000"], "worker": ["localhost:5001", "localhost:5002"],
                      "ps": ["localhost:5003"]}
-  assert [task.name for task in launch.tasks(cluster)] == ["chief", "worker:0", "worker:1", "ps:0"]
-  assert [launch.tf_config(cluster=cluster, task_type=t.type, index=t.index)["task"] for t in launch.tasks(cluster)] \
+  assert [task.name for task in launcher.tasks(cluster)] == ["chief", "worker:0", "worker:1", "ps:0"]
+  assert [launcher.tf_config(cluster=cluster, task_type=t.type, index=t.index)["task"] for t in launcher.tasks(cluster)] \
       == [{"type": "chief", "index": 0}, {"type": "worker", "index": 0}, {"type": "worker", "index": 1},
           {"type": "ps", "index": 0}]
-  assert len(set(launch.free_ports(4))) == 4
+  assert len(set(launcher.free_ports(4))) == 4
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -115,49 +115,49 @@ def test_the_tf_config_of_a_parameter_server_job():
 ])
 def test_a_bad_cluster_is_refused(kwargs, message):
   with pytest.raises(ValueError) as error:
-    launch.cluster_spec(**kwargs)
+    launcher.cluster_spec(**kwargs)
   assert str(error.value).endswith(message)
 
 
 def test_a_task_outside_the_cluster_is_refused():
-  cluster = launch.cluster_spec(workers=2, ps=0, ports=[1, 2])
+  cluster = launcher.cluster_spec(workers=2, ps=0, ports=[1, 2])
   with pytest.raises(ValueError, match=r"^task_type 'ps' is not a job of the cluster; jobs: \['worker'\]\.$"):
-    launch.tf_config(cluster=cluster, task_type="ps", index=0)
+    launcher.tf_config(cluster=cluster, task_type="ps", index=0)
   with pytest.raises(ValueError, match=r"^index 2 is not a worker task; valid: 0\.\.1\.$"):
-    launch.tf_config(cluster=cluster, task_type="worker", index=2)
+    launcher.tf_config(cluster=cluster, task_type="worker", index=2)
 
 
 def test_the_runner_arguments_get_the_jobs_strategy():
-  assert launch.runner_arguments(["--config=c.py", "--workdir=/w"], ps=0) == [
+  assert launcher.runner_arguments(["--config=c.py", "--workdir=/w"], ps=0) == [
       "--config=c.py", "--workdir=/w", "--config.strategy.name=multi_worker_mirrored"]
-  assert launch.runner_arguments(["--workdir", "/w"], ps=1) == [
+  assert launcher.runner_arguments(["--workdir", "/w"], ps=1) == [
       "--workdir", "/w", "--config.strategy.name=parameter_server"]
   named = ["--workdir=/w", "--config.strategy.name=multi_worker_mirrored"]
-  assert launch.runner_arguments(named, ps=0) == named
+  assert launcher.runner_arguments(named, ps=0) == named
 
 
 def test_exit_statuses():
-  assert [launch.describe_exit(code) for code in (2, 143, -9)] == [
+  assert [launcher.describe_exit(code) for code in (2, 143, -9)] == [
       "exited with status 2", "exited with status 143", "was killed by SIGKILL"]
-  assert [launch.exit_status(code) for code in (1, 2, 3, 143, 255, -9, -15)] == [1, 2, 3, 143, 255, 1, 1]
+  assert [launcher.exit_status(code) for code in (1, 2, 3, 143, 255, -9, -15)] == [1, 2, 3, 143, 255, 1, 1]
 
 
 def test_the_workdir_and_its_latest_checkpoint_are_read_without_tensorflow(tmp_path):
-  assert launch.workdir_of(["--config=c.py", f"--workdir={tmp_path}"]) == str(tmp_path)
-  assert launch.workdir_of(["-workdir", "gs://bucket/run", "--mode=train"]) == "gs://bucket/run"
-  assert launch.workdir_of(["--config=c.py", "--workdir"]) is None
-  assert launch.stop_outcome(str(tmp_path), None) == (
+  assert launcher.workdir_of(["--config=c.py", f"--workdir={tmp_path}"]) == str(tmp_path)
+  assert launcher.workdir_of(["-workdir", "gs://bucket/run", "--mode=train"]) == "gs://bucket/run"
+  assert launcher.workdir_of(["--config=c.py", "--workdir"]) is None
+  assert launcher.stop_outcome(str(tmp_path), None) == (
       "no checkpoint was written; a rerun of the same command starts from step 0")
   (tmp_path / "checkpoints").mkdir()
   for name in ("checkpoint", "ckpt-20.index", "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-60_temp"):
     (tmp_path / "checkpoints" / name).write_text("")  # A damaged list, and what a killed save of step 60 left.
-  assert launch.latest_checkpoint(str(tmp_path)) == ("ckpt-40", 40)
-  assert launch.stop_outcome(str(tmp_path), None) == (
+  assert launcher.latest_checkpoint(str(tmp_path)) == ("ckpt-40", 40)
+  assert launcher.stop_outcome(str(tmp_path), None) == (
       "saved ckpt-40 at step 40; rerun the same command to resume from there")
-  assert launch.stop_outcome(str(tmp_path), ("ckpt-40", 40)) == (
+  assert launcher.stop_outcome(str(tmp_path), ("ckpt-40", 40)) == (
       "no checkpoint was written by this stop; the latest is ckpt-40 (step 40), where a rerun of the same command "
       "resumes")
-  assert launch.stop_outcome("gs://bucket/run", None).endswith("(the workdir is not local)")
+  assert launcher.stop_outcome("gs://bucket/run", None).endswith("(the workdir is not local)")
 
 
 RUNNER = ["--", f"--config={SYNTHETIC}", "--workdir=/tmp/never-made"]

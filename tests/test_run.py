@@ -256,15 +256,15 @@ def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path,
                            capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_SECONDS)
   assert process.returncode == 0, process.stderr[-3000:]
   shown, quiet = process.stderr.split("=== quiet ===\n")
-  assert re.search(rf"run_lib.py:\d+\] Mode train in the workdir {re.escape(str(workdir))} \(new\)\.\n", shown)
-  progress = re.findall(r"reporting.py:\d+\] (step \d+/\d+: .*)", shown)
+  assert re.search(rf"from_config.py:\d+\] Mode train in the workdir {re.escape(str(workdir))} \(new\)\.\n", shown)
+  progress = re.findall(r"reports.py:\d+\] (step \d+/\d+: .*)", shown)
   assert len(progress) == 2, shown[-3000:]
   # The first loop's line shows the tracing apart; its steps/s (and ETA) count the steps only.
   assert re.fullmatch(r"step 20/40: loss [\d.]+, accuracy [\d.]+ \| traced in \d+\.\d s, then [\d.]+ steps/s, "
                       r"\d+ examples/s, ETA 0:00:\d\d", progress[0]), progress[0]
   assert re.fullmatch(r"step 40/40: loss [\d.]+, accuracy [\d.]+ \| [\d.]+ steps/s, \d+ examples/s, ETA 0:00:00",
                       progress[1]), progress[1]
-  assert re.search(rf"checkpointing.py:\d+\] Saved checkpoint {re.escape(str(workdir))}/checkpoints/ckpt-40\.\n", shown)
+  assert re.search(rf"checkpoints.py:\d+\] Saved checkpoint {re.escape(str(workdir))}/checkpoints/ckpt-40\.\n", shown)
   assert shown.count("step 20/40: ") == 1 and "INFO:absl:" not in shown  # Each line once, in the CLI's format.
   assert not re.search(r"^I\d{4} .*(functional_saver|tensorflow)", shown, re.MULTILINE)  # TensorFlow's INFO hidden.
   assert not re.search(r"^I\d{4} ", quiet, re.MULTILINE), quiet[-3000:]  # Quiet: no INFO line at all.

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner import steps_per_loop
+from runner.training import steps_per_loop
 import trainer_testlib
 
 

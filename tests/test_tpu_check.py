@@ -24,7 +24,7 @@ PLUGINS = textwrap.dedent("""
     import numpy as np
     import tensorflow as tf
 
-    from runner import data
+    from runner.data import providers as data
 
     EXAMPLES = 64
 

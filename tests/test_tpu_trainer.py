@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner import config as config_lib
-from runner import steps_per_loop
-from runner import tpu_check
-from runner import tpu_rules
+from runner.config import run_config as config_lib
+from runner.training import steps_per_loop
+from runner.tpu import check as tpu_check
+from runner.tpu import rules as tpu_rules
 import trainer_testlib
 
 # Ops that do host work: Python, printing, summaries. None may sit inside the compiled loop.

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner import trainer_options
+from runner.training import options as trainer_options
 from strategies.errors import ConfigError
 import trainer_testlib
 

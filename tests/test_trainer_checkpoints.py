@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from runner import checkpointing
+from runner.outputs import checkpoints
 import strategies
 import trainer_testlib
 
@@ -137,6 +137,6 @@ def test_a_checkpoint_of_another_model_restores_nothing(tmp_path):
 
 def _checkpoints(trainer, model_dir):
   """A second Checkpoints over a trainer's variables, to restore without making another Trainer."""
-  return checkpointing.Checkpoints(trainer.strategy, model_dir, model=trainer.model,
+  return checkpoints.Checkpoints(trainer.strategy, model_dir, model=trainer.model,
                                    optimizer=trainer._optimizer, step=trainer._step,  # pylint: disable=protected-access
                                    max_to_keep=3)

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner import checkpointing
+from runner.outputs import checkpoints
 import strategies
 import trainer_testlib
 
@@ -120,7 +120,7 @@ class _CheckpointsSeen(runner.data.DatasetProvider):
     self.seen = []
 
   def get_dataset(self, input_context):
-    self.seen.append(checkpointing.latest(self.model_dir))
+    self.seen.append(checkpoints.latest(self.model_dir))
     return trainer_testlib.classification_data(16, seed=1)
 
 
@@ -132,6 +132,6 @@ def test_the_final_evaluation_starts_after_the_checkpoint_of_the_last_step(tmp_p
   trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=4, eval_data=eval_data,
                 eval_every=eval_every)
   assert eval_data.seen[-1] == str(tmp_path / "checkpoints" / "ckpt-4")
-  assert checkpointing.latest_step(str(tmp_path)) == 4
+  assert checkpoints.latest_step(str(tmp_path)) == 4
   with open(tmp_path / "checkpoints" / "checkpoint", encoding="utf-8") as f:  # Once: not again by checkpoint_every.
     assert f.read().count('all_model_checkpoint_paths: "ckpt-4"') == 1

@@ -21,7 +21,7 @@ import tensorflow as tf
 import process_testlib
 
 import runner
-from runner import parameter_server_loops
+from runner.training import parameter_server_loops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -90,7 +90,7 @@ def test_a_cluster_of_one_command_trains_shards_checkpoints_and_restores_on_one_
   assert "strategy: parameter_server: 2 workers, 2 parameter servers\n" in stdout
   assert f"global step: {STEPS}\n" in stdout
   assert "mlp/dense/kernel (16, 64) in 2 shards on ps:" in stderr, stderr[-3000:]
-  progress = re.findall(r"reporting.py:\d+\] (step \d+/\d+: .*)", stderr)
+  progress = re.findall(r"reports.py:\d+\] (step \d+/\d+: .*)", stderr)
   assert len(progress) == 3, stderr[-3000:]  # The scheduled function traced first, shown apart on line one.
   assert " | traced in " in progress[0] and not any("traced" in line for line in progress[1:]), progress
 

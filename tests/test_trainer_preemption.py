@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import runner
 import trainer_testlib
-from runner import checkpointing
+from runner.outputs import checkpoints
 
 
 def test_train_puts_the_previous_sigterm_and_sigint_handlers_and_wakeup_fd_back():
@@ -60,7 +60,7 @@ def test_a_stop_during_the_final_evaluation_ends_with_its_status_after_the_check
     trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=4,
                   eval_data=_StoppedWhileEvaluating(signum))
   assert exited.value.code == status
-  assert checkpointing.latest_step(str(tmp_path)) == 4
+  assert checkpoints.latest_step(str(tmp_path)) == 4
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
   assert [(row["split"], row["step"]) for row in rows] == [("train", 2), ("train", 4), ("eval", 4)]

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import process_testlib
 import runner
-from runner import workdir_lock
+from runner.workdir import lock as workdir_lock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")

@@ -11,7 +11,7 @@ from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
-from runner import function_calls
+from runner.training import traced_calls
 from strategies import sharded_variables
 from strategies.errors import ConfigError
 
@@ -149,7 +149,7 @@ class TrainLoop:
         self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
         self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
-    self._caller = None  # A function_calls.FlatCall for the last iterator.
+    self._caller = None  # A traced_calls.FlatCall for the last iterator.
 
   def __call__(self, iterator, num_steps, stop_signal):
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
@@ -196,7 +196,7 @@ class TrainLoop:
 
   def _caller_for(self, iterator, *tensors):
     if self._caller is None or self._caller.fixed is not iterator:
-      self._caller = function_calls.FlatCall(self.function, iterator, *tensors)
+      self._caller = traced_calls.FlatCall(self.function, iterator, *tensors)
     return self._caller
 
   def _steps_in(self, totals):

@@ -6,8 +6,8 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from runner import checkpoint_list
-from runner import worker_files
+from runner.outputs import checkpoint_list
+from runner.outputs import worker_files
 from strategies.errors import ConfigError, first_line
 
 DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.

@@ -2,7 +2,7 @@
 
 The coordinator (the chief) runs the Trainer's outer loop; the workers run the
 steps, as functions it schedules; the variables live on the ps tasks. Three
-parts differ from the synchronous loops of `runner.loops`:
+parts differ from the synchronous loops of `runner.training.loops`:
 
 - `per_worker_iterator`: every worker reads the whole training stream (the
   strategy gives each worker one input pipeline, the same on all), numbered
@@ -28,9 +28,10 @@ import re
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-direct-tensorflow-import
 
-from runner import data as data_lib
-from runner import input_pipeline
-from runner import loops
+from runner import interfaces
+from runner.data import providers as data_lib
+from runner.data import pipeline as input_pipeline
+from runner.training import loops
 from strategies import peers
 from strategies.errors import ClusterError
 
@@ -58,7 +59,7 @@ def evaluation_strategy(strategy):
   return strategy
 
 
-class _StepNumbered(data_lib.DatasetProvider):
+class _StepNumbered(interfaces.DatasetProvider):
   """Another provider's examples, each with its number in the stream: `((number, features), labels[, weight])`."""
 
   def __init__(self, provider):

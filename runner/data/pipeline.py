@@ -4,7 +4,7 @@ import functools
 
 import tensorflow as tf
 
-from runner import data as data_lib
+from runner.data import providers as data_lib
 from strategies import checks
 from strategies.errors import ConfigError
 

@@ -2,7 +2,7 @@
 
 A run that trains takes `WORKDIR/.tf-runner.lock` before it writes anything
 there and removes it at every way out (return, error, SIGTERM, Ctrl-C, and
-`runner.process_exit.exit_now`). A second run on the same workdir stops at
+`runner.cluster.process_exit.exit_now`). A second run on the same workdir stops at
 once with `WorkdirInUseError`, naming the holder: its host, pid, mode, start
 time and command.
 
@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from strategies.errors import ConfigError, first_line
 
-from runner import process_exit
+from runner.cluster import process_exit
 
 FILE_NAME = ".tf-runner.lock"
 HEARTBEAT_SECONDS = 30

@@ -7,8 +7,8 @@ from typing import FrozenSet, Mapping
 from absl import logging
 import tensorflow as tf
 
-from runner import atomic_files
-from runner import config_history
+from runner.workdir import atomic_files
+from runner.workdir import config_history
 
 # The small files a run rewrites; their earlier contents are kept to be put back.
 _REWRITTEN = (config_history.CONFIG_FILE, config_history.HISTORY_FILE)

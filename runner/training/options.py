@@ -6,10 +6,10 @@ from typing import Optional, Sequence, Tuple, Union
 import keras
 import tensorflow as tf
 
-from runner import actions as actions_lib
-from runner import global_state
-from runner import profiling
-from runner import steps_per_loop as steps_per_loop_lib
+from runner import interfaces
+from runner.training import scoped_settings
+from runner.outputs import profiling
+from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.tasks import Task
 from strategies import checks
 from strategies.errors import ConfigError
@@ -28,7 +28,7 @@ class TrainerOptions:
     steps_per_loop: steps per `tf.function` call (and per report); under
       parameter servers, per scheduled function (a report then covers one
       function per worker). "auto": chosen from the measured step time so
-      that the host's cost stays under 2% of a loop (`runner.steps_per_loop`).
+      that the host's cost stays under 2% of a loop (`runner.training.steps_per_loop`).
     checkpoint_every: save every this many steps (needs `model_dir`); a
       checkpoint is also always written at the end of `train`.
     max_to_keep: how many recent checkpoints to keep (None: all).
@@ -39,7 +39,7 @@ class TrainerOptions:
     actions: `runner.actions.Action`s run after every train loop.
     profile_steps: None, or `(first, last)`: record a TensorFlow profiler
       trace of global steps first..last (needs `model_dir`; see
-      `runner.profiling`).
+      `runner.outputs.profiling`).
 
   Raises:
     ConfigError: from the constructor, naming the first invalid option.
@@ -52,7 +52,7 @@ class TrainerOptions:
   precision: str = "float32"
   clipnorm: Optional[float] = None
   seed: Optional[int] = None
-  actions: Sequence[actions_lib.Action] = ()
+  actions: Sequence[interfaces.Action] = ()
   profile_steps: Optional[Tuple[int, int]] = None
 
   def __post_init__(self):
@@ -67,12 +67,12 @@ class TrainerOptions:
     if self.checkpoint_every is not None and self.model_dir is None:
       raise ConfigError(f"checkpoint_every={self.checkpoint_every} needs a model_dir to write checkpoints to.")
     checks.boolean(self.jit_compile, "jit_compile")
-    global_state.check_precision(self.precision)
+    scoped_settings.check_precision(self.precision)
     checks.positive_number(self.clipnorm, "clipnorm", optional=True)
     if self.seed is not None and not checks.is_int(self.seed):
       raise ConfigError(f"seed must be None or an int, got {self.seed!r}.")
-    if isinstance(self.actions, actions_lib.Action) or not all(
-        isinstance(a, actions_lib.Action) for a in self.actions):
+    if isinstance(self.actions, interfaces.Action) or not all(
+        isinstance(a, interfaces.Action) for a in self.actions):
       raise ConfigError(f"actions must be a list of runner.actions.Action objects, got {self.actions!r}.")
     for action in self.actions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)

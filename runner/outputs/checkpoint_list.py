@@ -29,7 +29,7 @@ from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=g
 
 from strategies.errors import first_line
 
-from runner import atomic_files
+from runner.workdir import atomic_files
 
 PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
 LIST_FILE = "checkpoint"

@@ -33,12 +33,12 @@ import tensorflow as tf
 import strategies
 from strategies import checks
 
-from runner import config as config_lib
-from runner import data as data_lib
-from runner import input_pipeline
-from runner import run_lib
-from runner import steps_per_loop as steps_per_loop_lib
-from runner import tpu_rules
+from runner import interfaces
+from runner.config import run_config as config_lib
+from runner.data import pipeline as input_pipeline
+from runner import from_config
+from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.tpu import rules as tpu_rules
 
 # A TPU v2-8 or v3-8 (8 cores), a v5e-8 or v6e-8 (8 chips); a multiple of a v4-8's or v5p-8's 4 chips.
 DEFAULT_NUM_REPLICAS = 8
@@ -157,12 +157,12 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
   strategy = RecordingMirroredStrategy(devices)
   for field in ("global_batch_size", "eval_global_batch_size"):
     input_pipeline.check_global_batch_size(strategy, config.data[field])  # The CPUs may be fewer than the replicas.
-  train_data, eval_data = (_WithoutAutotune(run_lib.dataset(config, split)) for split in ("train", "eval"))
+  train_data, eval_data = (_WithoutAutotune(from_config.dataset(config, split)) for split in ("train", "eval"))
   for data, purpose in ((train_data, "training"), (eval_data, "evaluation")):
     problem = tpu_rules.element_problem(input_pipeline.element_spec(data, purpose), f"the {purpose} data")
     if problem:
       return verdict(problem)
-  trainer = run_lib.create_trainer(config, strategy, None)
+  trainer = from_config.create_trainer(config, strategy, None)
   problem = _run_step(strategy, trainer, "the train step", lambda: trainer.train(
       train_data, global_batch_size=config.data.global_batch_size, steps=TRAIN_STEPS))
   if problem:
@@ -173,7 +173,7 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
   return verdict(problem, train_steps=trainer.global_step, eval_examples=evaluated.get("num_examples", 0))
 
 
-class _WithoutAutotune(data_lib.DatasetProvider):
+class _WithoutAutotune(interfaces.DatasetProvider):
   """The datasets of a provider with tf.data's autotuning off.
 
   The check stops its iterators after a few batches, and TensorFlow 2.21

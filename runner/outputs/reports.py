@@ -8,7 +8,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from runner import atomic_files
+from runner.workdir import atomic_files
 
 
 # What tf.summary.scalar (from the tensorboard package, not a dependency) attaches: TensorBoard shows these as scalars.

@@ -1,13 +1,12 @@
-"""Input for the Trainer: the DatasetProvider interface and its providers.
+"""Input for the Trainer: the providers of the `DatasetProvider` interface (`runner.interfaces`).
 
 Providers: a plain dataset (`DatasetShards`), in-memory arrays (`InMemory`), a
 function (`FromFunction`) and TFRecord files (`TFRecordFiles`).
 
 How a provider shards across input pipelines is its `sharding` policy, one of
-`SHARDING` ('auto', 'file' or 'data'; what each means: `runner.sharding`).
+`SHARDING` ('auto', 'file' or 'data'; what each means: `runner.data.sharding_policies`).
 """
 
-import abc
 import re
 
 from absl import logging
@@ -16,7 +15,7 @@ import tensorflow as tf
 from strategies import checks
 from strategies.errors import ConfigError
 
-from runner.sharding import SHARDING
+from runner.interfaces import DatasetProvider
 
 
 class DataError(ConfigError):
@@ -25,101 +24,8 @@ class DataError(ConfigError):
   A mistake in the input, like any ConfigError: the message names what was
   found (the element spec, the label value, the file and record, the step)
   and what was expected; the CLI prints it as one `error:` line and exits 2.
-  See `runner.data_checks`.
+  See `runner.data.checks`.
   """
-
-
-class DatasetProvider(abc.ABC):
-  """Makes the input of one input pipeline.
-
-  The Trainer calls `get_dataset` once per input pipeline (once per worker
-  under multi-worker strategies) inside `distribute_datasets_from_function`,
-  then batches the result by the per-replica batch size. Subclasses decide how
-  to shard, following `sharding` where they have a choice.
-  """
-
-  _sharding = None
-
-  @property
-  def sharding(self):
-    """The sharding policy: 'auto', 'file' or 'data' (see `SHARDING`), or None when not chosen ('auto').
-
-    `runner.run` sets it to `config.data.sharding` when the dataset function
-    returned a provider that did not choose (None); a policy given to a
-    provider's constructor is kept. Setting it checks the value (ConfigError
-    naming the valid ones).
-    """
-    return self._sharding
-
-  @sharding.setter
-  def sharding(self, sharding):
-    if sharding is not None:
-      checks.one_of(sharding, SHARDING, f"{type(self).__name__} sharding")
-    self._sharding = sharding
-
-  def _say_once(self, log, message, *args):
-    """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says it."""
-    said = self.__dict__.setdefault("_said", set())
-    if message not in said:
-      said.add(message)
-      log(message, *args)
-
-  def _by_example(self, dataset, input_context):
-    """Returns `dataset` sharded by example: pipeline i of n keeps examples i, i + n, ...
-
-    For data without files; a policy 'file' gets one line saying it does not apply.
-    """
-    if self.sharding == "file":
-      self._say_once(
-          logging.warning, "%s: sharding='file', but its data has no files; sharding by example instead "
-          "(input pipeline i of n keeps examples i, i + n, ...).", type(self).__name__)
-    if input_context.num_input_pipelines == 1:
-      return dataset
-    return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-
-  @abc.abstractmethod
-  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    """Returns this pipeline's share of the data, unbatched.
-
-    Args:
-      input_context: which pipeline this is (`input_pipeline_id` of
-        `num_input_pipelines`) and the replica layout.
-
-    Returns:
-      An unbatched `tf.data.Dataset` of `(features, labels)` or
-      `(features, labels, sample_weight)`, already sharded for this pipeline.
-    """
-
-  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    """Returns this pipeline's data repeated without end, from its example number `start` on.
-
-    The Trainer trains on this; a run that resumes at a later step passes the
-    number of examples this pipeline already gave. The default repeats
-    `get_dataset` and skips `start` examples, which costs producing them once;
-    a provider can skip more cheaply (TFRecordFiles skips records before
-    parsing them). Either way the result must equal
-    `get_dataset(input_context).repeat().skip(start)`.
-    """
-    dataset = self.get_dataset(input_context).repeat()
-    return dataset.skip(start) if start else dataset
-
-  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
-    """Returns `get_dataset(input_context)` in batches of `batch_size`, the last one possibly smaller.
-
-    What evaluation reads. The default batches `get_dataset`; a provider may
-    make the same batches more cheaply (TFRecordFiles parses a batch of
-    records at once).
-    """
-    return self.get_dataset(input_context).batch(batch_size)
-
-  def get_repeated_batches(self, input_context: tf.distribute.InputContext, batch_size: int,
-                           start: int) -> tf.data.Dataset:
-    """Returns `get_repeated_dataset(input_context, start)` in full batches of `batch_size`.
-
-    What training reads; as `get_batches`, a provider may make the same
-    batches more cheaply.
-    """
-    return self.get_repeated_dataset(input_context, start).batch(batch_size, drop_remainder=True)
 
 
 class DatasetShards(DatasetProvider):

@@ -3,11 +3,12 @@
 import time
 from typing import Callable, Optional, Sequence, Union
 
+from runner import interfaces
 from runner import actions as actions_lib
-from runner import data as data_lib
-from runner import loops
-from runner import profiling
-from runner import steps_per_loop as steps_per_loop_lib
+from runner.data import providers as data_lib
+from runner.training import loops
+from runner.outputs import profiling
+from runner.training import steps_per_loop as steps_per_loop_lib
 
 
 class LabelsOutOfRange(Exception):
@@ -32,7 +33,7 @@ class Controller:
   between calls, outside the compiled loop.
   """
 
-  def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[actions_lib.Action],
+  def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[interfaces.Action],
                steps_per_loop: Union[int, steps_per_loop_lib.MeasuredStepsPerLoop],
                global_batch_size: int, is_chief: bool, single_worker: bool,
                profile: Optional[profiling.ProfileWindow] = None):
@@ -118,7 +119,7 @@ class Controller:
               f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
               "on. Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
               "(config.optimizer.clipnorm), or use float32 precision.")
-        loop = actions_lib.LoopEnd(
+        loop = interfaces.LoopEnd(
             step=step, total_steps=total_steps, train_results=result.results,
             steps_per_sec=result.steps_run / seconds,
             examples_per_sec=result.steps_run * self._global_batch_size / seconds,

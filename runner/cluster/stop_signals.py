@@ -22,7 +22,7 @@ import threading
 
 from absl import logging
 
-from runner import process_exit
+from runner.cluster import process_exit
 
 EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}

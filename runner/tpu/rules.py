@@ -23,7 +23,7 @@ import re
 
 import tensorflow as tf
 
-from runner import data_checks
+from runner.data import checks as data_checks
 
 # Dtypes a TPU computes in and takes from the host (int64 and uint64 emulated with 32-bit words).
 TPU_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.complex64, tf.bool, tf.int8, tf.int16, tf.int32, tf.int64,

@@ -2,8 +2,8 @@
 
 import tensorflow as tf
 
-from runner import loops
-from runner import worker_files
+from runner.training import loops
+from runner.outputs import worker_files
 
 
 def export_saved_model(strategy, model, features_spec, path):

@@ -33,8 +33,8 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from runner import preemption
-from runner import process_exit
+from runner.cluster import stop_signals
+from runner.cluster import process_exit
 from strategies import cluster
 from strategies import peers
 from strategies.errors import ClusterError, ConfigError
@@ -102,7 +102,7 @@ def serve(timeout_seconds):
   logging.info("The coordinator (%s) is done (its port closed): %s stops serving.", chief, me)
   del server  # Kept alive until here.
   if stop.received is not None:
-    raise SystemExit(preemption.EXIT_CODES[stop.received])
+    raise SystemExit(stop_signals.EXIT_CODES[stop.received])
 
 
 def _chief_address(spec):
@@ -146,7 +146,7 @@ class _StopWhenTheCoordinatorIsDone:
   def __init__(self, me):
     self.received = None
     self._me = me
-    for signum in preemption.EXIT_CODES:
+    for signum in stop_signals.EXIT_CODES:
       signal.signal(signum, self._note)
 
   def _note(self, signum, frame):
@@ -157,6 +157,6 @@ class _StopWhenTheCoordinatorIsDone:
         sys.stderr.write(f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
                          "checkpoint through the servers), then exits.\n")
       return
-    sys.stderr.write(f"{preemption.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
+    sys.stderr.write(f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
                      "writes the checkpoints; it fails if a ps task it needs is gone).\n")
-    process_exit.exit_now(preemption.EXIT_CODES[signum])
+    process_exit.exit_now(stop_signals.EXIT_CODES[signum])

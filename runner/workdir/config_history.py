@@ -18,7 +18,7 @@ import os
 from absl import logging
 import tensorflow as tf
 
-from runner import atomic_files
+from runner.workdir import atomic_files
 from strategies.errors import ConfigError
 
 CONFIG_FILE = "config.json"

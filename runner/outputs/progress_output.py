@@ -14,7 +14,7 @@ import sys
 
 from absl import logging
 
-from runner import tensorflow_logs
+from runner.outputs import tensorflow_logs
 
 _open = False  # Whether a `shown` block is open in this process: the outermost decides.
 

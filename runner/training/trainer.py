@@ -14,21 +14,21 @@ import keras
 import tensorflow as tf
 
 from runner import actions as actions_lib
-from runner import checkpointing
-from runner import controller as controller_lib
-from runner import data as data_lib
-from runner import data_checks
-from runner import exporting
-from runner import global_state
-from runner import input_pipeline
-from runner import loops
-from runner import parameter_server_loops
-from runner import preemption
-from runner import profiling
-from runner import progress_output
-from runner import reporting
-from runner import steps_per_loop as steps_per_loop_lib
-from runner import trainer_options
+from runner.outputs import checkpoints
+from runner.training import controller as controller_lib
+from runner.data import providers as data_lib
+from runner.data import checks as data_checks
+from runner.training import export
+from runner.training import scoped_settings
+from runner.data import pipeline as input_pipeline
+from runner.training import loops
+from runner.training import parameter_server_loops
+from runner.cluster import stop_signals
+from runner.outputs import profiling
+from runner.outputs import progress_output
+from runner.outputs import reports
+from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training import options as trainer_options
 from strategies import checks
 from strategies import description
 from strategies import peers
@@ -79,9 +79,9 @@ class Trainer:
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, jit_compile,
         precision, clipnorm, seed, actions, profile_steps: the options, documented in
-        `runner.trainer_options.TrainerOptions`. With `jit_compile`,
+        `runner.training.options.TrainerOptions`. With `jit_compile`,
         evaluation pads to full batches (static shapes); 'mixed_float16' adds
-        dynamic loss scaling; `seed` works as `global_state.random_seed`.
+        dynamic loss scaling; `seed` works as `scoped_settings.random_seed`.
       quiet: False (the default) shows the progress lines of `train`,
         `evaluate` and `export` on stderr as `python -m runner` does, also in
         a plain Python program (see `progress_output`); True shows only
@@ -112,8 +112,8 @@ class Trainer:
     self._xla = jit_compile and not _is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
     if precision == "mixed_float16":
       _warn_if_float16_on_cpu(strategy)
-    with strategy.scope(), global_state.random_seed(seed):
-      with global_state.dtype_policy(precision):
+    with strategy.scope(), scoped_settings.random_seed(seed):
+      with scoped_settings.dtype_policy(precision):
         self._model = trainer_options.made(
             model_fn(), keras.Model, role="model_fn", fn=model_fn, expected="a keras.Model")
       optimizer = trainer_options.made(
@@ -128,15 +128,15 @@ class Trainer:
     trainer_options.metric_names(self._metrics)
     self._checkpoints = None
     if model_dir is not None:
-      self._checkpoints = checkpointing.Checkpoints(
+      self._checkpoints = checkpoints.Checkpoints(
           strategy, model_dir, model=self._model, optimizer=self._optimizer, step=self._step,
           max_to_keep=max_to_keep)
-    self._reporter = reporting.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
+    self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
     if profile_steps is not None and strategy.extended.should_checkpoint:
       first, last = self._options.profile_steps
       self._profile = profiling.ProfileWindow(
-          first=first, last=last, logdir=reporting.summary_dir(model_dir, "train"))
+          first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
     self._features_spec = None
     self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.
     self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
@@ -246,7 +246,7 @@ class Trainer:
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
     self._reporter.resume_at(self._global_step)
-    with preemption.StopSignals() as signals:
+    with stop_signals.StopSignals() as signals:
       try:
         try:
           self._controller(global_batch_size, evaluate, eval_every, label_range).run(
@@ -352,7 +352,7 @@ class Trainer:
 
   @_showing_progress
   def export(self, path, *, data=None):
-    """Writes the model as a SavedModel with a `serving_default` signature (see `exporting`).
+    """Writes the model as a SavedModel with a `serving_default` signature (see `export`).
 
     Args:
       path: the SavedModel directory.
@@ -374,7 +374,7 @@ class Trainer:
       raise ConfigError(
           "export needs the model's input shape, which this model does not know yet: call train or evaluate "
           "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input).")
-    exporting.export_saved_model(self._strategy, self._model, features_spec, path)
+    export.export_saved_model(self._strategy, self._model, features_spec, path)
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
@@ -550,7 +550,7 @@ class Trainer:
       where = f"the global step is {self._global_step}"
     logging.info("Nothing to train: %s >= steps=%d.", where, steps)
     if not self._last_train_results and self._checkpoints is not None:
-      return reporting.train_results_at(self._checkpoints.model_dir, self._global_step)
+      return reports.train_results_at(self._checkpoints.model_dir, self._global_step)
     return dict(self._last_train_results)
 
   def _data_ran_out(self, global_batch_size, steps, first_step):
@@ -567,7 +567,7 @@ class Trainer:
         f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}")
 
   def _save(self):
-    """Writes a checkpoint at the current step (see `checkpointing.Checkpoints.save`)."""
+    """Writes a checkpoint at the current step (see `checkpoints.Checkpoints.save`)."""
     self._checkpoints.save(self._global_step)
     self._saved_step = self._global_step
 
@@ -580,7 +580,7 @@ class Trainer:
     """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
     self._save_unless_saved()
     self._reporter.flush()
-    return None if self._checkpoints is None else checkpointing.latest(self._checkpoints.model_dir)
+    return None if self._checkpoints is None else checkpoints.latest(self._checkpoints.model_dir)
 
 
 def _warn_if_batch_exceeds_data(data, global_batch_size):

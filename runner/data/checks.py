@@ -11,7 +11,7 @@ What is checked, and when:
   (`label_range`): labels the task cannot score, as the task says
   (`runner.Task.check_labels`), and the range their values must lie in;
 - in every step, from the batch's smallest and largest label (a few scalar
-  ops, reduced with the loss; see `runner.loops`): a label outside that range,
+  ops, reduced with the loss; see `runner.training.loops`): a label outside that range,
   such as a class id the model has no output for. The step stops training;
   `first_label_outside` then reads the data again to name an example and its
   label (`labels_out_of_range_error`);
@@ -19,7 +19,7 @@ What is checked, and when:
   `runner.data.TFRecordFiles`, the file and the record are found by reading
   the files again, on this error path only.
 
-Values that are not finite are found inside the step (see `runner.loops`).
+Values that are not finite are found inside the step (see `runner.training.loops`).
 """
 
 import re
@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from runner import data as data_lib
+from runner.data import providers as data_lib
 from strategies.errors import ConfigError
 
 DataError = data_lib.DataError

@@ -15,21 +15,21 @@ from strategies import checks
 from strategies import factory as strategy_factory
 from strategies.errors import ConfigError
 
-from runner import checkpointing
-from runner import config as config_lib
-from runner import config_history
-from runner import data as data_lib
-from runner import input_pipeline
-from runner import optimizers
-from runner import progress_output
-from runner import registry
-from runner import reporting
-from runner import steps_per_loop as steps_per_loop_lib
-from runner import trainer_options
-from runner import workdir_lock
-from runner import workdir_state
+from runner.outputs import checkpoints
+from runner.config import run_config as config_lib
+from runner.workdir import config_history
+from runner.data import providers as data_lib
+from runner.data import pipeline as input_pipeline
+from runner.config import optimizers
+from runner.outputs import progress_output
+from runner.config import registry
+from runner.outputs import reports
+from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training import options as trainer_options
+from runner.workdir import lock as workdir_lock
+from runner.workdir import state as workdir_state
 from runner.tasks import Task
-from runner.trainer import Trainer
+from runner.training.trainer import Trainer
 
 EXPORT_DIR = "export"
 TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
@@ -76,7 +76,7 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
 
   The config is validated before any TensorFlow device work; then the
   strategy is built, the batch sizes are checked against its replica count
-  and an auto `steps_per_loop` is resolved for it (`runner.steps_per_loop`);
+  and an auto `steps_per_loop` is resolved for it (`runner.training.steps_per_loop`);
   then the workdir is checked; then data, model, task and optimizer
   are built and the latest checkpoint restored, and only then is the config
   recorded (`config.json`, `config_history.jsonl`; see `config_history`) and
@@ -156,7 +156,7 @@ def _run_mode(config, strategy, workdir):
   return RunResult(
       workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
       global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=eval_metrics,
-      checkpoint_path=checkpointing.latest(workdir), export_path=export_path, model=trainer.model)
+      checkpoint_path=checkpoints.latest(workdir), export_path=export_path, model=trainer.model)
 
 
 def _final_evaluation(trainer, config, workdir, evaluation):
@@ -167,7 +167,7 @@ def _final_evaluation(trainer, config, workdir, evaluation):
   mode 'eval' evaluates anew. Without one (the final evaluation failed or was
   stopped), it evaluates.
   """
-  recorded = reporting.eval_results_at(workdir, trainer.global_step)
+  recorded = reports.eval_results_at(workdir, trainer.global_step)
   if not recorded:
     return trainer.evaluate(dataset(config, "eval"), **evaluation)
   logging.info("Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
@@ -181,10 +181,10 @@ def _restored_trainer(config, strategy, workdir):
   Returns:
     `(trainer, train_data)`.
   """
-  checkpoint = checkpointing.latest(workdir)
+  checkpoint = checkpoints.latest(workdir)
   if config.mode in ("eval", "export") and checkpoint is None:
     raise ConfigError(
-        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpointing.DIRECTORY)}, and there is "
+        f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
   train_data = dataset(config, "train")
   data_spec = str(input_pipeline.element_spec(train_data, "training"))

@@ -21,11 +21,11 @@ from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
 
-from runner import global_state
-from runner import optimizers
-from runner import profiling
-from runner import registry
-from runner import sharding
+from runner.training import scoped_settings
+from runner.config import optimizers
+from runner.outputs import profiling
+from runner.config import registry
+from runner.data import sharding_policies
 
 MODES = ("train", "eval", "train_and_eval", "export")
 # The sections that name a model, dataset or task; besides their common fields
@@ -57,7 +57,7 @@ def _common_config():
   })
   config.trainer = ml_collections.ConfigDict({
       "train_steps": 1000,
-      "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.steps_per_loop.
+      "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.training.steps_per_loop.
       "eval_every": config_dict.placeholder(int),
       "eval_steps": config_dict.placeholder(int),
       "checkpoint_every": config_dict.placeholder(int),
@@ -65,7 +65,7 @@ def _common_config():
       "jit_compile": False,
       "precision": "float32",
       "seed": 0,
-      "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.profiling.
+      "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
   })
   return config
 
@@ -248,7 +248,7 @@ def validate(config):
   if config.data.eval_global_batch_size is None:
     config.data.eval_global_batch_size = config.data.global_batch_size
   checks.positive_int(config.data.eval_global_batch_size, "config.data.eval_global_batch_size")
-  checks.one_of(config.data.sharding, sharding.SHARDING, "config.data.sharding")
+  checks.one_of(config.data.sharding, sharding_policies.SHARDING, "config.data.sharding")
   for section, kind in NAMED_SECTIONS.items():
     registry.resolve(kind, config[section].name)
     found = registry.builtin(kind, config[section].name)
@@ -272,7 +272,7 @@ def validate(config):
     raise ConfigError(
         f"config.trainer.profile_steps={profile_steps} goes past config.trainer.train_steps={trainer.train_steps}; "
         "choose steps the run trains.")
-  checks.one_of(trainer.precision, global_state.PRECISIONS, "config.trainer.precision")
+  checks.one_of(trainer.precision, scoped_settings.PRECISIONS, "config.trainer.precision")
   optimizers.check(config.optimizer, trainer.train_steps)
   config.lock()
   return config

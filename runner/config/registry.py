@@ -4,7 +4,7 @@ A config names its model, dataset and task as a built-in name (`'mlp'`,
 `'digits'`, `'classification'`, ...) or as an import path
 `'package.module:function'`. A built-in comes with its own config fields and
 their defaults; an imported function has the fields it declares with
-`runner.config_fields` (`runner.own_fields`), or, declaring none, whatever
+`runner.config_fields` (`runner.config.declared_fields`), or, declaring none, whatever
 fields its config section has. The functions are called as DESIGN.md says: a
 model function as `fn(config.model)`, a dataset function as
 `fn(config.data, split)`, a task function as `fn(config.task)`.
@@ -17,9 +17,9 @@ from typing import Any, Callable, Mapping, Optional
 from strategies.checks import did_you_mean
 from strategies.errors import ConfigError
 
-from runner import builtin_datasets
-from runner import builtin_models
-from runner import own_fields as own_fields_lib
+from runner.data import builtin_datasets
+from runner import models as builtin_models
+from runner.config import declared_fields
 
 @dataclasses.dataclass(frozen=True)
 class Builtin:
@@ -133,4 +133,4 @@ def own_fields(kind, name) -> Optional[Mapping[str, Any]]:
   found = builtin(kind, name)
   if found is not None:
     return dict(found.fields)
-  return own_fields_lib.declared(resolve(kind, name))
+  return declared_fields.declared(resolve(kind, name))

@@ -1,0 +1,240 @@
+"""The interfaces a user implements: what the model is trained to do (`Task`), its input (`DatasetProvider`), and
+periodic work after train loops (`Action`, which sees a `LoopEnd`).
+
+The built-in implementations live beside their users: `runner.tasks`, `runner.data` and `runner.actions`.
+"""
+
+import abc
+import dataclasses
+from typing import Mapping, Optional
+
+from absl import logging
+import tensorflow as tf
+
+from runner.data.sharding_policies import SHARDING
+from strategies import checks
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRange:
+  """The values every label must take; every step checks its batch's smallest and largest label against it.
+
+  Attributes:
+    low: the least valid value.
+    high: the first value past the valid ones (exclusive).
+    integer: labels must be whole numbers.
+    meaning: what the labels are, for messages, e.g. "class ids of a model
+      with 10 outputs (classes)".
+  """
+  low: float
+  high: float
+  integer: bool
+  meaning: str
+
+  def describe(self):
+    """E.g. "integers in [0, 10) (class ids of a model with 10 outputs (classes))"."""
+    kind = "integers" if self.integer else "values"
+    return f"{kind} in [{self.low:g}, {self.high:g}) ({self.meaning})"
+
+
+class Task(abc.ABC):
+  """The loss and metrics of one kind of problem.
+
+  The Trainer calls `loss` inside each replica's step with float32 outputs and
+  averages the per-example values over the global batch itself (honouring
+  sample weights), so a task never reduces over the batch. `metrics` is called
+  once, inside `strategy.scope()`.
+  """
+
+  @abc.abstractmethod
+  def loss(self, labels, outputs):
+    """Returns the per-example loss, a float32 tensor of shape `[batch]`.
+
+    Args:
+      labels: the labels of one per-replica batch, as the dataset gives them.
+      outputs: the model's outputs for that batch, cast to float32.
+    """
+
+  def metrics(self):
+    """Returns fresh Keras metrics, each updated with `(labels, outputs, sample_weight)`.
+
+    Their names are the keys of the Trainer's results; each must give a scalar.
+    """
+    return []
+
+  def check_labels(self, labels_spec, outputs_spec) -> Optional[LabelRange]:
+    """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.
+
+    The Trainer calls it once per dataset, before the first step, and checks
+    every batch's labels against the range it returns. The default checks
+    nothing.
+
+    Args:
+      labels_spec: the spec of one example's labels (no batch dimension).
+      outputs_spec: the spec of the model's outputs for a batch (a nest of
+        `tf.TensorSpec`, batch dimension first).
+
+    Returns:
+      The `LabelRange` every label value must lie in, or None.
+
+    Raises:
+      ConfigError: such labels cannot work; the message starts with
+        "labels" and names the spec found and the one expected.
+    """
+    del labels_spec, outputs_spec
+    return None
+
+
+class DatasetProvider(abc.ABC):
+  """Makes the input of one input pipeline.
+
+  The Trainer calls `get_dataset` once per input pipeline (once per worker
+  under multi-worker strategies) inside `distribute_datasets_from_function`,
+  then batches the result by the per-replica batch size. Subclasses decide how
+  to shard, following `sharding` where they have a choice.
+  """
+
+  _sharding = None
+
+  @property
+  def sharding(self):
+    """The sharding policy: 'auto', 'file' or 'data' (see `SHARDING`), or None when not chosen ('auto').
+
+    `runner.run` sets it to `config.data.sharding` when the dataset function
+    returned a provider that did not choose (None); a policy given to a
+    provider's constructor is kept. Setting it checks the value (ConfigError
+    naming the valid ones).
+    """
+    return self._sharding
+
+  @sharding.setter
+  def sharding(self, sharding):
+    if sharding is not None:
+      checks.one_of(sharding, SHARDING, f"{type(self).__name__} sharding")
+    self._sharding = sharding
+
+  def _say_once(self, log, message, *args):
+    """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says it."""
+    said = self.__dict__.setdefault("_said", set())
+    if message not in said:
+      said.add(message)
+      log(message, *args)
+
+  def _by_example(self, dataset, input_context):
+    """Returns `dataset` sharded by example: pipeline i of n keeps examples i, i + n, ...
+
+    For data without files; a policy 'file' gets one line saying it does not apply.
+    """
+    if self.sharding == "file":
+      self._say_once(
+          logging.warning, "%s: sharding='file', but its data has no files; sharding by example instead "
+          "(input pipeline i of n keeps examples i, i + n, ...).", type(self).__name__)
+    if input_context.num_input_pipelines == 1:
+      return dataset
+    return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+
+  @abc.abstractmethod
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """Returns this pipeline's share of the data, unbatched.
+
+    Args:
+      input_context: which pipeline this is (`input_pipeline_id` of
+        `num_input_pipelines`) and the replica layout.
+
+    Returns:
+      An unbatched `tf.data.Dataset` of `(features, labels)` or
+      `(features, labels, sample_weight)`, already sharded for this pipeline.
+    """
+
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+    """Returns this pipeline's data repeated without end, from its example number `start` on.
+
+    The Trainer trains on this; a run that resumes at a later step passes the
+    number of examples this pipeline already gave. The default repeats
+    `get_dataset` and skips `start` examples, which costs producing them once;
+    a provider can skip more cheaply (TFRecordFiles skips records before
+    parsing them). Either way the result must equal
+    `get_dataset(input_context).repeat().skip(start)`.
+    """
+    dataset = self.get_dataset(input_context).repeat()
+    return dataset.skip(start) if start else dataset
+
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+    """Returns `get_dataset(input_context)` in batches of `batch_size`, the last one possibly smaller.
+
+    What evaluation reads. The default batches `get_dataset`; a provider may
+    make the same batches more cheaply (TFRecordFiles parses a batch of
+    records at once).
+    """
+    return self.get_dataset(input_context).batch(batch_size)
+
+  def get_repeated_batches(self, input_context: tf.distribute.InputContext, batch_size: int,
+                           start: int) -> tf.data.Dataset:
+    """Returns `get_repeated_dataset(input_context, start)` in full batches of `batch_size`.
+
+    What training reads; as `get_batches`, a provider may make the same
+    batches more cheaply.
+    """
+    return self.get_repeated_dataset(input_context, start).batch(batch_size, drop_remainder=True)
+
+
+@dataclasses.dataclass
+class LoopEnd:
+  """What an action sees after a train loop; the same on every worker.
+
+  Attributes:
+    step: the global step after the loop.
+    total_steps: the step `train` runs to.
+    train_results: `loss` and every metric over this loop's steps (reduced
+      over all replicas, so equal on every worker).
+    eval_results: the evaluation run at this step (by the built-in
+      evaluation action, which runs before the user's actions), else None.
+    steps_per_sec, examples_per_sec: the loop's throughput (this worker's clock).
+    learning_rate: the optimizer's learning rate after the loop.
+    stop_signal: None, or the signal (`signal.SIGTERM`, `signal.SIGINT`)
+      that asked training to stop; the built-in stop action then saves and
+      exits, before the user's actions run.
+    is_chief: this worker writes the run's files.
+    tracing_seconds: for the first loop of a `train` call whose loop function
+      was traced before it, the seconds tracing took (not counted in
+      `steps_per_sec`); else None.
+  """
+  step: int
+  total_steps: int
+  train_results: Mapping[str, float]
+  steps_per_sec: float
+  examples_per_sec: float
+  learning_rate: float
+  stop_signal: Optional[int]
+  is_chief: bool
+  tracing_seconds: Optional[float] = None
+  eval_results: Optional[Mapping[str, float]] = None
+  stop_at: Optional[int] = dataclasses.field(default=None, init=False)
+
+  def stop(self, at_step=None):
+    """Asks training to end once the global step reaches `at_step` (None: now, after this loop).
+
+    The end is a normal one: the final evaluation and checkpoint still
+    happen. Ask the same on every worker (decide from this object's values,
+    which are equal everywhere), or workers would stop at different steps.
+    """
+    at_step = self.step if at_step is None else checks.positive_int(at_step, "at_step")
+    self.stop_at = at_step if self.stop_at is None else min(self.stop_at, at_step)
+
+
+class Action(abc.ABC):
+  """Work the Trainer does after train loops, on every worker, with the loop's `LoopEnd`.
+
+  Attributes:
+    every_steps: None (the default) runs the action after every loop; an int
+      N makes loops end at multiples of N and runs the action only there.
+  """
+
+  every_steps: Optional[int] = None
+
+  @abc.abstractmethod
+  def __call__(self, loop: LoopEnd) -> None:
+    """Does the work for the loop that just ended; may call `loop.stop(...)`.
+
+    Runs on every worker. Write files only where `loop.is_chief`.
+    """

@@ -1,0 +1,1 @@
+"""What a run writes: checkpoints, progress lines and summaries, profiles, and which worker writes them."""

@@ -1,0 +1,1 @@
+"""`--check_tpu`: on a CPU, what a TPU would reject of a config."""
