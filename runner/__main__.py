@@ -65,12 +65,10 @@ from absl import logging as absl_logging
 import strategies
 from strategies.errors import ClusterError, ConfigError, print_error_line
 
+from runner import exit_codes
 from runner.config import run_config as config_lib
 from runner.cluster import process_exit
 
-USER_ERROR_EXIT_CODE = 2
-NON_FINITE_EXIT_CODE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
-CLUSTER_EXIT_CODE = 4  # A peer could not be reached or stopped answering; restarting the job resumes it.
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
 
 _CONFIG = flags.DEFINE_string(
@@ -130,7 +128,7 @@ def parse_flags(argv):
   return CommandLine(arguments=arguments, overrides=overrides)
 
 
-def exit_with_user_error(error, status=USER_ERROR_EXIT_CODE):
+def exit_with_user_error(error, status=exit_codes.USER_ERROR):
   """Prints `error` as one line `error: ...` on stderr (after its traceback with --verbose) and exits with `status`."""
   if isinstance(error, BaseException) and flags.FLAGS.is_parsed() and _VERBOSE.value:
     traceback.print_exception(type(error), error, error.__traceback__)
@@ -155,9 +153,9 @@ def main(command_line):
     if isinstance(e, ConfigError):
       exit_with_user_error(e)
     if isinstance(e, FloatingPointError):
-      exit_with_user_error(e, NON_FINITE_EXIT_CODE)
+      exit_with_user_error(e, exit_codes.NON_FINITE)
     if isinstance(e, ClusterError):
-      exit_with_user_error(e, CLUSTER_EXIT_CODE)
+      exit_with_user_error(e, exit_codes.CLUSTER)
     raise
 
 

@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Optional
 
 from absl import logging
 
+from runner import exit_codes
 from runner.cluster import stop_signals
 from runner.interfaces import Action, LoopEnd  # pylint: disable=unused-import  (public here too)
 from strategies import checks
@@ -67,7 +68,7 @@ class ExitOnStopSignal(Action):
     where = (f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
              if path else f"nothing saved at step {step} (no model_dir)")
     logging.warning("Stopped by %s: %s.", stop_signals.NAMES[signum], where)
-    raise SystemExit(stop_signals.EXIT_CODES[signum])
+    raise SystemExit(exit_codes.STOPPED_BY[signum])
 
 
 class Evaluate(Action):

@@ -64,10 +64,9 @@ import time
 
 from absl import flags
 
+from runner import exit_codes
 from runner.cluster import stop_signals
 
-USER_ERROR_EXIT_CODE = 2
-NOT_RESTARTED = {2: "a user error", 3: "a non-finite step"}  # Deterministic: a restart fails the same way.
 POLL_SECONDS = 0.1
 # TensorFlow's multi-worker start-up swallows a SIGTERM (its preemption notifier holds the signal for a moment), so
 # SIGTERM is sent again at this interval until the task exits; a task that noted one ignores the others.
@@ -288,30 +287,6 @@ class _Output:
         self.line(stream, f"{prefix} {text}")
 
 
-class _StopSignals:
-  """While installed: the first SIGTERM or SIGINT is noted in `received`; a second SIGINT sets `abort`."""
-
-  def __init__(self):
-    self.received = None
-    self.abort = False
-    self._previous = {}
-
-  def __enter__(self):
-    self._previous = {signum: signal.signal(signum, self._note) for signum in stop_signals.EXIT_CODES}
-    return self
-
-  def __exit__(self, *exc_info):
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-
-  def _note(self, signum, frame):
-    del frame
-    if self.received is None:
-      self.received = signum
-    elif signum == signal.SIGINT:
-      self.abort = True
-
-
 class _Job:
   """One start of the job: a process per task, its output relayed, its exit put on `exits` as (Task, returncode).
 
@@ -419,7 +394,7 @@ def _ends_with_the_launcher(launcher_pid):
     if prctl is not None:
       prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != launcher_pid:
-      os._exit(stop_signals.EXIT_CODES[signal.SIGTERM])  # pylint: disable=protected-access
+      os._exit(exit_codes.STOPPED_BY[signal.SIGTERM])  # pylint: disable=protected-access
 
   return preexec
 
@@ -460,9 +435,9 @@ def _run_once(job, *, signals, grace_seconds, output):
       job.wait(SERVERS_END_SECONDS, stop=lambda: signals.received)
     return None
   finally:
-    killed = job.stop(grace_seconds=grace_seconds, abort=lambda: signals.abort)
+    killed = job.stop(grace_seconds=grace_seconds, abort=lambda: signals.aborted)
     if killed:
-      why = "a second Ctrl-C" if signals.abort else f"still running {grace_seconds:g} s after SIGTERM"
+      why = "a second Ctrl-C" if signals.aborted else f"still running {grace_seconds:g} s after SIGTERM"
       output.launcher(f"killed {', '.join(task.name for task in killed)} with SIGKILL: {why}.")
 
 
@@ -473,19 +448,19 @@ def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
   """
   output = _Output()
   workdir = workdir_of(arguments)
-  with _StopSignals() as signals:
+  with stop_signals.StopSignals(in_training=False) as signals:
     for attempt in range(max_restarts + 1):
       before = latest_checkpoint(workdir)
       failure = _run_once(_Job(workers=workers, ps=ps, arguments=arguments, output=output),
                           signals=signals, grace_seconds=grace_seconds, output=output)
       if signals.received:
         output.launcher(f"stopped by {stop_signals.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
-        return stop_signals.EXIT_CODES[signals.received]
+        return exit_codes.STOPPED_BY[signals.received]
       if failure is None:
         return 0
       task, returncode = failure
-      if returncode in NOT_RESTARTED:
-        output.launcher(f"the job failed: {task.name} {describe_exit(returncode)} ({NOT_RESTARTED[returncode]}), "
+      if returncode in exit_codes.NOT_RESTARTED:
+        output.launcher(f"the job failed: {task.name} {describe_exit(returncode)} ({exit_codes.NOT_RESTARTED[returncode]}), "
                         f"which a restart would repeat; exit status {returncode}.")
         return returncode
       if attempt < max_restarts:
@@ -541,7 +516,7 @@ def main(argv):
     options = _parse(argv)
   except ValueError as e:
     print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return USER_ERROR_EXIT_CODE
+    return exit_codes.USER_ERROR
   return launch(**options)
 
 

@@ -22,34 +22,48 @@ import threading
 
 from absl import logging
 
+from runner import exit_codes
 from runner.cluster import process_exit
 
-EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
 
 
 class StopSignals:
   """Inside `with`, the first SIGTERM or SIGINT sets `received` instead of ending the process.
 
-  It says so at once, and a SIGINT after it ends the process at once with
-  exit status 130 and one line on stderr, also while the main thread is
-  inside a training loop's call (see `_SignalWatch`). The previous handlers
-  are put back on exit. Outside the main thread (where Python cannot install
-  signal handlers) it does nothing.
+  The previous handlers are put back on exit. Outside the main thread (where
+  Python cannot install signal handlers) it does nothing.
+
+  Attributes:
+    received: None, or the first stop signal (`signal.SIGTERM`, `signal.SIGINT`).
+    aborted: a Ctrl-C came after a first stop signal (only `in_training=False`;
+      in training it ends the process instead).
   """
 
-  def __init__(self):
-    self.received = None  # None, signal.SIGTERM or signal.SIGINT
+  def __init__(self, *, in_training=True):
+    """Args:
+      in_training: True around training loops: the signal is said at once,
+        a Ctrl-C after it ends the process at once with exit status 130 and
+        one line on stderr, also while the main thread is inside a loop's call
+        (see `_SignalWatch`), and a stop a cluster task noted before the loop
+        (`handle_outside_training`) is taken as received. False (the
+        launcher): the signals are only noted, and the caller acts on them.
+    """
+    self.in_training = in_training
+    self.received = None
+    self.aborted = False
     self._previous = {}
     self._watch = None
 
   def __enter__(self):
     global _waiting_stop, _trained
-    self.received, _waiting_stop = _waiting_stop, None  # One a cluster task noted before: this loop ends training.
-    _trained = True
+    if self.in_training:
+      self.received, _waiting_stop = _waiting_stop, None  # One a cluster task noted before: this loop ends training.
+      _trained = True
     if threading.current_thread() is threading.main_thread():
-      self._previous = {signum: signal.signal(signum, self._note) for signum in EXIT_CODES}
-      self._watch = _SignalWatch(stops=int(self.received is not None))
+      self._previous = {signum: signal.signal(signum, self._note) for signum in exit_codes.STOPPED_BY}
+      if self.in_training:
+        self._watch = _SignalWatch(stops=int(self.received is not None))
     return self
 
   def __exit__(self, *exc_info):
@@ -65,7 +79,9 @@ class StopSignals:
     global _first_stop
     if self.received is None:
       self.received = signum
-    if _first_stop is None:
+    elif signum == signal.SIGINT:
+      self.aborted = True
+    if self.in_training and _first_stop is None:
       _first_stop = signum
 
 
@@ -101,11 +117,11 @@ class _SignalWatch:
     stops = self._stops
     while data := os.read(self._read, 64):
       for signum in data:
-        if signum not in EXIT_CODES:
+        if signum not in exit_codes.STOPPED_BY:
           continue
         if stops and signum == signal.SIGINT:
           sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-          process_exit.exit_now(EXIT_CODES[signal.SIGINT])
+          process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
         if not stops:
           logging.warning("%s received: the run stops at the end of this loop (or of the final evaluation), with a "
                           "checkpoint saved.%s", NAMES[signum],
@@ -129,7 +145,7 @@ class Stopped(BaseException):
     """Args:
       signum: `signal.SIGTERM` or `signal.SIGINT`.
     """
-    self.exit_code = EXIT_CODES[signum]
+    self.exit_code = exit_codes.STOPPED_BY[signum]
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     self.line = (f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
                  if _trained else f"Stopped by {name} during start-up; nothing was written.")
@@ -155,7 +171,7 @@ def handle_outside_training():
   loop follows, the run ends as it would have). Once a stop is under way,
   SIGTERM changes nothing and Ctrl-C exits at once with 130.
   """
-  for signum in EXIT_CODES:
+  for signum in exit_codes.STOPPED_BY:
     signal.signal(signum, _outside_training)
 
 
@@ -186,7 +202,7 @@ def _outside_training(signum, frame):
   if _first_stop is not None:
     if signum == signal.SIGINT:
       sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-      process_exit.exit_now(EXIT_CODES[signal.SIGINT])
+      process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
     return
   _first_stop = signum
   if _joined_a_cluster():

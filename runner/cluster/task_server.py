@@ -33,6 +33,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from runner import exit_codes
 from runner.cluster import stop_signals
 from runner.cluster import process_exit
 from strategies import cluster
@@ -102,7 +103,7 @@ def serve(timeout_seconds):
   logging.info("The coordinator (%s) is done (its port closed): %s stops serving.", chief, me)
   del server  # Kept alive until here.
   if stop.received is not None:
-    raise SystemExit(stop_signals.EXIT_CODES[stop.received])
+    raise SystemExit(exit_codes.STOPPED_BY[stop.received])
 
 
 def _chief_address(spec):
@@ -146,7 +147,7 @@ class _StopWhenTheCoordinatorIsDone:
   def __init__(self, me):
     self.received = None
     self._me = me
-    for signum in stop_signals.EXIT_CODES:
+    for signum in exit_codes.STOPPED_BY:
       signal.signal(signum, self._note)
 
   def _note(self, signum, frame):
@@ -159,4 +160,4 @@ class _StopWhenTheCoordinatorIsDone:
       return
     sys.stderr.write(f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
                      "writes the checkpoints; it fails if a ps task it needs is gone).\n")
-    process_exit.exit_now(stop_signals.EXIT_CODES[signum])
+    process_exit.exit_now(exit_codes.STOPPED_BY[signum])
