@@ -12,8 +12,8 @@ targets with PASS or FAIL. A contender that crashes in any round counts as not w
 Input contenders (`INPUT`) read the files once to warm up, then twice timed,
 each batch of `GLOBAL_BATCH_SIZE` consumed inside TensorFlow (`Dataset.reduce`,
 as the Trainer's steps read their iterator), no Python per batch:
-- `raw`: `tf.data.TFRecordDataset` over the files, batched, no parsing: the
-  limit (read one file after the other, the fastest way here);
+- `raw`: `tf.data.TFRecordDataset` over the files, batched, no parsing, the
+  files read one after the other: the limit;
 - `hand_map`: parallel interleave over all the files at once
   (non-deterministic), parallel map of `parse_single_example`, batch,
   AUTOTUNE prefetch;
@@ -106,9 +106,9 @@ def input_dataset(contender, pattern):
   """Returns the contender's dataset of batches of `GLOBAL_BATCH_SIZE` (one input pipeline, one replica)."""
   files = sorted(tf.io.gfile.glob(pattern))
   autotune = tf.data.AUTOTUNE
-  if contender == "raw":  # Sequential: on the benchmark machine, faster than any parallel read (docs/benchmarks.md).
+  if contender == "raw":  # One file after the other: reading only, no parsing.
     return tf.data.TFRecordDataset(files).batch(GLOBAL_BATCH_SIZE).prefetch(autotune)
-  if contender in HAND_TUNED:  # Every file at once: cycle_length=AUTOTUNE (the cores) read at half the speed.
+  if contender in HAND_TUNED:  # Every file at once, not cycle_length=AUTOTUNE (as many files as cores).
     records = tf.data.Dataset.from_tensor_slices(files).interleave(
         tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=autotune, deterministic=False)
     if contender == "hand_map":

@@ -71,7 +71,7 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
 
     Args:
       devices: local device names; by default all GPUs, else all logical CPUs
-        (TensorFlow's own default would take only '/cpu:0').
+        (as TensorFlow's own default), listed so that they are checked.
       cross_device_ops: 'auto' (TensorFlow picks), 'nccl' (GPUs only),
         'hierarchical_copy' or 'reduce_to_one'.
       num_packs: gradient packing for 'nccl' and 'hierarchical_copy'.

@@ -5,9 +5,11 @@ A config names its model, dataset and task as a built-in name (`'mlp'`,
 `'package.module:function'`. A built-in comes with its own config fields and
 their defaults; an imported function has the fields it declares with
 `runner.config_fields` (`runner.config.declared_fields`), or, declaring none, whatever
-fields its config section has. The functions are called as DESIGN.md says: a
-model function as `fn(config.model)`, a dataset function as
-`fn(config.data, split)`, a task function as `fn(config.task)`.
+fields its config section has. A model function is called as
+`fn(config.model)` and returns a Keras model; a dataset function as
+`fn(config.data, split)`, split 'train' or 'eval', and returns an unbatched
+`tf.data.Dataset` or a `runner.data.DatasetProvider`; a task function as
+`fn(config.task)` and returns a `runner.Task` (docs/config.md).
 """
 
 import dataclasses

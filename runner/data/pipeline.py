@@ -122,7 +122,7 @@ def without_autotune_model(dataset):
   (a Trainer garbage-collected, the interpreter at exit) for seconds up to a
   minute. Without the model, AUTOTUNE parallelism stays at its starting
   value (the cores) and prefetch buffers size themselves as they are read
-  (docs/benchmarks.md#input-without-the-autotuning-model-2026-11-25).
+  (docs/benchmarks.md#input-without-the-autotuning-model).
   """
   options = tf.data.Options()
   options.autotune.enabled = False

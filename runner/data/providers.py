@@ -172,9 +172,8 @@ class TFRecordFiles(DatasetProvider):
   The record stream is a function of the file list alone, the same on every
   host: up to `FILES_READ_AT_ONCE` files are read at once, in parallel,
   `RECORDS_PER_TURN` records from each in turn (TensorFlow's autotuned cycle
-  depends on the host's cores, and one record per turn costs each record a
-  turn of the interleave: half the speed of reading,
-  docs/benchmarks.md#input-and-evaluation-target-5).
+  depends on the host's cores, and one record per turn would cost each
+  record a turn of the interleave; docs/benchmarks.md#input-and-evaluation).
 
   The Trainer reads batches (`get_batches`, `get_repeated_batches`): a batch
   of serialized records is read, then parsed by one vectorized call of

@@ -196,8 +196,8 @@ def _parsed(line):
 class _BufferedScalars:
   """The TensorBoard scalars of one split, written in batches by one `tf.function` call.
 
-  Writing a scalar eagerly costs about 100 microseconds, too much per loop
-  when a loop is one short step; buffered, a report costs a list append.
+  Writing a scalar eagerly runs ops of its own, too much per loop when a
+  loop is one short step; buffered, a report costs a list append.
   Rows are written every `MAX_ROWS` rows or `MAX_SECONDS` seconds and on
   `flush` (TensorBoard's own writer buffers up to 2 minutes anyway).
   """

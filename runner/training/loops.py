@@ -82,7 +82,7 @@ class TrainLoop:
   iterator's threads with every Trainer.
 
   A step adds as little to the hand-written step as it can, since on a small
-  model every op costs (docs/benchmarks.md#per-step-overhead-2026-11-24): each replica
+  model every op costs (docs/benchmarks.md#what-the-per-step-checks-cost): each replica
   packs its loss with four sums that are finite exactly when its gradients,
   its batch's features and its labels are, and its labels lie in
   `valid_labels` (a log of 1 or 0); the vector is summed over replicas, added
@@ -136,7 +136,7 @@ class TrainLoop:
     self._loss_scale = loss_scale
     self._valid_labels = valid_labels
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
-    # update and the checks included (docs/benchmarks.md, per-step overhead); with more, the forward and backward pass.
+    # update and the checks included; with more, the forward and backward pass.
     self._whole_step_xla = xla and strategy.num_replicas_in_sync == 1 and not multi_worker
     self._gradients = _maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
     self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
@@ -328,9 +328,8 @@ class EvalLoop:
   each call.
 
   The function is traced without AutoGraph, as Keras traces its own steps
-  (converting the loop and the step's code cost a first evaluation about
-  2 s; docs/benchmarks.md#input-and-evaluation-target-5), so the
-  loop is an explicit `tf.while_loop`. The task's loss alone is still
+  (converting the loop and the step's code lengthens every first
+  evaluation), so the loop is an explicit `tf.while_loop`. The task's loss alone is still
   converted, as in training: it is a `tf.function` of its own, so a loss
   with Python control flow on tensors evaluates as it trains.
   """

@@ -1,9 +1,9 @@
 """Calls of a traced `tf.function` that skip its per-call argument binding.
 
 A `tf.function` called with a distributed iterator rebuilds the iterator's
-type spec and flattens it on every call: on this project's 2-core machine
-about 0.5 ms of Python per call, as much as a whole small training step
-(docs/benchmarks.md#per-step-overhead-2026-11-24). The iterator's type spec never
+type spec and flattens it on every call, Python work that can cost as much as
+a whole small training step (what that means at one step per call:
+docs/benchmarks.md#throughput). The iterator's type spec never
 changes, so `FlatCall` builds it once, takes the iterator's components (its
 resource handles) from it at each call, and calls the traced concrete
 function with them directly.
