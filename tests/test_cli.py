@@ -22,7 +22,7 @@ DIGITS = os.path.join(REPO, "configs", "digits.py")
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
 SUBPROCESS_TIMEOUT_SECONDS = 300
 USER_ERROR_EXIT_CODE = 2
-_OWN_FILES = {os.path.basename(f) for d in ("runner", "strategies") for f in os.listdir(os.path.join(REPO, d))
+_OWN_FILES = {f for d in ("runner", "strategies") for _, _, files in os.walk(os.path.join(REPO, d)) for f in files
               if f.endswith(".py")}
 
 
