@@ -170,7 +170,6 @@ def _run(command_line):
   # The config holds; what follows needs TensorFlow's devices.
   from runner.outputs import checkpoints
   from runner import from_config
-  from runner.training import steps_per_loop as steps_per_loop_lib
   from runner.cluster import task_server
   from runner.tpu import check as tpu_check
   if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
@@ -188,7 +187,6 @@ def _run(command_line):
     return
   if _DRY_RUN.value:
     strategy = from_config.create_strategy(config)
-    config = steps_per_loop_lib.resolved(config, strategy)
     batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
     print(f"config:\n{config}")
     print(f"strategy: {strategies.describe(strategy)}")
@@ -196,7 +194,7 @@ def _run(command_line):
     print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
     step = checkpoints.latest_step(_WORKDIR.value)
     print(f"workdir: {from_config.describe_workdir(_WORKDIR.value, step)}")
-    print(f"plan: {from_config.step_plan(config, step)}")
+    print(f"plan: {from_config.step_plan(config, strategy, step)}")
     print("dry run: nothing trained or written.")
     return
   result = from_config.run(config, _WORKDIR.value)

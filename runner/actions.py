@@ -72,7 +72,7 @@ class ExitOnStopSignal(Action):
 
 
 class Evaluate(Action):
-  """Evaluates every `every_steps` steps and puts the results in `loop.eval_results`.
+  """Evaluates every `every_steps` steps; returns the `LoopEnd` with the results, for the actions after it.
 
   At the step training runs to (`loop.total_steps`) it saves first: the steps
   trained are in a checkpoint before the final evaluation starts, so an
@@ -92,7 +92,7 @@ class Evaluate(Action):
   def __call__(self, loop):
     if loop.step >= loop.total_steps:
       self._save()
-    loop.eval_results = self._evaluate()
+    return loop.with_eval_results(self._evaluate())
 
 
 class SaveCheckpoint(Action):

@@ -75,9 +75,8 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
 
   The config is validated before any TensorFlow device work; then the
-  strategy is built, the batch sizes are checked against its replica count
-  and an auto `steps_per_loop` is resolved for it (`runner.training.steps_per_loop`);
-  then the workdir is checked; then data, model, task and optimizer
+  strategy is built and the batch sizes are checked against its replica
+  count; then the workdir is checked; then data, model, task and optimizer
   are built and the latest checkpoint restored, and only then is the config
   recorded (`config.json`, `config_history.jsonl`; see `config_history`) and
   the mode run. A workdir with checkpoints resumes the run ('train'
@@ -116,7 +115,6 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
   with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
     config = config_lib.validate(config)
     strategy = create_strategy(config)
-    config = steps_per_loop_lib.resolved(config, strategy)
     is_chief = strategy.extended.should_checkpoint
     workdir, created, lock = prepare_workdir(
         workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None)
@@ -267,8 +265,8 @@ def describe_workdir(workdir, step):
   return f"{workdir} holds a run at step {step} (checkpoint ckpt-{step}): it would resume from step {step}"
 
 
-def step_plan(config, step=None):
-  """Returns one line on what `config.mode` will do from global step `step` (None: no checkpoint).
+def step_plan(config, strategy, step=None):
+  """Returns one line on what `config.mode` will do under `strategy` from global step `step` (None: no checkpoint).
 
   It names the steps, loops, evaluations and checkpoints left.
   """
@@ -285,12 +283,14 @@ def step_plan(config, step=None):
     return line + (f"; {evaluation}" if config.mode == "train_and_eval" else "")
   start = f"from step {step} " if step else ""
   line = f"mode {config.mode}: train {start}to step {trainer.train_steps} in "
-  if trainer.steps_per_loop is None:
-    line += (f"loops of a size chosen from the measured step time (auto: at most {steps_per_loop_lib.MOST} "
+  sizes = steps_per_loop_lib.resolve(trainer.steps_per_loop, strategy=strategy,
+                                     cadences=(trainer.eval_every, trainer.checkpoint_every))
+  if isinstance(sizes, steps_per_loop_lib.MeasuredStepsPerLoop):
+    line += (f"loops of a size chosen from the measured step time (auto: at most {sizes.most} "
              "steps, host overhead under 2%)")
   else:
-    loops = -(-(trainer.train_steps - step) // trainer.steps_per_loop)
-    line += f"{loops} loop(s) of up to {trainer.steps_per_loop} steps"
+    loops = -(-(trainer.train_steps - step) // sizes.size)
+    line += f"{loops} loop(s) of up to {sizes.size} steps"
   if config.mode == "train_and_eval" and trainer.eval_every and trainer.eval_every < trainer.train_steps:
     line += f", {evaluation} every {trainer.eval_every} steps"
   if trainer.checkpoint_every and trainer.checkpoint_every < trainer.train_steps:
@@ -334,7 +334,7 @@ def create_trainer(config, strategy, workdir):
       optimizer_fn=lambda: optimizers.create(config.optimizer, trainer.train_steps),
       task=task,
       model_dir=workdir,
-      steps_per_loop=steps_per_loop_lib.trainer_value(trainer.steps_per_loop),
+      steps_per_loop=steps_per_loop_lib.AUTO if trainer.steps_per_loop is None else trainer.steps_per_loop,
       checkpoint_every=trainer.checkpoint_every,
       max_to_keep=trainer.max_to_keep,
       jit_compile=trainer.jit_compile,

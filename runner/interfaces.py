@@ -6,7 +6,7 @@ The built-in implementations live beside their users: `runner.tasks`, `runner.da
 
 import abc
 import dataclasses
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -178,7 +178,7 @@ class DatasetProvider(abc.ABC):
     return self.get_repeated_dataset(input_context, start).batch(batch_size, drop_remainder=True)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LoopEnd:
   """What an action sees after a train loop; the same on every worker.
 
@@ -187,8 +187,6 @@ class LoopEnd:
     total_steps: the step `train` runs to.
     train_results: `loss` and every metric over this loop's steps (reduced
       over all replicas, so equal on every worker).
-    eval_results: the evaluation run at this step (by the built-in
-      evaluation action, which runs before the user's actions), else None.
     steps_per_sec, examples_per_sec: the loop's throughput (this worker's clock).
     learning_rate: the optimizer's learning rate after the loop.
     stop_signal: None, or the signal (`signal.SIGTERM`, `signal.SIGINT`)
@@ -198,6 +196,10 @@ class LoopEnd:
     tracing_seconds: for the first loop of a `train` call whose loop function
       was traced before it, the seconds tracing took (not counted in
       `steps_per_sec`); else None.
+    eval_results: the evaluation run at this step, else None. The built-in
+      evaluation action, which runs before the user's actions, returns the
+      `LoopEnd` that carries it (`with_eval_results`).
+    stop_at: the step an action asked training to end at (`stop`), else None.
   """
   step: int
   total_steps: int
@@ -209,17 +211,25 @@ class LoopEnd:
   is_chief: bool
   tracing_seconds: Optional[float] = None
   eval_results: Optional[Mapping[str, float]] = None
-  stop_at: Optional[int] = dataclasses.field(default=None, init=False)
+  # The steps asked by `stop`; shared by the copies `with_eval_results` makes, so every request of the loop counts.
+  _stop_requests: List[int] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
-  def stop(self, at_step=None):
+  @property
+  def stop_at(self) -> Optional[int]:
+    return min(self._stop_requests, default=None)
+
+  def stop(self, at_step: Optional[int] = None) -> None:
     """Asks training to end once the global step reaches `at_step` (None: now, after this loop).
 
     The end is a normal one: the final evaluation and checkpoint still
     happen. Ask the same on every worker (decide from this object's values,
     which are equal everywhere), or workers would stop at different steps.
     """
-    at_step = self.step if at_step is None else checks.positive_int(at_step, "at_step")
-    self.stop_at = at_step if self.stop_at is None else min(self.stop_at, at_step)
+    self._stop_requests.append(self.step if at_step is None else checks.positive_int(at_step, "at_step"))
+
+  def with_eval_results(self, eval_results: Mapping[str, float]) -> "LoopEnd":
+    """Returns this loop's end with `eval_results` (what the built-in evaluation action returns)."""
+    return dataclasses.replace(self, eval_results=eval_results)
 
 
 class Action(abc.ABC):
@@ -233,8 +243,13 @@ class Action(abc.ABC):
   every_steps: Optional[int] = None
 
   @abc.abstractmethod
-  def __call__(self, loop: LoopEnd) -> None:
+  def __call__(self, loop: LoopEnd) -> Optional[LoopEnd]:
     """Does the work for the loop that just ended; may call `loop.stop(...)`.
 
     Runs on every worker. Write files only where `loop.is_chief`.
+
+    Returns:
+      None, or the `LoopEnd` the actions after this one see instead (a copy
+      with more in it, e.g. `loop.with_eval_results(...)`): what one action
+      tells the next is in what it returns, never in a changed object.
     """

@@ -64,8 +64,9 @@ def test_evaluation_pads_to_static_shapes(cpu_devices):
 def test_steps_per_loop_defaults_to_auto_whose_fixed_value_is_high_on_a_tpu():
   trainer_config = config_lib.default_config().trainer
   assert trainer_config.steps_per_loop is None
-  assert steps_per_loop.auto(trainer_config, tpu=False) == steps_per_loop.DEFAULT == 100
-  assert steps_per_loop.auto(trainer_config, tpu=True) == steps_per_loop.ON_TPU == 1000
+  cadences = (trainer_config.eval_every, trainer_config.checkpoint_every)
+  assert steps_per_loop.fixed_auto(cadences, tpu=False) == steps_per_loop.DEFAULT == 100
+  assert steps_per_loop.fixed_auto(cadences, tpu=True) == steps_per_loop.ON_TPU == 1000
 
 
 @pytest.mark.parametrize("eval_every, checkpoint_every, on_cpu, on_tpu", [
@@ -77,10 +78,8 @@ def test_steps_per_loop_defaults_to_auto_whose_fixed_value_is_high_on_a_tpu():
 ])
 def test_auto_steps_per_loop_divides_the_evaluation_and_checkpoint_steps(eval_every, checkpoint_every, on_cpu,
                                                                          on_tpu):
-  trainer_config = config_lib.default_config().trainer
-  trainer_config.eval_every, trainer_config.checkpoint_every = eval_every, checkpoint_every
-  assert steps_per_loop.auto(trainer_config, tpu=False) == on_cpu
-  assert steps_per_loop.auto(trainer_config, tpu=True) == on_tpu
+  assert steps_per_loop.fixed_auto((eval_every, checkpoint_every), tpu=False) == on_cpu
+  assert steps_per_loop.fixed_auto((eval_every, checkpoint_every), tpu=True) == on_tpu
 
 
 def test_a_run_on_one_worker_keeps_auto_to_measure_it_and_records_it_unset(tmp_path):
@@ -93,5 +92,6 @@ def test_a_run_on_one_worker_keeps_auto_to_measure_it_and_records_it_unset(tmp_p
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     train_steps = [row["step"] for row in map(json.loads, f) if row["split"] == "train"]
   assert train_steps[0] == steps_per_loop.FIRST and train_steps[-1] == 20  # Measured loops: the first has 1 step.
-  explicit = config_lib.validate({"trainer": {"steps_per_loop": 7}})
-  assert steps_per_loop.resolved(explicit, result.strategy) is explicit
+  assert isinstance(steps_per_loop.resolve(None, strategy=result.strategy, cadences=(None, None)),
+                    steps_per_loop.MeasuredStepsPerLoop)
+  assert steps_per_loop.resolve(7, strategy=result.strategy, cadences=(None, None)).size == 7

@@ -64,13 +64,12 @@ def _rows(workdir, split):
 
 
 @pytest.mark.parametrize("num_steps, sizes", [
-    (20, [10, 10]),  # a full loop: one function of steps_per_loop steps per worker
+    (20, [10, 10]),  # a full loop (steps_per_loop 10 per worker): one function of 10 steps per worker
     (7, [4, 3]),  # cut short at an action: still one function per worker
     (1, [1]),
-    (25, [9, 8, 8]),  # never more than steps_per_loop steps per function
 ])
-def test_a_loop_is_split_into_functions_of_at_most_steps_per_loop_steps_one_per_worker(num_steps, sizes):
-  assert parameter_server_loops.function_sizes(num_steps, 10, 2) == sizes
+def test_a_loop_is_split_into_one_function_per_worker(num_steps, sizes):
+  assert parameter_server_loops.function_sizes(num_steps, 2) == sizes
 
 
 def test_a_cluster_of_one_command_trains_shards_checkpoints_and_restores_on_one_device(tmp_path, subprocess_env):

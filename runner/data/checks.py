@@ -32,6 +32,23 @@ from runner.data import providers as data_lib
 from strategies.errors import ConfigError
 
 DataError = data_lib.DataError
+
+
+class LabelsOutOfRange(DataError):
+  """A batch held a label outside the range the task gave (`label_range`), found inside a compiled loop.
+
+  The loop can tell only that some label was outside, and at which step; the
+  Trainer replaces this error by `labels_out_of_range_error`, which names the
+  label.
+
+  Attributes:
+    step: the training step whose batch held it (None: an evaluation's).
+  """
+
+  def __init__(self, step):
+    where = "an evaluation batch" if step is None else f"the batch of step {step}"
+    super().__init__(f"A label outside the valid range in {where}.")
+    self.step = step
 _RECORDS_PER_READ = 4096
 _LABELS_PER_READ = 4096
 _LABELS_READ = 1_000_000

@@ -222,7 +222,8 @@ def _as_on_tpu(config):
   config = copy.deepcopy(config)
   config.trainer.jit_compile = True
   if config.trainer.steps_per_loop is None:
-    config.trainer.steps_per_loop = steps_per_loop_lib.auto(config.trainer, tpu=True)
+    config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
+        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True)
   return config
 
 

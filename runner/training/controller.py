@@ -5,22 +5,9 @@ from typing import Callable, Optional, Sequence, Union
 
 from runner import interfaces
 from runner import actions as actions_lib
-from runner.data import providers as data_lib
 from runner.training import loops
 from runner.outputs import profiling
 from runner.training import steps_per_loop as steps_per_loop_lib
-
-
-class LabelsOutOfRange(Exception):
-  """A step's batch held a label outside the train loop's `valid_labels`; the Trainer says which (`data_checks`).
-
-  Attributes:
-    step: the step whose batch held it (None: an evaluation's).
-  """
-
-  def __init__(self, step):
-    super().__init__(f"a label outside the valid range in the batch of step {step}")
-    self.step = step
 
 
 class Controller:
@@ -34,16 +21,16 @@ class Controller:
   """
 
   def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[interfaces.Action],
-               steps_per_loop: Union[int, steps_per_loop_lib.MeasuredStepsPerLoop],
+               steps_per_loop: Union[steps_per_loop_lib.FixedStepsPerLoop, steps_per_loop_lib.MeasuredStepsPerLoop],
                global_batch_size: int, is_chief: bool, single_worker: bool,
                profile: Optional[profiling.ProfileWindow] = None):
     """Args:
       train_loop: the inner loop.
       actions: run after every call, in order, when due.
-      steps_per_loop: the most steps per call, or a `MeasuredStepsPerLoop`
-        that chooses them from the times this controller records (the
-        loop's function must loop: it is called for zero steps to time a
-        call's own cost).
+      steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
+        chosen from the times this controller records (the loop's function
+        must loop then: it is called for zero steps to time a call's own
+        cost).
       global_batch_size: examples per step, for the throughput.
       is_chief: this worker writes the run's files (passed on to actions).
       single_worker: no other worker takes part, so a signal noted during a
@@ -70,55 +57,32 @@ class Controller:
       total_steps: the step to train to.
       stop_signal: the signal this worker noted (SIGTERM or SIGINT), or None.
       advance: `advance(step, train_results)` records the new global step
-        and the loop's results; called after each call, before the
-        finiteness check and the actions.
+        and the loop's results; called after each call, before the loop's
+        problems are raised and the actions run.
 
     Raises:
-      LabelsOutOfRange: a step's batch held a label outside the loop's
-        valid range.
-      DataError: a step's batch held NaN or inf values; the message names
-        the step and whether the features or the labels held them.
-      FloatingPointError: a step's loss or gradients were not finite, its
-        batch being finite (the training diverged); the message names the step.
+      What `loops.TrainLoopResult.raise_problems` raises for a loop whose
+      batch, loss or gradients were not finite, or whose batch held a label
+      outside the valid range.
     """
     end = total_steps
-    tracing_seconds = None
-    measured = None if isinstance(self._steps_per_loop, int) else self._steps_per_loop
-    if step < end:
-      trace_start = time.perf_counter()
-      if self._train_loop.trace(iterator):
-        tracing_seconds = time.perf_counter() - trace_start
-      if measured is not None and measured.needs_call_overhead:
-        measured.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
+    tracing_seconds = self._ready(iterator) if step < end else None
     previous_end = None
     try:
       while step < end:
-        size = self._loop_size(step, end)
         if self._profile is not None:
           self._profile.before_loop(step)
         loop_start = time.perf_counter()
-        result = self._train_loop(iterator, size, stop_signal())
+        result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
         seconds = time.perf_counter() - loop_start
-        if measured is not None:
-          measured.record_loop(steps=result.steps_run, seconds=seconds,
-                               host_seconds=None if previous_end is None else loop_start - previous_end)
+        self._steps_per_loop.record_loop(steps=result.steps_run, seconds=seconds,
+                                         host_seconds=None if previous_end is None else loop_start - previous_end)
         previous_end = loop_start + seconds
         step += result.steps_run
         advance(step, result.results)
         if self._profile is not None:
           self._profile.after_loop(step)
-        if result.labels_out_of_range:
-          raise LabelsOutOfRange(step)
-        if result.non_finite_data:
-          raise data_lib.DataError(
-              f"The training data's {' and '.join(result.non_finite_data)} hold NaN or inf values in the batch of "
-              f"step {step}; training stopped there, and no checkpoint holds weights from that step on. Find them "
-              "with tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
-        if result.non_finite:
-          raise FloatingPointError(
-              f"Training stopped at step {step}: {result.non_finite}. No checkpoint holds weights from that step "
-              "on. Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-              "(config.optimizer.clipnorm), or use float32 precision.")
+        result.raise_problems(step=step)
         loop = interfaces.LoopEnd(
             step=step, total_steps=total_steps, train_results=result.results,
             steps_per_sec=result.steps_run / seconds,
@@ -127,14 +91,29 @@ class Controller:
             stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
             is_chief=self._is_chief, tracing_seconds=tracing_seconds)
         tracing_seconds = None
-        for action in self._actions:
-          if actions_lib.is_due(action, step):
-            action(loop)
-        if loop.stop_at is not None:
-          end = min(end, max(loop.stop_at, step))
+        stop_at = self._run_actions(loop)
+        if stop_at is not None:
+          end = min(end, max(stop_at, step))
     finally:
       if self._profile is not None:
         self._profile.close(step)
+
+  def _ready(self, iterator):
+    """Traces the loop's function (and times a call's own cost for measured loop sizes); returns the seconds tracing
+    took, or None when it was traced before."""
+    trace_start = time.perf_counter()
+    tracing_seconds = time.perf_counter() - trace_start if self._train_loop.trace(iterator) else None
+    if self._steps_per_loop.needs_call_overhead:
+      self._steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
+    return tracing_seconds
+
+  def _run_actions(self, loop):
+    """Runs the actions due at `loop.step`, each seeing the `LoopEnd` the one before returned; returns the step the
+    actions asked training to stop at, or None."""
+    for action in self._actions:
+      if actions_lib.is_due(action, loop.step):
+        loop = action(loop) or loop
+    return loop.stop_at
 
   def _timed_empty_call(self, iterator):
     start = time.perf_counter()
@@ -142,15 +121,9 @@ class Controller:
     return time.perf_counter() - start
 
   def _loop_size(self, step, end):
-    """Steps for the next call: `steps_per_loop` (measured: to its next multiple), cut at `end`, where an action is
-    next due and around profiling."""
-    if isinstance(self._steps_per_loop, int):
-      steps_per_loop = self._steps_per_loop
-      size = min(steps_per_loop, end - step)
-    else:  # Measured: loops end at multiples of the size, as fixed sizes do from step 0.
-      steps_per_loop = self._steps_per_loop.size
-      size = min(steps_per_loop - step % steps_per_loop, end - step)
+    """Steps for the next call: the loop sizes' next one, cut where an action is next due and around profiling."""
+    size = self._steps_per_loop.next_size(step, end)
     for action in self._actions:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
-    return size if self._profile is None else self._profile.loop_size(step, size, steps_per_loop)
+    return size if self._profile is None else self._profile.loop_size(step, size, self._steps_per_loop.size)

@@ -11,6 +11,7 @@ from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
+from runner.data import checks as data_checks
 from runner.training import traced_calls
 from strategies import sharded_variables
 from strategies.errors import ConfigError
@@ -57,6 +58,50 @@ class TrainLoopResult:
     """`{"loss": loss, <metric>: value, ...}`, what reports and actions see."""
     return {"loss": self.loss, **self.metrics}
 
+  def raise_problems(self, *, step):
+    """Raises what the loop found wrong at its last step, the global step being `step`; returns when it was fine.
+
+    Raises:
+      data_checks.LabelsOutOfRange: the batch held a label outside the
+        loop's `valid_labels` (the Trainer names it).
+      DataError: the batch held NaN or inf values; the message names the
+        step and whether the features or the labels held them.
+      FloatingPointError: the loss or gradients were not finite, the batch
+        being finite (the training diverged); the message names the step.
+    """
+    if self.labels_out_of_range:
+      raise data_checks.LabelsOutOfRange(step)
+    if self.non_finite_data:
+      raise data_checks.DataError(
+          f"The training data's {' and '.join(self.non_finite_data)} hold NaN or inf values in the batch of step "
+          f"{step}; training stopped there, and no checkpoint holds weights from that step on. Find them with "
+          "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
+    if self.non_finite:
+      raise FloatingPointError(
+          f"Training stopped at step {step}: {self.non_finite}. No checkpoint holds weights from that step on. "
+          "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
+          "(config.optimizer.clipnorm), or use float32 precision.")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalLoopResult:
+  """What one call of an `EvalLoop` found.
+
+  Attributes:
+    results: `{"loss": float, <metric>: float, ..., "num_examples": int}`;
+      `loss` is the weighted sum of per-example losses over the number of
+      real examples.
+    labels_out_of_range: a real example's label lay outside the loop's
+      `valid_labels`.
+  """
+  results: Dict[str, float]
+  labels_out_of_range: bool = False
+
+  def raise_problems(self):
+    """Raises `data_checks.LabelsOutOfRange` (the Trainer names the label) when a label was out of range."""
+    if self.labels_out_of_range:
+      raise data_checks.LabelsOutOfRange(None)
+
 
 # What one step gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
 # four checks, each finite when its part of the step was: the gradients, the batch's features, its
@@ -73,8 +118,8 @@ def _maybe_xla(fn, xla):
 class TrainLoop:
   """Runs training steps: `steps_per_loop` of them inside one `tf.function` call.
 
-  With `steps_per_loop == 1` the function runs one step, with no loop around
-  it. Otherwise it runs `num_steps` steps (a tensor argument, so a shorter
+  Without `looping` the function runs one step, with no loop around it.
+  With it, it runs `num_steps` steps (a tensor argument, so a shorter
   last loop reuses the same trace) in a `tf.while_loop` over the distributed
   iterator, stopping at the first step that was not finite. The iterator is
   an argument, not a capture: a function that captures an iterator and
@@ -104,7 +149,7 @@ class TrainLoop:
   each call, so they describe that call's steps.
   """
 
-  def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, steps_per_loop,
+  def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, looping,
                xla, clipnorm, loss_scale, valid_labels=None, multi_worker=False):
     """Args:
       strategy: the `tf.distribute.Strategy` the variables were made under.
@@ -113,7 +158,8 @@ class TrainLoop:
       metrics: Keras metrics made in scope, updated per replica.
       step: the global step variable, advanced by the steps run.
       global_batch_size: examples per step over all replicas.
-      steps_per_loop: steps per call; 1 builds the loop-free function.
+      looping: build the function that runs `num_steps` steps per call;
+        False builds the loop-free function of one step.
       xla: compile with XLA each replica's whole step when there is one
         replica, else each replica's forward and backward pass.
       clipnorm: None, or the bound on the global norm of the summed gradient.
@@ -140,7 +186,7 @@ class TrainLoop:
     self._whole_step_xla = xla and strategy.num_replicas_in_sync == 1 and not multi_worker
     self._gradients = _maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
     self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
-    self._looping = steps_per_loop > 1
+    self._looping = looping
     self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
     self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
                          signal.SIGINT: tf.constant([0.0, 1.0])}
@@ -249,22 +295,15 @@ class TrainLoop:
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
   def _replica_step(self, batch, stop):
-    loss, outputs, checks = self._replica_update(batch)
+    """One replica's forward and backward pass, optimizer update and metrics (with `xla` and one replica, the update
+    is one XLA program); returns its values (`self._names`): its share of the global loss, 1, and the checks, each
+    finite exactly when its part was fine: the gradients, the batch's features and its labels hold only finite
+    values, and the labels lie in `valid_labels`."""
+    loss, outputs, checks = self._update(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
     for metric in self._metrics:
       metric.update_state(batch[1], outputs, sample_weight=batch[2] if len(batch) == 3 else None)
     values = tf.stack([loss, 1.0, *checks])
     return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
-
-  def _replica_update(self, batch):
-    """One replica's forward and backward pass and optimizer update (with `xla` and one replica, one XLA program).
-
-    Returns:
-      `(loss, outputs, checks)`: this replica's share of the global loss, the
-      model's float32 outputs, and four float32 scalars, each finite exactly
-      when its part was fine: the gradients, the batch's features and its
-      labels hold only finite values, and the labels lie in `valid_labels`.
-    """
-    return self._update(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
 
   def _update_and_checks(self, features, labels, sample_weight):
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
@@ -319,13 +358,9 @@ class EvalLoop:
   """Evaluates a padded distributed dataset (see `input_pipeline.for_evaluation`) in one call.
 
   The call runs steps until the real examples are used up (or `max_steps`),
-  and returns `(results, labels_out_of_range)`: `results` is
-  `{"loss": float, <metric>: float, ..., "num_examples": int}`, `loss` the
-  weighted sum of per-example losses over the number of real examples;
-  `labels_out_of_range` says whether a real example's label lay outside
-  `valid_labels`. It is fetched as one float64 vector `[loss, num_examples,
-  labels_out_of_range, *metric_results]`. Metrics are reset at the start of
-  each call.
+  and returns an `EvalLoopResult`, fetched as one float64 vector `[loss,
+  num_examples, labels_out_of_range, *metric_results]`. Metrics are reset at
+  the start of each call.
 
   The function is traced without AutoGraph, as Keras traces its own steps
   (converting the loop and the step's code lengthens every first
@@ -354,7 +389,7 @@ class EvalLoop:
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
     results = {"loss": float(values[0]), **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
                "num_examples": int(values[1])}
-    return results, values[2] > 0
+    return EvalLoopResult(results=results, labels_out_of_range=bool(values[2] > 0))
 
   def _evaluate(self, iterator, max_steps):
     for metric in self._metrics:

@@ -14,8 +14,7 @@ parts differ from the synchronous loops of `runner.training.loops`:
   only; a function re-run after a worker failed trains on the batches its
   new worker is at.)
 - `ScheduledTrainLoop`: the call contract of `loops.TrainLoop`; a call
-  schedules its steps as functions of at most `steps_per_function` steps, at
-  least one per worker when there are steps enough, and joins them, so the
+  schedules its steps as one function per worker and joins them, so the
   global step (a variable on a ps) is exact when the actions run.
 - `evaluation_strategy`: evaluation runs on the coordinator itself, under
   TensorFlow's default strategy, reading the weights from the ps tasks; it
@@ -107,9 +106,8 @@ def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
 class ScheduledTrainLoop(loops.TrainLoop):
   """A `loops.TrainLoop` whose steps run on the workers, scheduled by a `ClusterCoordinator`.
 
-  A call of `num_steps` steps schedules them as functions of at most
-  `steps_per_function` consecutive steps (split evenly, and over at least one
-  function per worker when there are steps enough), then joins them. Each
+  A call of `num_steps` steps schedules them as one function of consecutive
+  steps per worker (split evenly), then joins them. Each
   function runs its steps in a `tf.range` loop on its worker, advances the
   global step variable (on a ps) with every step, stops early at a step
   whose loss or gradients are not finite, and returns its loss sum and the
@@ -124,15 +122,13 @@ class ScheduledTrainLoop(loops.TrainLoop):
   `stop_signal` the coordinator's own: workers and ps tasks only serve.
   """
 
-  def __init__(self, *, coordinator, steps_per_function, **kwargs):
+  def __init__(self, *, coordinator, **kwargs):
     """Args:
       coordinator: the `ClusterCoordinator` of the strategy.
-      steps_per_function: the most steps one scheduled function runs.
-      **kwargs: as for `loops.TrainLoop` (`steps_per_loop` excluded).
+      **kwargs: as for `loops.TrainLoop` (`looping` excluded).
     """
-    super().__init__(steps_per_loop=1, multi_worker=True, **kwargs)
+    super().__init__(looping=False, multi_worker=True, **kwargs)
     self._coordinator = coordinator
-    self._steps_per_function = steps_per_function
     self._num_workers = num_workers(coordinator.strategy)
     self.function = tf.function(self._scheduled_steps)
 
@@ -145,7 +141,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     """
     first = int(self._step.numpy())
     scheduled, start = [], first
-    for size in function_sizes(num_steps, self._steps_per_function, self._num_workers):
+    for size in function_sizes(num_steps, self._num_workers):
       scheduled.append(self._coordinator.schedule(self.function, args=(
           iterator, tf.constant(start, tf.int64), tf.constant(size, tf.int32))))
       start += size
@@ -225,14 +221,14 @@ class ScheduledTrainLoop(loops.TrainLoop):
     return tf.stack([loss, *checks]), changes
 
 
-def function_sizes(num_steps, steps_per_function, workers):
-  """Splits `num_steps` into the step counts of the functions to schedule.
+def function_sizes(num_steps, workers):
+  """Splits `num_steps` into the step counts of the functions to schedule: one per worker, as even as possible.
 
-  At most `steps_per_function` steps each, as even as possible, and at least
-  `workers` functions when there are that many steps, so that every worker
-  has one.
+  A loop's size is the per-worker steps per loop times the workers
+  (`steps_per_loop.resolve`), so each function has at most the per-worker
+  value; with fewer steps than workers, one step each.
   """
-  count = max(-(-num_steps // steps_per_function), min(workers, num_steps))
+  count = min(workers, num_steps)
   base, extra = divmod(num_steps, count)
   return [base + (1 if i < extra else 0) for i in range(count)]
 

@@ -34,7 +34,6 @@ the largest divisor of `eval_every` and `checkpoint_every` (`fixed_auto`);
 `tpu_check` builds its steps with that value too.
 """
 
-import copy
 import math
 import statistics
 
@@ -51,11 +50,6 @@ _FIT_SPAN = 4  # Loop sizes this far apart fit a call's cost (MeasuredStepsPerLo
 _MOST_SIZES_FITTED = 8  # Loop sizes remembered for that fit; the least recently run go first.
 
 
-def auto(trainer_config, *, tpu):
-  """Returns `fixed_auto` for `config.trainer`'s `eval_every` and `checkpoint_every`."""
-  return fixed_auto((trainer_config.eval_every, trainer_config.checkpoint_every), tpu=tpu)
-
-
 def fixed_auto(cadences, *, tpu):
   """Returns the fixed "auto" of several workers: `DEFAULT` (`ON_TPU` on a TPU), lowered to a divisor of `cadences`.
 
@@ -70,31 +64,75 @@ def fixed_auto(cadences, *, tpu):
   return _largest_divisor_at_most(math.gcd(*cadences), most)
 
 
-def resolved(config, strategy):
-  """Returns `config` with `trainer.steps_per_loop` as the Trainer will run it: an int, or None for measured auto.
-
-  An unset value stays None (measured auto) when this process runs every
-  replica; with several workers it becomes `fixed_auto`'s value (in a copy).
+def resolve(steps_per_loop, *, strategy, cadences, measured=None):
+  """Returns the loop sizes of a `train` call: the one place the option `steps_per_loop` is turned into them.
 
   Args:
-    config: a validated run config (`runner.config.validate`).
-    strategy: the `tf.distribute.Strategy` the run uses.
+    steps_per_loop: the option: a positive int, or `AUTO` (a config's None).
+    strategy: the `tf.distribute.Strategy` the steps run under.
+    cadences: the every-N-steps of evaluations and checkpoints (None: not set).
+    measured: None, or a dict the caller keeps, cadences -> the
+      `MeasuredStepsPerLoop` made for them: a later `train` call then starts
+      at the size the earlier ones settled on.
+
+  Returns:
+    A `MeasuredStepsPerLoop` for "auto" where one process runs every replica;
+    else a `FixedStepsPerLoop`: the option, or `fixed_auto`. Under parameter
+    servers a loop is one scheduled function per worker, so its size is that
+    many times the per-worker value.
   """
-  measured = description.is_single_worker(strategy) and description.kind(strategy) != "parameter_server"
-  if config.trainer.steps_per_loop is not None or measured:
-    return config
-  config = copy.deepcopy(config)
-  config.trainer.steps_per_loop = auto(config.trainer, tpu=description.kind(strategy) == "tpu")
-  return config
+  kind = description.kind(strategy)
+  cadences = tuple(cadences)
+  if steps_per_loop in (None, AUTO) and kind != "parameter_server" and description.is_single_worker(strategy):
+    measured = {} if measured is None else measured
+    if cadences not in measured:
+      measured[cadences] = MeasuredStepsPerLoop(cadences=cadences)
+    return measured[cadences]
+  size = fixed_auto(cadences, tpu=kind == "tpu") if steps_per_loop in (None, AUTO) else steps_per_loop
+  if kind == "parameter_server":
+    size *= strategy.extended._num_workers  # pylint: disable=protected-access
+  return FixedStepsPerLoop(size)
 
 
-def trainer_value(steps_per_loop):
-  """Returns `config.trainer.steps_per_loop` as the Trainer's argument: None becomes "auto"."""
-  return AUTO if steps_per_loop is None else steps_per_loop
+class FixedStepsPerLoop:
+  """Loops of `size` steps (the last one of a `train` call possibly shorter), the same on every worker.
+
+  It has the interface of `MeasuredStepsPerLoop`, whose measurements it
+  ignores, so the controller treats both alike.
+  """
+
+  needs_call_overhead = False
+
+  def __init__(self, size):
+    """Args:
+      size: the steps per loop, a positive int.
+    """
+    self.size = size
+    self.most = size
+    self.looping = size > 1  # The loop function runs many steps per call (one builds the loop-free function).
+
+  def record_call_overhead(self, seconds):
+    del seconds
+
+  def record_loop(self, *, steps, seconds, host_seconds=None):
+    del steps, seconds, host_seconds
+
+  def next_size(self, step, end):
+    """The steps of the loop that starts at global step `step` of a call that ends at `end`."""
+    return min(self.size, end - step)
 
 
 class MeasuredStepsPerLoop:
-  """The steps of the next loop under "auto", from the times the controller records (see the module doc)."""
+  """The steps of the next loop under "auto", from the times the controller records (see the module doc).
+
+  Attributes:
+    size: the steps of the next loop.
+    most: the most steps a loop may have.
+    looping: always True: the loop function runs many steps per call, and a
+      call of zero steps times its own cost.
+  """
+
+  looping = True
 
   def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS):
     """Args:
@@ -106,7 +144,7 @@ class MeasuredStepsPerLoop:
     """
     cadences = [cadence for cadence in cadences if cadence is not None]
     self._cadence = math.gcd(*cadences) if cadences else None
-    self._most = most if self._cadence is None else _largest_divisor_at_most(self._cadence, most)
+    self.most = most if self._cadence is None else _largest_divisor_at_most(self._cadence, most)
     self._overhead_share = overhead_share
     self._report_seconds = report_seconds
     self._call_seconds = None  # A call of zero steps.
@@ -114,7 +152,12 @@ class MeasuredStepsPerLoop:
     self._loop_seconds = {}  # steps -> the seconds of the latest warm loops of that many steps
     self._fitted_call_seconds = None  # The call's cost as `_fitted` gave it after the latest loop.
     self._step_seconds = None
-    self.size = min(FIRST, self._most)
+    self.size = min(FIRST, self.most)
+
+  def next_size(self, step, end):
+    """The steps of the loop that starts at global step `step` of a call that ends at `end`: to the next multiple of
+    `size`, as fixed sizes end loops from step 0."""
+    return min(self.size - step % self.size, end - step)
 
   @property
   def needs_call_overhead(self):
@@ -193,7 +236,7 @@ class MeasuredStepsPerLoop:
     host = (self._call_cost() or 0.0) + (statistics.median(self._between_loops) if self._between_loops else 0.0)
     share = self._overhead_share / (1.0 - self._overhead_share)
     steps = _round_up(math.ceil(host / (share * self._step_seconds)))
-    cap = min(self._most, max(1, int(self._report_seconds / self._step_seconds)))
+    cap = min(self.most, max(1, int(self._report_seconds / self._step_seconds)))
     if steps > cap:
       steps = _round_down(cap)
     if self._cadence is not None:

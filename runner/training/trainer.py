@@ -254,7 +254,7 @@ class Trainer:
               advance=self._advance)
         except tf.errors.OutOfRangeError:
           raise self._data_ran_out(global_batch_size, steps, first_step) from None
-        except controller_lib.LabelsOutOfRange as e:
+        except data_checks.LabelsOutOfRange as e:
           raise self._data_error(e, data, label_range, step=e.step, purpose="training") from None
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
           raise self._data_error(e, data, label_range, step=int(self._step.numpy()) + 1, purpose="training") from None
@@ -313,11 +313,11 @@ class Trainer:
           num_input_pipelines=num_pipelines, xla=self._xla, valid_labels=label_range))
     start = time.perf_counter()
     try:
-      results, labels_out_of_range = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
-      if labels_out_of_range:
-        raise controller_lib.LabelsOutOfRange(None)
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, controller_lib.LabelsOutOfRange) as e:
+      evaluated = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
+      evaluated.raise_problems()
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRange) as e:
       raise self._data_error(e, data, label_range, step=None, purpose="evaluation") from None
+    results = evaluated.results
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
     self._last_eval_results = results
@@ -420,7 +420,7 @@ class Trainer:
       if not_parsed is not None:
         return not_parsed
     found = data_checks.first_label_outside(data, label_range)
-    if found is None and not isinstance(error, controller_lib.LabelsOutOfRange):
+    if found is None and not isinstance(error, data_checks.LabelsOutOfRange):
       raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
     return data_checks.labels_out_of_range_error(found, label_range, step=step, purpose=purpose)
 
@@ -492,51 +492,30 @@ class Trainer:
     if self._options.checkpoint_every is not None:
       builtin_after.append(
           actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every))
-    steps_per_loop = self._steps_per_loop((eval_every, self._options.checkpoint_every))
-    if self._coordinator is not None:
-      steps_per_loop *= parameter_server_loops.num_workers(self._strategy)
+    steps_per_loop = steps_per_loop_lib.resolve(
+        self._options.steps_per_loop, strategy=self._strategy, cadences=(eval_every, self._options.checkpoint_every),
+        measured=self._measured_steps_per_loop)
     return controller_lib.Controller(
-        train_loop=self._train_loop(global_batch_size, label_range), steps_per_loop=steps_per_loop,
+        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop), steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
         global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
         single_worker=description.is_single_worker(self._strategy), profile=self._profile)
 
-  def _steps_per_loop(self, cadences):
-    """The option `steps_per_loop`, or for "auto" a `MeasuredStepsPerLoop`, or under several workers a fixed value.
-
-    A `MeasuredStepsPerLoop` is kept for the Trainer's life: a later `train`
-    call starts at the size the earlier ones settled on, not at 1 step.
-
-    Args:
-      cadences: the every-N-steps of evaluations and checkpoints (None: not set).
-    """
-    if self._options.steps_per_loop != steps_per_loop_lib.AUTO:
-      return self._options.steps_per_loop
-    if self._coordinator is None and description.is_single_worker(self._strategy):
-      cadences = tuple(cadences)
-      if cadences not in self._measured_steps_per_loop:
-        self._measured_steps_per_loop[cadences] = steps_per_loop_lib.MeasuredStepsPerLoop(cadences=cadences)
-      return self._measured_steps_per_loop[cadences]
-    return steps_per_loop_lib.fixed_auto(cadences, tpu=_is_tpu(self._strategy))
-
-  def _train_loop(self, global_batch_size, label_range):
-    loop = self._train_loops.get((global_batch_size, label_range))
-    if loop is None:
+  def _train_loop(self, global_batch_size, label_range, steps_per_loop):
+    """The inner loop for this batch size, label range and loop sizes, made once and kept (its traces with it)."""
+    key = (global_batch_size, label_range, steps_per_loop.looping)
+    if key not in self._train_loops:
       arguments = dict(
           strategy=self._strategy, model=self._model, optimizer=self._optimizer, task_loss=self._task.loss,
           metrics=self._metrics, step=self._step, global_batch_size=global_batch_size, xla=self._xla,
           clipnorm=self._options.clipnorm, loss_scale=isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer),
           valid_labels=label_range)
       if self._coordinator is not None:
-        loop = parameter_server_loops.ScheduledTrainLoop(
-            coordinator=self._coordinator, steps_per_function=self._steps_per_loop((self._options.checkpoint_every,)),
-            **arguments)
+        self._train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
       else:
-        auto = self._options.steps_per_loop == steps_per_loop_lib.AUTO
-        loop = loops.TrainLoop(steps_per_loop=steps_per_loop_lib.MOST if auto else self._options.steps_per_loop,
-                               multi_worker=not description.is_single_worker(self._strategy), **arguments)
-      self._train_loops[global_batch_size, label_range] = loop
-    return loop
+        self._train_loops[key] = loops.TrainLoop(
+            looping=steps_per_loop.looping, multi_worker=not description.is_single_worker(self._strategy), **arguments)
+    return self._train_loops[key]
 
   def _advance(self, step, train_results):
     self._global_step = step
