@@ -370,7 +370,8 @@ def test_two_workers_over_one_file_with_sharding_file_each_say_so_once_and_finis
 
 def test_the_trainers_input_runs_without_the_autotuning_model_whose_thread_stalls_iterator_deletion(cpu_devices):
   """The model thread of tf.data's autotuning (TensorFlow 2.21) made deleting a long-used iterator wait for its timer."""
-  examples = tf.data.Dataset.from_tensor_slices((np.zeros((16, 3), np.float32), np.zeros(16, np.int32)))
+  examples = runner.data.DatasetShards(
+      tf.data.Dataset.from_tensor_slices((np.zeros((16, 3), np.float32), np.zeros(16, np.int32))))
   mirrored = tf.distribute.MirroredStrategy(cpu_devices(2))
   training = input_pipeline.for_training(mirrored, examples, 4)
   evaluation, _ = input_pipeline.for_evaluation(mirrored, examples, 4, bounded=False)

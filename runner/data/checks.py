@@ -198,6 +198,39 @@ def label_range(element_spec, outputs_spec, task, *, purpose):
     raise DataError(f"The {purpose} data's {e}") from None
 
 
+def features_expected(model, features_spec):
+  """The per-example features `model` takes: declared (`declared_features_spec`), or those of `features_spec` (a
+  batch's) once it was built from them; None before it is built."""
+  declared = declared_features_spec(model)
+  if declared is None and features_spec is not None and model.built:
+    declared = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), features_spec)
+  return declared
+
+
+def step_error(error, data, valid_labels, *, step, purpose):
+  """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises another error.
+
+  Args:
+    error: a `tf.errors.DataLossError` (a file cannot be read), a
+      `tf.errors.InvalidArgumentError` (a record cannot be parsed, or an op
+      met a label outside the range), or a `LabelsOutOfRange`.
+    data: the `runner.data.DatasetProvider` that was read.
+    valid_labels: the `LabelRange` of the labels, or None.
+    step: the step that met it (for evaluation: None).
+    purpose: what the data is for, e.g. "training".
+  """
+  if isinstance(error, tf.errors.DataLossError):
+    return read_error(error, data, step=step, purpose=purpose)
+  if isinstance(error, tf.errors.InvalidArgumentError):
+    not_parsed = parse_error(error, data, step=step, purpose=purpose)
+    if not_parsed is not None:
+      return not_parsed
+  found = first_label_outside(data, valid_labels)
+  if found is None and not isinstance(error, LabelsOutOfRange):
+    raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
+  return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)
+
+
 def labels_out_of_range_error(found, valid_labels, *, step, purpose):
   """Returns the DataError for a step whose batch held a label outside `valid_labels`.
 
@@ -223,7 +256,7 @@ def first_label_outside(data, valid_labels):
   """
   if valid_labels is None:
     return None
-  dataset = data_lib.as_provider(data).get_dataset(tf.distribute.InputContext())
+  dataset = data.get_dataset(tf.distribute.InputContext())
   labels = dataset.map(lambda *element: element[1]).take(_LABELS_READ).batch(_LABELS_PER_READ)
   first = 0
   for batch in labels.as_numpy_iterator():
@@ -250,7 +283,7 @@ def read_error(error, data, *, step, purpose):
   if isinstance(data, data_lib.TFRecordFiles) and data.files:
     files, compression_type = data.files, data.compression_type
   else:
-    files, compression_type = _tfrecord_files(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()))
+    files, compression_type = _tfrecord_files(data.get_dataset(tf.distribute.InputContext()))
   found = _first_bad_record(files, compression_type) if files else None
   if found is not None:
     path, record, detail = found
@@ -292,7 +325,7 @@ def parse_error(error, data, *, step, purpose):
   if found is None:
     return None
   reason = " ".join(found.group().split()).rstrip(".")
-  files, _ = _tfrecord_files(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()))
+  files, _ = _tfrecord_files(data.get_dataset(tf.distribute.InputContext()))
   in_files = f" in a record of {', '.join(files)}" if files else ""
   return DataError(
       f"{where}: TensorFlow's Example parser says{in_files}: {reason}. Write the files with the features the "

@@ -4,7 +4,6 @@ import functools
 
 import tensorflow as tf
 
-from runner.data import providers as data_lib
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -45,8 +44,8 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
 
   Args:
     strategy: the `tf.distribute.Strategy`.
-    data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`,
-      of `(features, labels)` or `(features, labels, sample_weight)`.
+    data: a `runner.data.DatasetProvider` (`providers.as_provider` makes one
+      of a dataset) of `(features, labels)` or `(features, labels, sample_weight)`.
     global_batch_size: examples per step over all replicas.
     start_step: the global step the first batch is for.
 
@@ -56,12 +55,11 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  provider = data_lib.as_provider(data)
 
   def dataset_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-    batches = provider.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
+    batches = data.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
     return without_autotune_model(_checked_batches(batches, "training").prefetch(tf.data.AUTOTUNE))
 
   return strategy.distribute_datasets_from_function(dataset_fn)
@@ -95,12 +93,11 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
     ConfigError: the elements are not of the contract's form, or `data` is
       infinite and not `bounded`.
   """
-  provider = data_lib.as_provider(data)
   pipelines = []
 
   def dataset_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    batches = _checked_batches(provider.get_batches(input_context, batch_size), "evaluation")
+    batches = _checked_batches(data.get_batches(input_context, batch_size), "evaluation")
     if not bounded and batches.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
           "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
@@ -184,14 +181,14 @@ def element_spec(data, purpose):
   """Returns the element spec of `data` (one example), checked against the contract.
 
   Args:
-    data: an unbatched `tf.data.Dataset` or a `runner.data.DatasetProvider`
-      (asked for the dataset of a single input pipeline).
+    data: a `runner.data.DatasetProvider` (asked for the dataset of a single
+      input pipeline).
     purpose: what the data is for, named in messages (e.g. "training").
 
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  return _checked(data_lib.as_provider(data).get_dataset(tf.distribute.InputContext()), purpose).element_spec
+  return _checked(data.get_dataset(tf.distribute.InputContext()), purpose).element_spec
 
 
 def batch_spec(spec):

@@ -12,7 +12,6 @@ import re
 from absl import logging
 import tensorflow as tf
 
-from strategies import checks
 from strategies.errors import ConfigError
 
 from runner.interfaces import DatasetProvider

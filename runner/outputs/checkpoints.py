@@ -69,6 +69,9 @@ class Checkpoints:
     naming the previous checkpoint, which stays (rotation by `max_to_keep`
     only happens after a new checkpoint is complete);
   - no checkpoint is written with non-finite weights.
+
+  Attributes:
+    saved_step: the step of the checkpoint restored or last saved, or None.
   """
 
   def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep):
@@ -88,6 +91,7 @@ class Checkpoints:
     self._max_to_keep = max_to_keep
     self._manager = None  # The chief's, made at its first save (after any restore).
     self._weights_finite = None
+    self.saved_step = None  # The step of the checkpoint restored or last saved by this object.
 
   def restore_latest(self):
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
@@ -121,6 +125,7 @@ class Checkpoints:
             "Skipped the newest checkpoint(s) of %s, which cannot be read: %s. Resumed from %s instead; the next "
             "save replaces them.", self.directory, "; ".join(unreadable), os.path.basename(path))
       logging.info("Restored %s.", path)
+      self.saved_step = int(self._step.numpy())
       return path
     if unreadable:
       raise ConfigError(
@@ -157,7 +162,13 @@ class Checkpoints:
                f"again to resume from it." if previous else "There is no earlier checkpoint.")) from None
     if directory == self.directory:
       logging.info("Saved checkpoint %s.", path)
+    self.saved_step = step
     return path
+
+  def save_unless_saved(self, step):
+    """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise."""
+    if self.saved_step != step:
+      self.save(step)
 
   def remove_interrupted_saves(self):
     """On the chief, deletes the `ckpt-N_temp/` directories that saves killed part-way left.

@@ -28,11 +28,11 @@ import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-direct-tensorflow-import
 
 from runner import interfaces
-from runner.data import providers as data_lib
 from runner.data import pipeline as input_pipeline
 from runner.training import loops
 from strategies import peers
-from strategies.errors import ClusterError
+from strategies import sharded_variables
+from strategies.errors import ClusterError, ConfigError
 
 SUM = tf.distribute.ReduceOp.SUM
 # What a scheduled function returns, besides the metric states: its steps and loss sum, then its last step's loss
@@ -44,6 +44,25 @@ _PS_TASK = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)")
 def is_parameter_server(strategy):
   """Whether `strategy` is a ParameterServerStrategy (its steps are scheduled by a ClusterCoordinator)."""
   return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+def coordinator_for(strategy, *, jit_compile):
+  """Returns the `ClusterCoordinator` that schedules a Trainer's steps under `strategy`, or None for other strategies.
+
+  It enables sharded Keras variables on `strategy` first.
+
+  Raises:
+    ConfigError: `jit_compile` under parameter servers.
+  """
+  if not is_parameter_server(strategy):
+    return None
+  if jit_compile:
+    raise ConfigError(
+        "jit_compile=True does not work under parameter_server: a step compiled with XLA on a worker cannot "
+        "read the variables, which live on the ps tasks (TensorFlow's XLA known issue "
+        "'tf.Variable on a different device'). Set jit_compile=False.")
+  sharded_variables.enable(strategy)
+  return tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
 def num_workers(strategy):
@@ -94,7 +113,7 @@ def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
     ConfigError: the elements are not of the contract's form.
   """
   input_pipeline.element_spec(data, "training")  # Checked here: errors inside the traced dataset_fn are garbled.
-  numbered = _StepNumbered(data_lib.as_provider(data))
+  numbered = _StepNumbered(data)
   strategy = coordinator.strategy
 
   def dataset_fn():

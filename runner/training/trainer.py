@@ -1,8 +1,8 @@
 """The Trainer: a generic custom training loop for any `tf.distribute.Strategy` and any Keras model.
 
-It is assembled from small parts: `trainer_options` (the options and their
-checks), `loops` (the inner loops, in `tf.function`), `controller` (the outer
-loop) and `actions` (the periodic work after each loop: reports, the stop
+It is assembled from small parts: `options` (the options and their checks), `model_parts` (the model, optimizer,
+metrics and step made in scope), `train_input` (the distributed training input), `loops` (the inner loops, in
+`tf.function`), `controller` (the outer loop) and `actions` (the periodic work after each loop: reports, the stop
 request, evaluation, the user's actions, checkpoints).
 """
 
@@ -10,25 +10,25 @@ import functools
 import time
 
 from absl import logging
-import keras
 import tensorflow as tf
 
 from runner import actions as actions_lib
-from runner.outputs import checkpoints
-from runner.training import controller as controller_lib
-from runner.data import providers as data_lib
-from runner.data import checks as data_checks
-from runner.training import export
-from runner.training import scoped_settings
-from runner.data import pipeline as input_pipeline
-from runner.training import loops
-from runner.training import parameter_server_loops
 from runner.cluster import stop_signals
+from runner.data import checks as data_checks
+from runner.data import pipeline as input_pipeline
+from runner.data import providers as data_lib
+from runner.outputs import checkpoints
 from runner.outputs import profiling
 from runner.outputs import progress_output
 from runner.outputs import reports
-from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training import controller as controller_lib
+from runner.training import export
+from runner.training import loops
+from runner.training import model_parts
 from runner.training import options as trainer_options
+from runner.training import parameter_server_loops
+from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training import train_input
 from strategies import checks
 from strategies import description
 from strategies import peers
@@ -99,37 +99,17 @@ class Trainer:
         max_to_keep=max_to_keep, jit_compile=jit_compile, precision=precision, clipnorm=clipnorm, seed=seed,
         actions=actions, profile_steps=profile_steps)
     self._strategy = strategy
-    self._coordinator = None
-    if parameter_server_loops.is_parameter_server(strategy):
-      if jit_compile:
-        raise ConfigError(
-            "jit_compile=True does not work under parameter_server: a step compiled with XLA on a worker cannot "
-            "read the variables, which live on the ps tasks (TensorFlow's XLA known issue "
-            "'tf.Variable on a different device'). Set jit_compile=False.")
-      sharded_variables.enable(strategy)
-      self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    self._coordinator = parameter_server_loops.coordinator_for(strategy, jit_compile=jit_compile)
     self._task = task
-    self._xla = jit_compile and not _is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
-    if precision == "mixed_float16":
-      _warn_if_float16_on_cpu(strategy)
-    with strategy.scope(), scoped_settings.random_seed(seed):
-      with scoped_settings.dtype_policy(precision):
-        self._model = trainer_options.made(
-            model_fn(), keras.Model, role="model_fn", fn=model_fn, expected="a keras.Model")
-      optimizer = trainer_options.made(
-          optimizer_fn(), keras.optimizers.Optimizer, role="optimizer_fn", fn=optimizer_fn,
-          expected="a keras.optimizers.Optimizer")
-      if precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-      self._optimizer = optimizer
-      self._metrics = list(task.metrics())
-      self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    trainer_options.metric_names(self._metrics)
+    self._xla = jit_compile and not model_parts.is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
+    self._parts = model_parts.make(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task,
+                                   precision=precision, seed=seed)
+    self._model = self._parts.model
+    self._step = self._parts.step
     self._checkpoints = None
     if model_dir is not None:
       self._checkpoints = checkpoints.Checkpoints(
-          strategy, model_dir, model=self._model, optimizer=self._optimizer, step=self._step,
+          strategy, model_dir, model=self._model, optimizer=self._parts.optimizer, step=self._step,
           max_to_keep=max_to_keep)
     self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
@@ -142,7 +122,6 @@ class Trainer:
     self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
     self._ready = False
     self._global_step = 0
-    self._saved_step = None
     self._evaluated_step = None
     self._train_loops = {}
     self._measured_steps_per_loop = {}  # cadences -> the MeasuredStepsPerLoop that "auto" keeps across train calls
@@ -236,36 +215,21 @@ class Trainer:
     checks.positive_int(eval_every, "eval_every", optional=True)
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
-    label_range = self._prepare_for(data, "training")
+    provider = data_lib.as_provider(data)
+    label_range = self._prepare_for(data, provider, "training")
     if self._global_step >= steps:
       return self._nothing_to_train(steps)
-    iterator = self._train_iterator(data, global_batch_size)
+    iterator = self._train_iterator(data, provider, global_batch_size)
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
-    first_step = self._global_step
+    controller = self._controller(global_batch_size, evaluate, eval_every, label_range)
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
     self._reporter.resume_at(self._global_step)
     with stop_signals.StopSignals() as signals:
       try:
-        try:
-          self._controller(global_batch_size, evaluate, eval_every, label_range).run(
-              iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
-              advance=self._advance)
-        except tf.errors.OutOfRangeError:
-          raise self._data_ran_out(global_batch_size, steps, first_step) from None
-        except data_checks.LabelsOutOfRange as e:
-          raise self._data_error(e, data, label_range, step=e.step, purpose="training") from None
-        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-          raise self._data_error(e, data, label_range, step=int(self._step.numpy()) + 1, purpose="training") from None
-        except peers.PEER_ERRORS as e:
-          if self._coordinator is not None:
-            raise parameter_server_loops.lost_ps(
-                e, self._strategy, step=self._global_step, saved_step=self._saved_step) from None
-          if description.is_single_worker(self._strategy):
-            raise
-          raise peers.lost(e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step,
-                           saved_step=self._saved_step) from None
+        self._run(controller, iterator, provider, label_range, steps=steps, global_batch_size=global_batch_size,
+                  stop_signal=lambda: signals.received)
         self._save_unless_saved()  # Before the final evaluation: one that fails or is stopped loses no step.
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
@@ -304,19 +268,20 @@ class Trainer:
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)
     strategy = parameter_server_loops.evaluation_strategy(self._strategy)
-    label_range = self._prepare_for(data, "evaluation")
+    provider = data_lib.as_provider(data)
+    label_range = self._prepare_for(data, provider, "evaluation")
     dataset, num_pipelines = input_pipeline.for_evaluation(
-        strategy, data, global_batch_size, bounded=steps is not None)
+        strategy, provider, global_batch_size, bounded=steps is not None)
     if self._eval_loop is None or self._eval_loop[0] != label_range:
       self._eval_loop = (label_range, loops.EvalLoop(
-          strategy=strategy, model=self._model, task_loss=self._task.loss, metrics=self._metrics,
+          strategy=strategy, model=self._model, task_loss=self._task.loss, metrics=self._parts.metrics,
           num_input_pipelines=num_pipelines, xla=self._xla, valid_labels=label_range))
     start = time.perf_counter()
     try:
       evaluated = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
       evaluated.raise_problems()
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRange) as e:
-      raise self._data_error(e, data, label_range, step=None, purpose="evaluation") from None
+      raise data_checks.step_error(e, provider, label_range, step=None, purpose="evaluation") from None
     results = evaluated.results
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
@@ -343,7 +308,7 @@ class Trainer:
         checkpoint does not match the model and optimizer.
     """
     if data is not None:
-      self._prepare_for(data, "training")
+      self._prepare_for(data, data_lib.as_provider(data), "training")
     if not self._ready:
       raise ConfigError(
           "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
@@ -367,7 +332,7 @@ class Trainer:
         lazily, before any train or evaluate, and no `data`).
     """
     if data is not None:
-      self._prepare_for(data, "export")
+      self._prepare_for(data, data_lib.as_provider(data), "export")
     declared = data_checks.declared_features_spec(self._model)
     features_spec = self._features_spec or (None if declared is None else input_pipeline.batch_spec(declared))
     if not self._ready or features_spec is None:
@@ -378,10 +343,11 @@ class Trainer:
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
-  def _prepare_for(self, data, purpose):
-    """Checks `data`'s elements against the model and task, and builds the variables from them (once).
+  def _prepare_for(self, data, provider, purpose):
+    """Checks `provider`'s elements against the model and task, and builds the variables from them (once).
 
-    The data last checked for a purpose is not checked again.
+    The data last checked for a purpose (`data`, as the user gave it) is not
+    checked again.
 
     Returns:
       The `LabelRange` the labels of `data`'s batches are checked against
@@ -393,8 +359,9 @@ class Trainer:
     checked = self._checked_data.get(purpose)
     if checked is not None and checked[0] is data:
       return checked[1]
-    element_spec = input_pipeline.element_spec(data, purpose)
-    data_checks.check_features(element_spec, self._features_expected(), purpose=purpose)
+    element_spec = input_pipeline.element_spec(provider, purpose)
+    data_checks.check_features(
+        element_spec, data_checks.features_expected(self._model, self._features_spec), purpose=purpose)
     data_checks.check_one_tensor_for_sequential(element_spec, self._model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
@@ -404,78 +371,63 @@ class Trainer:
     self._checked_data[purpose] = (data, label_range)
     return label_range
 
-  def _features_expected(self):
-    """The per-example features the model takes: declared, or those it was built from; None before it is built."""
-    declared = data_checks.declared_features_spec(self._model)
-    if declared is None and self._features_spec is not None and self._model.built:
-      declared = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), self._features_spec)
-    return declared
-
-  def _data_error(self, error, data, label_range, *, step, purpose):
-    """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises others."""
-    if isinstance(error, tf.errors.DataLossError):
-      return data_checks.read_error(error, data, step=step, purpose=purpose)
-    if isinstance(error, tf.errors.InvalidArgumentError):
-      not_parsed = data_checks.parse_error(error, data, step=step, purpose=purpose)
-      if not_parsed is not None:
-        return not_parsed
-    found = data_checks.first_label_outside(data, label_range)
-    if found is None and not isinstance(error, data_checks.LabelsOutOfRange):
-      raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
-    return data_checks.labels_out_of_range_error(found, label_range, step=step, purpose=purpose)
-
   def _prepare(self, features_spec):
-    """Builds model and optimizer variables in scope (once), then restores the latest checkpoint.
-
-    A model that builds lazily is called once on zeros shaped like one
-    per-replica batch of `features_spec`, so that no variable is created
-    while a step is traced.
-    """
+    """Builds the model and optimizer variables (once, see `ModelParts.build`), then restores the latest checkpoint."""
     if features_spec is not None and self._features_spec is None:
       self._features_spec = features_spec
-    if self._ready:
+    if self._ready or not self._parts.build(self._strategy, features_spec):
       return
-    with self._strategy.scope():
-      if not self._model.built:
-        if features_spec is None:
-          return
-        self._model(tf.nest.map_structure(_zeros, features_spec), training=False)
-      if not self._optimizer.built:
-        self._optimizer.build(self._model.trainable_variables)
     self._ready = True
     if self._coordinator is not None:
       logging.info("parameter_server: %s.", sharded_variables.describe(self._model.weights))
     if self._checkpoints is not None and self._checkpoints.restore_latest():
       self._global_step = int(self._step.numpy())
-      self._saved_step = self._global_step
 
-  def _train_iterator(self, data, global_batch_size):
-    """Returns the distributed iterator over `data`; the same one again when `train` gets the same data.
+  def _train_iterator(self, data, provider, global_batch_size):
+    """Returns the distributed iterator over `provider`; the same one again when `train` gets the same `data`.
 
     So consecutive `train` calls in one process continue the data stream
     where the last one stopped (and skip rebuilding the input pipeline). A
     new iterator starts where an uninterrupted run would be at the current
-    global step (see `input_pipeline.for_training`), so a resumed run trains
-    on the same batches.
+    global step (see `train_input.training_iterator`).
     """
     key = (id(data), global_batch_size)
     if self._train_input is None or self._train_input[0] != key:
-      _warn_if_batch_exceeds_data(data, global_batch_size)
-      if self._global_step and self._coordinator is not None:
-        logging.info("Resuming at step %d: every worker's stream starts at the batch of step %d, as an "
-                     "uninterrupted run's steps would.", self._global_step, self._global_step)
-      elif self._global_step:
-        logging.info("Resuming at step %d: each input pipeline first skips the examples it gave to the first %d "
-                     "steps, so this run sees the batches of an uninterrupted one.",
-                     self._global_step, self._global_step)
-      if self._coordinator is not None:
-        iterator = parameter_server_loops.per_worker_iterator(
-            self._coordinator, data, global_batch_size, start_step=self._global_step)
-      else:
-        iterator = iter(input_pipeline.for_training(
-            self._strategy, data, global_batch_size, start_step=self._global_step))
+      iterator = train_input.training_iterator(self._strategy, provider, global_batch_size,
+                                               start_step=self._global_step, coordinator=self._coordinator)
       self._train_input = (key, data, iterator)
     return self._train_input[2]
+
+  def _run(self, controller, iterator, provider, label_range, *, steps, global_batch_size, stop_signal):
+    """Runs `controller` to step `steps`; turns what stops it early into the error a user reads.
+
+    Raises:
+      ConfigError: the data ran out (the steps taken are saved first).
+      DataError: a batch could not be read or parsed, or held a label
+        outside `label_range`, NaN or inf (see `data_checks.step_error`).
+      FloatingPointError: the training diverged.
+      ClusterError: a peer (or under parameter servers a ps task) is gone.
+    """
+    first_step = self._global_step
+    try:
+      controller.run(iterator, step=self._global_step, total_steps=steps, stop_signal=stop_signal,
+                     advance=self._advance)
+    except tf.errors.OutOfRangeError:
+      raise self._data_ran_out(global_batch_size, steps, first_step) from None
+    except data_checks.LabelsOutOfRange as e:
+      raise data_checks.step_error(e, provider, label_range, step=e.step, purpose="training") from None
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+      step = int(self._step.numpy()) + 1
+      raise data_checks.step_error(e, provider, label_range, step=step, purpose="training") from None
+    except peers.PEER_ERRORS as e:
+      saved_step = self._checkpoints and self._checkpoints.saved_step
+      if self._coordinator is not None:
+        raise parameter_server_loops.lost_ps(
+            e, self._strategy, step=self._global_step, saved_step=saved_step) from None
+      if description.is_single_worker(self._strategy):
+        raise
+      raise peers.lost(e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step,
+                       saved_step=saved_step) from None
 
   def _controller(self, global_batch_size, evaluate, eval_every, label_range):
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
@@ -506,9 +458,9 @@ class Trainer:
     key = (global_batch_size, label_range, steps_per_loop.looping)
     if key not in self._train_loops:
       arguments = dict(
-          strategy=self._strategy, model=self._model, optimizer=self._optimizer, task_loss=self._task.loss,
-          metrics=self._metrics, step=self._step, global_batch_size=global_batch_size, xla=self._xla,
-          clipnorm=self._options.clipnorm, loss_scale=isinstance(self._optimizer, keras.optimizers.LossScaleOptimizer),
+          strategy=self._strategy, model=self._model, optimizer=self._parts.optimizer, task_loss=self._task.loss,
+          metrics=self._parts.metrics, step=self._step, global_batch_size=global_batch_size, xla=self._xla,
+          clipnorm=self._options.clipnorm, loss_scale=self._parts.loss_scaled,
           valid_labels=label_range)
       if self._coordinator is not None:
         self._train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
@@ -523,7 +475,7 @@ class Trainer:
 
   def _nothing_to_train(self, steps):
     """Says that the global step is at `steps` already; returns the results of the loop that reached it."""
-    if self._checkpoints is not None and self._saved_step == self._global_step:
+    if self._checkpoints is not None and self._checkpoints.saved_step == self._global_step:
       where = f"the checkpoint in {self._checkpoints.model_dir} is at step {self._global_step}"
     else:
       where = f"the global step is {self._global_step}"
@@ -536,8 +488,8 @@ class Trainer:
     """Saves the steps taken before the training data ran out; returns the error that says so."""
     self._global_step = int(self._step.numpy())
     saved = ""
-    if self._checkpoints is not None and self._global_step > (self._saved_step or 0):
-      self._save()
+    if self._checkpoints is not None and self._global_step > (self._checkpoints.saved_step or 0):
+      self._checkpoints.save(self._global_step)
       saved = f" Those steps are saved in a checkpoint at step {self._global_step}."
     return ConfigError(
         f"The training data ran out at step {self._global_step} of {steps} "
@@ -545,15 +497,10 @@ class Trainer:
         f"{global_batch_size} examples although the Trainer repeats it. It is empty, or it cannot be iterated "
         f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}")
 
-  def _save(self):
-    """Writes a checkpoint at the current step (see `checkpoints.Checkpoints.save`)."""
-    self._checkpoints.save(self._global_step)
-    self._saved_step = self._global_step
-
   def _save_unless_saved(self):
     """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet."""
-    if self._checkpoints is not None and self._saved_step != self._global_step:
-      self._save()
+    if self._checkpoints is not None:
+      self._checkpoints.save_unless_saved(self._global_step)
 
   def _save_for_exit(self):
     """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
@@ -561,43 +508,4 @@ class Trainer:
     self._reporter.flush()
     return None if self._checkpoints is None else checkpoints.latest(self._checkpoints.model_dir)
 
-
-def _warn_if_batch_exceeds_data(data, global_batch_size):
-  """Logs a warning when the training data is known to hold fewer examples than one global batch.
-
-  Known only where it is cheap (`runner.data.known_num_examples`): in-memory
-  arrays, the built-in datasets, a dataset of known cardinality.
-  """
-  num_examples = data_lib.known_num_examples(data)
-  if num_examples is not None and num_examples < global_batch_size:
-    logging.warning(
-        "The global batch of %d examples is larger than the whole training data (%d examples): every step "
-        "repeats examples within its batch. Use a global batch of at most %d (config.data.global_batch_size), "
-        "or more data.", global_batch_size, num_examples, num_examples)
-
-
-def _warn_if_float16_on_cpu(strategy):
-  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
-
-  Not under parameter servers: the chief does not see the workers' devices.
-  """
-  if _is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
-    return
-  try:
-    device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}
-  except (AttributeError, ValueError):  # A strategy that does not list its devices here: nothing to tell.
-    return
-  if device_types and "GPU" not in device_types:
-    logging.warning(
-        "precision='mixed_float16' without a GPU: the replicas train on %s, where float16 math is emulated on most "
-        "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on "
-        "a TPU or a CPU with AVX512_BF16 or AMX.", ", ".join(sorted(device_types)))
-
-
-def _is_tpu(strategy):
-  return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
-
-
-def _zeros(spec):
-  return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
 

@@ -1,0 +1,101 @@
+"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy's scope."""
+
+import dataclasses
+from typing import List
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from runner.training import options as trainer_options
+from runner.training import scoped_settings
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelParts:
+  """The Keras objects and the step variable of one Trainer, all made in its strategy's scope.
+
+  Attributes:
+    model: the Keras model `model_fn` returned (its variables built by `build`).
+    optimizer: the optimizer `optimizer_fn` returned; under 'mixed_float16'
+      wrapped in a `keras.optimizers.LossScaleOptimizer` unless it is one.
+    metrics: the task's metrics.
+    step: the global step, an int64 variable read from the first replica.
+  """
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  metrics: List[keras.metrics.Metric]
+  step: tf.Variable
+
+  @property
+  def loss_scaled(self) -> bool:
+    """The optimizer scales the loss (mixed precision): it skips steps with non-finite gradients itself."""
+    return isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+
+  def build(self, strategy: tf.distribute.Strategy, features_spec) -> bool:
+    """Builds the model's and optimizer's variables in `strategy.scope()`; returns whether they are built.
+
+    A model that builds lazily is called once on zeros shaped like one batch
+    of `features_spec` (a nest of `tf.TensorSpec`, batch dimension first),
+    so that no variable is made while a step is traced; without a spec such
+    a model stays unbuilt (False).
+    """
+    with strategy.scope():
+      if not self.model.built:
+        if features_spec is None:
+          return False
+        self.model(tf.nest.map_structure(_zeros, features_spec), training=False)
+      if not self.optimizer.built:
+        self.optimizer.build(self.model.trainable_variables)
+    return True
+
+
+def make(strategy, *, model_fn, optimizer_fn, task, precision, seed) -> ModelParts:
+  """Calls `model_fn`, `optimizer_fn` and `task.metrics` in `strategy.scope()`, under `precision` and `seed`.
+
+  Raises:
+    ConfigError: `model_fn` or `optimizer_fn` returned something else than
+      a Keras model or optimizer, or the metrics' names are unusable.
+  """
+  if precision == "mixed_float16":
+    _warn_if_float16_on_cpu(strategy)
+  with strategy.scope(), scoped_settings.random_seed(seed):
+    with scoped_settings.dtype_policy(precision):
+      model = trainer_options.made(model_fn(), keras.Model, role="model_fn", fn=model_fn, expected="a keras.Model")
+    optimizer = trainer_options.made(
+        optimizer_fn(), keras.optimizers.Optimizer, role="optimizer_fn", fn=optimizer_fn,
+        expected="a keras.optimizers.Optimizer")
+    if precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+      optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    metrics = list(task.metrics())
+    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  trainer_options.metric_names(metrics)
+  return ModelParts(model=model, optimizer=optimizer, metrics=metrics, step=step)
+
+
+def is_tpu(strategy) -> bool:
+  """Whether `strategy` runs its steps on TPUs (compiled with XLA whatever `jit_compile` says)."""
+  return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
+
+
+def _warn_if_float16_on_cpu(strategy):
+  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
+
+  Not under parameter servers: the chief does not see the workers' devices.
+  """
+  if is_tpu(strategy) or isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return
+  try:
+    device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}
+  except (AttributeError, ValueError):  # A strategy that does not list its devices here: nothing to tell.
+    return
+  if device_types and "GPU" not in device_types:
+    logging.warning(
+        "precision='mixed_float16' without a GPU: the replicas train on %s, where float16 math is emulated on most "
+        "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on "
+        "a TPU or a CPU with AVX512_BF16 or AMX.", ", ".join(sorted(device_types)))
+
+
+def _zeros(spec):
+  return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)

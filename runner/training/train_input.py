@@ -1,0 +1,52 @@
+"""The Trainer's training input: the distributed iterator of a provider's batches, from the step a run is at."""
+
+from absl import logging
+
+from runner.data import pipeline as input_pipeline
+from runner.data import providers as data_lib
+from runner.training import parameter_server_loops
+
+
+def training_iterator(strategy, provider, global_batch_size, *, start_step, coordinator=None):
+  """Returns the distributed iterator of `provider`'s batches from the batch of global step `start_step` on.
+
+  A run that resumes at step S sees the batches an uninterrupted run sees
+  from S (for data whose order is deterministic); it says so in one line.
+  A global batch larger than the whole data (where that is known cheaply)
+  gets a warning.
+
+  Args:
+    strategy: the `tf.distribute.Strategy` the steps run under.
+    provider: a `runner.data.DatasetProvider`.
+    global_batch_size: examples per step over all replicas.
+    start_step: the global step the first batch is for.
+    coordinator: under parameter servers, the `ClusterCoordinator`: the
+      iterator is then per worker (`parameter_server_loops.per_worker_iterator`).
+
+  Raises:
+    ConfigError: the elements are not of the contract's form.
+  """
+  _warn_if_batch_exceeds_data(provider, global_batch_size)
+  if start_step and coordinator is not None:
+    logging.info("Resuming at step %d: every worker's stream starts at the batch of step %d, as an uninterrupted "
+                 "run's steps would.", start_step, start_step)
+  elif start_step:
+    logging.info("Resuming at step %d: each input pipeline first skips the examples it gave to the first %d steps, "
+                 "so this run sees the batches of an uninterrupted one.", start_step, start_step)
+  if coordinator is not None:
+    return parameter_server_loops.per_worker_iterator(coordinator, provider, global_batch_size, start_step=start_step)
+  return iter(input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step))
+
+
+def _warn_if_batch_exceeds_data(provider, global_batch_size):
+  """Logs a warning when the training data is known to hold fewer examples than one global batch.
+
+  Known only where it is cheap (`providers.known_num_examples`): in-memory
+  arrays, the built-in datasets, a dataset of known cardinality.
+  """
+  num_examples = data_lib.known_num_examples(provider)
+  if num_examples is not None and num_examples < global_batch_size:
+    logging.warning(
+        "The global batch of %d examples is larger than the whole training data (%d examples): every step "
+        "repeats examples within its batch. Use a global batch of at most %d (config.data.global_batch_size), "
+        "or more data.", global_batch_size, num_examples, num_examples)
