@@ -47,11 +47,10 @@ from runner import preemption
 
 preemption.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
 
-from runner import tensorflow_logs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runner import tensorflow_logs
 
 tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
 import re
 import sys
@@ -148,7 +147,7 @@ def main(command_line):
   """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes one `error:` line and its status."""
   try:
     _run(command_line)
-  except BaseException as e:  # pylint: disable=broad-except
+  except BaseException as e:
     stopped = preemption.raised_stop()
     if stopped is not None and e is not stopped:  # What a library made of a stop signal (see `raised_stop`).
       raise stopped from None
@@ -234,7 +233,7 @@ def run_main():
   except preemption.Stopped as e:  # SIGTERM or Ctrl-C outside a training loop.
     print(e.line, file=sys.stderr)
     status = e.exit_code
-  except BaseException:  # pylint: disable=broad-except
+  except BaseException:  # noqa: BLE001
     traceback.print_exc()  # A bug: keep its traceback.
   finally:
     absl_logging.flush()
