@@ -14,11 +14,14 @@ import setuptools
 TENSORFLOW = os.environ.get("TF_RUNNER_TENSORFLOW", "").strip() or "tensorflow"
 TENSORFLOW_VERSION = ">=2.16"  # Keras 3 is the default from 2.16 on.
 
+with open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8") as readme:
+  LONG_DESCRIPTION = readme.read()
+
 setuptools.setup(
     name="tf-runner",
     version="0.1.0",
     description="One ml-collections config to a distributed TensorFlow training run.",
-    long_description=open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8").read(),
+    long_description=LONG_DESCRIPTION,
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=setuptools.find_packages(include=["runner", "runner.*", "strategies", "configs"]),
@@ -31,13 +34,21 @@ setuptools.setup(
         "protobuf",  # Its text format, for the checkpoint list; TensorFlow depends on it anyway.
     ],
     extras_require={
-        "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0", "tensorboard>=2.16",
-                 "tensorboard-plugin-profile>=2.16"],
+        "test": [
+            "pytest>=7",
+            "portpicker>=1.5",
+            "scikit-learn>=1.0",
+            "tensorboard>=2.16",
+            "tensorboard-plugin-profile>=2.16",
+            # The code checks (pyproject.toml), pinned: a newer release may lint or format differently.
+            "ruff==0.17.5",
+            "pyink==26.5.1",
+            "mypy==2.4.1",
+        ],
         "examples": ["scikit-learn>=1.0"],
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
         # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
     },
-    entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main",
-                                      "tf-runner-launch=runner.cluster.launcher:run_main"]},
+    entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main", "tf-runner-launch=runner.launch:run_main"]},
 )

@@ -26,10 +26,15 @@ PAIRS = (("trainer_100", "loop_100"), ("trainer_1", "loop_1"))
 
 def worktree(revision, directory):
   """Checks `revision` out into `directory` (a detached git worktree of this repository); returns its hash."""
-  subprocess.run(["git", "-C", throughput.REPO_ROOT, "worktree", "add", "--detach", "--force", directory, revision],
-                 check=True, capture_output=True, text=True)
-  return subprocess.run(["git", "-C", directory, "rev-parse", "--short", "HEAD"],
-                        check=True, capture_output=True, text=True).stdout.strip()
+  subprocess.run(
+      ["git", "-C", throughput.REPO_ROOT, "worktree", "add", "--detach", "--force", directory, revision],
+      check=True,
+      capture_output=True,
+      text=True,
+  )
+  return subprocess.run(
+      ["git", "-C", directory, "rev-parse", "--short", "HEAD"], check=True, capture_output=True, text=True
+  ).stdout.strip()
 
 
 def measure(trees, args):
@@ -45,24 +50,35 @@ def measure(trees, args):
             if "error" in row:
               raise RuntimeError(f"{contender} on {strategy} at {commit}: {row['error']}")
             rows.setdefault((commit, contender, strategy), []).append(row)
-            print(f"[round {round_index + 1}/{args.rounds}] {commit} {contender:>11} on {strategy:<10} "
-                  f"{row['steps_per_sec']:8.1f} steps/s", file=sys.stderr, flush=True)
+            print(
+                f"[round {round_index + 1}/{args.rounds}] {commit} {contender:>11} on {strategy:<10} "
+                f"{row['steps_per_sec']:8.1f} steps/s",
+                file=sys.stderr,
+                flush=True,
+            )
   return rows
 
 
 def table(rows, commits, strategies):
   """Returns the Markdown lines: per contender and strategy, each commit's ratio (CPU ms/step)."""
+
   def cpu_ms(runs):
     return statistics.median(1000 * run["cpu_seconds"] / run["steps"] for run in runs)
 
-  lines = ["| contender | strategy | " + " | ".join(f"{c}: ratio (CPU ms/step)" for c in commits)
-           + " | vs (CPU ms/step at each commit) |", "|---|---|" + "---:|" * len(commits) + "---|"]
+  lines = [
+      "| contender | strategy | "
+      + " | ".join(f"{c}: ratio (CPU ms/step)" for c in commits)
+      + " | vs (CPU ms/step at each commit) |",
+      "|---|---|" + "---:|" * len(commits) + "---|",
+  ]
   for strategy in strategies:
     for trainer, loop in PAIRS:
       cells = []
       for commit in commits:
-        ratios = [t["steps_per_sec"] / l["steps_per_sec"]
-                  for t, l in zip(rows[commit, trainer, strategy], rows[commit, loop, strategy])]
+        ratios = [
+            trainer_run["steps_per_sec"] / loop_run["steps_per_sec"]
+            for trainer_run, loop_run in zip(rows[commit, trainer, strategy], rows[commit, loop, strategy])
+        ]
         cells.append(f"{statistics.median(ratios):.2f}x ({cpu_ms(rows[commit, trainer, strategy]):.2f})")
       loops = ", ".join(f"{cpu_ms(rows[commit, loop, strategy]):.2f}" for commit in commits)
       lines.append(f"| {trainer} | {strategy} | {' | '.join(cells)} | {loop} ({loops}) |")
@@ -70,6 +86,7 @@ def table(rows, commits, strategies):
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.commits", description=__doc__.splitlines()[0])
   parser.add_argument("--before", required=True, help="the commit before the change (any git revision)")
   parser.add_argument("--after", default="HEAD", help="the commit after it (default: HEAD)")
@@ -98,12 +115,17 @@ def main(argv=None):
       rows = measure(trees, args)
     finally:
       for directory in (before_dir, after_dir):
-        subprocess.run(["git", "-C", throughput.REPO_ROOT, "worktree", "remove", "--force", directory],
-                       check=False, capture_output=True)
+        subprocess.run(
+            ["git", "-C", throughput.REPO_ROOT, "worktree", "remove", "--force", directory],
+            check=False,
+            capture_output=True,
+        )
   print("\n## Machine\n")
   print("\n".join(machine))
-  print(f"\n## Trainer vs hand-written loop at two commits ({args.rounds} rounds, medians; workload {args.workload}; "
-        f"{args.warmup_steps} warm-up steps, then {args.steps} timed)\n")
+  print(
+      f"\n## Trainer vs hand-written loop at two commits ({args.rounds} rounds, medians; workload {args.workload}; "
+      f"{args.warmup_steps} warm-up steps, then {args.steps} timed)\n"
+  )
   print("\n".join(table(rows, list(trees), args.strategies)))
 
 

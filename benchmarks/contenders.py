@@ -36,14 +36,14 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-import keras  # pylint: disable=g-import-not-at-top
-import numpy as np  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from absl import logging as absl_logging
+import keras
+import numpy as np
+import tensorflow as tf
 
-import runner  # pylint: disable=g-import-not-at-top
-from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
-import strategies  # pylint: disable=g-import-not-at-top
+import runner
+from runner.cluster import process_exit
+import strategies
 
 NUM_FEATURES = 64
 NUM_CLASSES = 10
@@ -54,12 +54,14 @@ SEED = 0
 @dataclasses.dataclass(frozen=True)
 class Workload:
   """What every contender trains: the MLP's hidden layers, the global batch, and whether accuracy is tracked."""
+
   hidden_units: tuple
   global_batch_size: int
   accuracy: bool
 
   @property
   def num_examples(self):
+    """The examples of one pass over the data: 64 global batches."""
     return 64 * self.global_batch_size
 
 
@@ -87,8 +89,10 @@ STRATEGIES = ("one_device", "mirrored2")
 # tf-models-official, whose requirements pin an older TensorFlow: hence --no-deps, and tf-keras (which
 # Orbit imports) at the installed TensorFlow's version. Neither changes what `import keras` gives (Keras 3).
 OPTIONAL_MODULES = {
-    "orbit": ("orbit", "pip install --no-deps tf-models-official tf-keras=={}.*".format(
-        ".".join(tf.__version__.split(".")[:2]))),
+    "orbit": (
+        "orbit",
+        "pip install --no-deps tf-models-official tf-keras=={}.*".format(".".join(tf.__version__.split(".")[:2])),
+    ),
 }
 
 
@@ -125,8 +129,7 @@ def make_distributed_dataset(strategy, workload):
 
   def dataset_fn(input_context):
     batch_size = input_context.get_per_replica_batch_size(workload.global_batch_size)
-    return make_examples(workload).repeat().batch(batch_size, drop_remainder=True).prefetch(
-        tf.data.AUTOTUNE)
+    return make_examples(workload).repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -164,11 +167,12 @@ class FitStopwatch(keras.callbacks.Callback):
   """
 
   def on_train_begin(self, logs=None):
+    """Starts the wall and CPU clocks."""
     self.start = time.perf_counter(), time.process_time()
 
   def on_train_end(self, logs=None):
-    self.timing = {"seconds": time.perf_counter() - self.start[0],
-                   "cpu_seconds": time.process_time() - self.start[1]}
+    """Stops the clocks into `self.timing`: `{"seconds", "cpu_seconds"}`."""
+    self.timing = {"seconds": time.perf_counter() - self.start[0], "cpu_seconds": time.process_time() - self.start[1]}
 
 
 def make_replica_step(strategy, workload):
@@ -187,8 +191,7 @@ def make_replica_step(strategy, workload):
     features, labels = inputs
     with tf.GradientTape() as tape:
       logits = model(features, training=True)
-      per_example_loss = keras.losses.sparse_categorical_crossentropy(
-          labels, logits, from_logits=True)
+      per_example_loss = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
       loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=workload.global_batch_size)
     gradients = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
@@ -220,7 +223,7 @@ def warm_loop(strategy, steps_per_call, warmup_steps, workload):
   def train(num_steps):
     for _ in range(num_steps // steps_per_call):
       loss = float(train_loop(iterator))
-      if loss != loss:  # pylint: disable=comparison-with-itself
+      if loss != loss:  # noqa: PLR0124
         raise FloatingPointError("the loss is NaN")
 
   train(warmup_steps)
@@ -240,7 +243,7 @@ def warm_orbit(strategy, steps_per_call, warmup_steps, workload):
   Model Garden's trainer does). Timed around `Controller.train`, up to
   `steps` more steps.
   """
-  import orbit  # pylint: disable=g-import-not-at-top  # Optional: see OPTIONAL_MODULES.
+  import orbit  # noqa: PLC0415  # Optional: see OPTIONAL_MODULES.
 
   step_fn = make_replica_step(strategy, workload)
   with strategy.scope():
@@ -264,10 +267,12 @@ def warm_orbit(strategy, steps_per_call, warmup_steps, workload):
     def train_loop_end(self):
       return {"loss": mean_loss.result()}
 
-  trainer = BenchmarkTrainer(make_distributed_dataset(strategy, workload),
-                             options=orbit.StandardTrainerOptions(use_tf_while_loop=True))
-  controller = orbit.Controller(strategy=strategy, trainer=trainer, global_step=global_step,
-                                steps_per_loop=steps_per_call)
+  trainer = BenchmarkTrainer(
+      make_distributed_dataset(strategy, workload), options=orbit.StandardTrainerOptions(use_tf_while_loop=True)
+  )
+  controller = orbit.Controller(
+      strategy=strategy, trainer=trainer, global_step=global_step, steps_per_loop=steps_per_call
+  )
 
   def train(num_steps):
     controller.train(steps=int(global_step.numpy()) + num_steps)
@@ -290,15 +295,20 @@ def warm_keras_fit(strategy, steps_per_call, warmup_steps, workload, jit_compile
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy()] if workload.accuracy else [],
         steps_per_execution=steps_per_call,
-        jit_compile=jit_compile)
+        jit_compile=jit_compile,
+    )
   dataset = make_distributed_dataset(strategy, workload)
 
   def timed_train(num_steps):
     stopwatch = FitStopwatch()
-    around_fit = timed(lambda steps: model.fit(
-        dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[stopwatch]))(num_steps)
-    return {**stopwatch.timing, "around_fit_seconds": around_fit["seconds"],
-            "around_fit_cpu_seconds": around_fit["cpu_seconds"]}
+    around_fit = timed(
+        lambda steps: model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[stopwatch])
+    )(num_steps)
+    return {
+        **stopwatch.timing,
+        "around_fit_seconds": around_fit["seconds"],
+        "around_fit_cpu_seconds": around_fit["cpu_seconds"],
+    }
 
   timed_train(warmup_steps)
   return timed_train
@@ -322,7 +332,8 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=F
       optimizer_fn=make_optimizer,
       task=runner.tasks.Classification(from_logits=True) if workload.accuracy else _LossOnly(from_logits=True),
       steps_per_loop=steps_per_call,
-      jit_compile=jit_compile)
+      jit_compile=jit_compile,
+  )
   examples = make_examples(workload).repeat()
 
   def train(num_steps):
@@ -350,8 +361,7 @@ def describe_error(error):
   return f"{type(error).__name__}: {(causes or lines or [''])[0]}"[:300]
 
 
-def measure(contender, strategy_name, warmup_steps, steps, workload="mlp", steps_per_call=None,
-            global_batch_size=None):
+def measure(contender, strategy_name, warmup_steps, steps, workload="mlp", steps_per_call=None, global_batch_size=None):
   """Runs one contender and returns its result row (a dict, see the module doc).
 
   `steps_per_call` and `global_batch_size`, where given, replace the
@@ -369,8 +379,8 @@ def measure(contender, strategy_name, warmup_steps, steps, workload="mlp", steps
   for flag, value in (("warmup_steps", warmup_steps), ("steps", steps)):
     if not kind.startswith("trainer") and (value < steps_per_call or value % steps_per_call):  # Any total.
       raise ValueError(
-          f"--{flag}={value} must be a positive multiple of {steps_per_call}, "
-          f"the steps per call of {contender}.")
+          f"--{flag}={value} must be a positive multiple of {steps_per_call}, the steps per call of {contender}."
+      )
   row = {"contender": contender, "strategy": strategy_name, "workload": workload}
   if steps_per_call != own_steps_per_call or sized != WORKLOADS[workload]:
     row.update(steps_per_call=steps_per_call, global_batch_size=sized.global_batch_size)
@@ -382,18 +392,18 @@ def measure(contender, strategy_name, warmup_steps, steps, workload="mlp", steps
     with contextlib.redirect_stdout(sys.stderr):
       timed_train = WARM_UPS[kind](strategy, steps_per_call, warmup_steps, sized)
       timing = timed_train(steps)
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:  # noqa: BLE001
     traceback.print_exc()
     return {**row, "error": describe_error(error)}
   return {**row, "steps": steps, **timing, "steps_per_sec": steps / timing["seconds"]}
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--contender", required=True, choices=sorted(CONTENDERS))
   parser.add_argument("--strategy", required=True, choices=STRATEGIES)
-  parser.add_argument("--warmup_steps", type=int, required=True,
-                      help="untimed steps first (tracing, first loops)")
+  parser.add_argument("--warmup_steps", type=int, required=True, help="untimed steps first (tracing, first loops)")
   parser.add_argument("--steps", type=int, required=True, help="timed steps after the warm-up")
   parser.add_argument("--workload", default="mlp", choices=sorted(WORKLOADS))
   parser.add_argument("--steps_per_call", type=int, help="run the contender's kind with this many steps per call")
@@ -404,8 +414,15 @@ def main(argv=None):
       parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
   absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
   try:
-    row = measure(args.contender, args.strategy, args.warmup_steps, args.steps, args.workload,
-                  args.steps_per_call, args.global_batch_size)
+    row = measure(
+        args.contender,
+        args.strategy,
+        args.warmup_steps,
+        args.steps,
+        args.workload,
+        args.steps_per_call,
+        args.global_batch_size,
+    )
   except ValueError as error:
     parser.error(str(error))
   print(json.dumps(row), flush=True)

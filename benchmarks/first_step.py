@@ -17,18 +17,17 @@ import time
 
 STARTED = time.time()
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import argparse
 import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # pylint: disable=unused-import
+import tensorflow as tf  # noqa: F401  # Timed: the import alone.
 
 TENSORFLOW_IMPORTED = time.time()
 
-from runner import Trainer  # pylint: disable=unused-import  (runner's names load on first use: this loads them)
+from runner import Trainer  # noqa: F401  # runner's names load on first use: this loads them
 from runner.cluster import process_exit
 
 RUNNER_IMPORTED = time.time()
@@ -39,6 +38,7 @@ from benchmarks import contenders
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.first_step", description=__doc__.splitlines()[0])
   parser.add_argument("--strategy", required=True, choices=contenders.STRATEGIES)
   args = parser.parse_args(argv)
@@ -47,8 +47,14 @@ def main(argv=None):
   strategy = contenders.make_strategy(args.strategy)
   strategy_created = time.time()
   contenders.warm_trainer(strategy, 100, 1, contenders.WORKLOADS["small"])
-  stamps = {"started": STARTED, "tensorflow_imported": TENSORFLOW_IMPORTED, "runner_imported": RUNNER_IMPORTED,
-            "strategy_start": strategy_start, "strategy_created": strategy_created, "trained": time.time()}
+  stamps = {
+      "started": STARTED,
+      "tensorflow_imported": TENSORFLOW_IMPORTED,
+      "runner_imported": RUNNER_IMPORTED,
+      "strategy_start": strategy_start,
+      "strategy_created": strategy_created,
+      "trained": time.time(),
+  }
   print(json.dumps(stamps), flush=True)
   # Skip the interpreter's tear-down: deleting a live dataset iterator can block for seconds.
   process_exit.exit_now(0)

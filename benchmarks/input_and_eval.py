@@ -45,16 +45,16 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
-import keras  # pylint: disable=g-import-not-at-top
-import numpy as np  # pylint: disable=g-import-not-at-top
-import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from absl import logging as absl_logging
+import keras
+import numpy as np
+import tensorflow as tf
 
-from benchmarks import contenders as contenders_lib  # pylint: disable=g-import-not-at-top
-from benchmarks import throughput  # pylint: disable=g-import-not-at-top
-import runner  # pylint: disable=g-import-not-at-top
-from runner.data import pipeline as input_pipeline  # pylint: disable=g-import-not-at-top
-from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
+from benchmarks import contenders as contenders_lib
+from benchmarks import throughput
+import runner
+from runner.cluster import process_exit
+from runner.data import pipeline as input_pipeline
 
 REPO_ROOT = throughput.REPO_ROOT
 GLOBAL_BATCH_SIZE = 256
@@ -65,15 +65,24 @@ TIMED_PASSES = 2
 TIMED_EVALUATIONS = 3
 INPUT = ("raw", "hand_map", "hand_vectorized", "provider", "provider_get_dataset")
 EVALUATION = ("keras_evaluate", "keras_evaluate_100", "trainer_evaluate")
-DEFAULT_CONTENDERS = ("raw", "hand_map", "hand_vectorized", "provider", "provider_get_dataset", "keras_evaluate",
-                      "trainer_evaluate")
+DEFAULT_CONTENDERS = (
+    "raw",
+    "hand_map",
+    "hand_vectorized",
+    "provider",
+    "provider_get_dataset",
+    "keras_evaluate",
+    "trainer_evaluate",
+)
 WORKLOADS = ("mlp", "small")
 HAND_TUNED = ("hand_map", "hand_vectorized")  # What the target compares with.
 # Target 5 (docs/benchmarks.md): the provider against the best hand-tuned pipeline, the Trainer against Keras.
 PROVIDER_VERSUS_HAND_TUNED = 0.95
 TRAINER_VERSUS_KERAS_EVALUATE = 1.0
-FEATURES = {"x": tf.io.FixedLenFeature([contenders_lib.NUM_FEATURES], tf.float32),
-            "y": tf.io.FixedLenFeature([], tf.int64)}
+FEATURES = {
+    "x": tf.io.FixedLenFeature([contenders_lib.NUM_FEATURES], tf.float32),
+    "y": tf.io.FixedLenFeature([], tf.int64),
+}
 
 
 def write_records(directory):
@@ -84,9 +93,16 @@ def write_records(directory):
     labels = rng.integers(0, contenders_lib.NUM_CLASSES, RECORDS_PER_FILE)
     with tf.io.TFRecordWriter(os.path.join(directory, f"part-{index:02d}.tfrecord")) as writer:
       for x, y in zip(features, labels):
-        writer.write(tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y]))})).SerializeToString())
+        writer.write(
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y])),
+                    }
+                )
+            ).SerializeToString()
+        )
   return os.path.join(directory, "part-*.tfrecord")
 
 
@@ -110,7 +126,8 @@ def input_dataset(contender, pattern):
     return tf.data.TFRecordDataset(files).batch(GLOBAL_BATCH_SIZE).prefetch(autotune)
   if contender in HAND_TUNED:  # Every file at once, not cycle_length=AUTOTUNE (as many files as cores).
     records = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=autotune, deterministic=False)
+        tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=autotune, deterministic=False
+    )
     if contender == "hand_map":
       parsed = records.map(parse_record, num_parallel_calls=autotune, deterministic=False)
       return parsed.batch(GLOBAL_BATCH_SIZE, drop_remainder=True).prefetch(autotune)
@@ -120,7 +137,8 @@ def input_dataset(contender, pattern):
   context = tf.distribute.InputContext()
   if contender == "provider":  # As the Trainer reads it (input_pipeline.for_training).
     return input_pipeline.without_autotune_model(
-        provider.get_repeated_batches(context, GLOBAL_BATCH_SIZE, 0).prefetch(autotune))
+        provider.get_repeated_batches(context, GLOBAL_BATCH_SIZE, 0).prefetch(autotune)
+    )
   return provider.get_dataset(context).batch(GLOBAL_BATCH_SIZE, drop_remainder=True).prefetch(autotune)
 
 
@@ -151,9 +169,15 @@ def evaluator(contender, strategy, workload):
   examples = tf.data.Dataset.from_tensor_slices(eval_arrays())
   if contender == "trainer_evaluate":
     trainer = runner.Trainer(
-        strategy, model_fn=lambda: contenders_lib.make_model(workload), optimizer_fn=contenders_lib.make_optimizer,
-        task=(runner.tasks.Classification(from_logits=True) if workload.accuracy
-              else contenders_lib._LossOnly(from_logits=True)))  # pylint: disable=protected-access
+        strategy,
+        model_fn=lambda: contenders_lib.make_model(workload),
+        optimizer_fn=contenders_lib.make_optimizer,
+        task=(
+            runner.tasks.Classification(from_logits=True)
+            if workload.accuracy
+            else contenders_lib._LossOnly(from_logits=True)  # noqa: SLF001
+        ),
+    )
 
     def evaluate():
       results = trainer.evaluate(examples, global_batch_size=GLOBAL_BATCH_SIZE)
@@ -163,9 +187,12 @@ def evaluator(contender, strategy, workload):
     return evaluate
   with strategy.scope():
     model = contenders_lib.make_model(workload)
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy()] if workload.accuracy else [],
-                  steps_per_execution=100 if contender == "keras_evaluate_100" else 1, jit_compile=False)
+    model.compile(
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()] if workload.accuracy else [],
+        steps_per_execution=100 if contender == "keras_evaluate_100" else 1,
+        jit_compile=False,
+    )
   batches = examples.batch(GLOBAL_BATCH_SIZE)
   return lambda: model.evaluate(batches, verbose=0)
 
@@ -196,13 +223,14 @@ def measure(contender, strategy_name, workload_name, data_dir):
       return {**row, "examples_per_sec": examples_per_sec, "seconds": seconds}
     first, steady, seconds = measure_evaluation(contender, strategy, contenders_lib.WORKLOADS[workload_name])
     return {**row, "first_examples_per_sec": first, "examples_per_sec": steady, "seconds": seconds}
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:  # noqa: BLE001
     return {**row, "error": contenders_lib.describe_error(error)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
   """The rounds of one contender on one strategy and workload."""
+
   contender: str
   strategy: str
   workload: str
@@ -212,14 +240,17 @@ class Result:
 
   @property
   def works(self):
+    """Whether some round measured a rate and none failed."""
     return bool(self.examples_per_sec) and not self.errors
 
   @property
   def median(self):
+    """The median examples/s of the rounds, or None when it did not work."""
     return statistics.median(self.examples_per_sec) if self.works else None
 
   @property
   def median_first(self):
+    """The median examples/s of the first evaluation call, or None (input contenders, or it did not work)."""
     return statistics.median(self.first_examples_per_sec) if self.works and self.first_examples_per_sec else None
 
 
@@ -237,10 +268,18 @@ def runs(args):
 def run_child(run, args):
   """Runs one contender in a child process; returns its JSON row, which has "error" if it did not work."""
   contender, strategy, workload = run
-  command = [sys.executable, "-m", "benchmarks.input_and_eval", f"--contender={contender}",
-             f"--strategy={strategy}", f"--workload={workload}", f"--data_dir={args.data_dir}"]
-  return throughput.child_row(command, root=REPO_ROOT, env=dict(os.environ), timeout=args.timeout,
-                              measured="examples_per_sec")
+  command = [
+      sys.executable,
+      "-m",
+      "benchmarks.input_and_eval",
+      f"--contender={contender}",
+      f"--strategy={strategy}",
+      f"--workload={workload}",
+      f"--data_dir={args.data_dir}",
+  ]
+  return throughput.child_row(
+      command, root=REPO_ROOT, env=dict(os.environ), timeout=args.timeout, measured="examples_per_sec"
+  )
 
 
 def run_all(args):
@@ -253,17 +292,27 @@ def run_all(args):
       start = time.perf_counter()
       row = run_child(run, args)
       rows[run].append(row)
-      outcome = (f"not working: {row['error']}" if "error" in row else
-                 f"{row['examples_per_sec']:10,.0f} examples/s" +
-                 (f" (first {row['first_examples_per_sec']:,.0f})" if "first_examples_per_sec" in row else ""))
-      print(f"[round {round_index + 1}/{args.rounds}] {run[0]:>20} {run[1]:<10} {run[2]:<5} {outcome} "
-            f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+      outcome = (
+          f"not working: {row['error']}"
+          if "error" in row
+          else f"{row['examples_per_sec']:10,.0f} examples/s"
+          + (f" (first {row['first_examples_per_sec']:,.0f})" if "first_examples_per_sec" in row else "")
+      )
+      print(
+          f"[round {round_index + 1}/{args.rounds}] {run[0]:>20} {run[1]:<10} {run[2]:<5} {outcome} "
+          f"({time.perf_counter() - start:.0f} s)",
+          file=sys.stderr,
+          flush=True,
+      )
   return {
-      run: Result(*run, examples_per_sec=tuple(r["examples_per_sec"] for r in found if "error" not in r),
-                  first_examples_per_sec=tuple(r["first_examples_per_sec"] for r in found
-                                               if "first_examples_per_sec" in r),
-                  errors=tuple(r["error"] for r in found if "error" in r))
-      for run, found in rows.items()}
+      run: Result(
+          *run,
+          examples_per_sec=tuple(r["examples_per_sec"] for r in found if "error" not in r),
+          first_examples_per_sec=tuple(r["first_examples_per_sec"] for r in found if "first_examples_per_sec" in r),
+          errors=tuple(r["error"] for r in found if "error" in r),
+      )
+      for run, found in rows.items()
+  }
 
 
 def _per_round(values):
@@ -271,9 +320,14 @@ def _per_round(values):
 
 
 def input_table(results):
-  """Returns the Markdown table of the input contenders: median examples/s, against raw reading and the best hand-tuned."""
-  lines = ["| contender | examples/s (median) | vs raw | vs best hand-tuned | examples/s per round |",
-           "|---|---:|---:|---:|---|"]
+  """Returns the Markdown table of the input contenders.
+
+  Each row: median examples/s, against raw reading and the best hand-tuned.
+  """
+  lines = [
+      "| contender | examples/s (median) | vs raw | vs best hand-tuned | examples/s per round |",
+      "|---|---:|---:|---:|---|",
+  ]
   raw = results.get(("raw", "one_device", "input"))
   best = _best_hand_tuned(results)
   for (contender, _, workload), result in results.items():
@@ -284,29 +338,38 @@ def input_table(results):
       continue
     versus_raw = f"{result.median / raw.median:.2f}x" if raw is not None and raw.works else "—"
     versus_best = f"{result.median / best.median:.2f}x" if best is not None else "—"
-    lines.append(f"| {contender} | {result.median:,.0f} | {versus_raw} | {versus_best} | "
-                 f"{_per_round(result.examples_per_sec)} |")
+    lines.append(
+        f"| {contender} | {result.median:,.0f} | {versus_raw} | {versus_best} | "
+        f"{_per_round(result.examples_per_sec)} |"
+    )
   return lines
 
 
 def evaluation_table(results):
   """Returns the Markdown table of the evaluation contenders: first and steady examples/s, against Keras evaluate."""
-  lines = ["| contender | strategy | workload | steady examples/s | vs keras_evaluate | first examples/s "
-           "| vs keras_evaluate | steady per round |", "|---|---|---|---:|---:|---:|---:|---|"]
+  lines = [
+      "| contender | strategy | workload | steady examples/s | vs keras_evaluate | first examples/s "
+      "| vs keras_evaluate | steady per round |",
+      "|---|---|---|---:|---:|---:|---:|---|",
+  ]
   for (contender, strategy, workload), result in results.items():
     if workload == "input":
       continue
     if not result.works:
-      lines.append(f"| {contender} | {strategy} | {workload} | not working | | | | "
-                   f"{len(result.errors)} crashed: {result.errors[0].replace('|', '/')} |")
+      lines.append(
+          f"| {contender} | {strategy} | {workload} | not working | | | | "
+          f"{len(result.errors)} crashed: {result.errors[0].replace('|', '/')} |"
+      )
       continue
     keras_result = results.get(("keras_evaluate", strategy, workload))
     steady = first = "—"
     if keras_result is not None and keras_result.works:
       steady = f"{result.median / keras_result.median:.2f}x"
       first = f"{result.median_first / keras_result.median_first:.2f}x"
-    lines.append(f"| {contender} | {strategy} | {workload} | {result.median:,.0f} | {steady} | "
-                 f"{result.median_first:,.0f} | {first} | {_per_round(result.examples_per_sec)} |")
+    lines.append(
+        f"| {contender} | {strategy} | {workload} | {result.median:,.0f} | {steady} | "
+        f"{result.median_first:,.0f} | {first} | {_per_round(result.examples_per_sec)} |"
+    )
   return lines
 
 
@@ -327,7 +390,9 @@ def target_rows(results, args):
       yield target, f"{ratio:.2f}x {best.contender}", "PASS" if ratio >= PROVIDER_VERSUS_HAND_TUNED else "FAIL"
   for strategy in args.strategies:
     for workload in WORKLOADS:
-      trainer, keras_result = (results.get((name, strategy, workload)) for name in ("trainer_evaluate", "keras_evaluate"))
+      trainer, keras_result = (
+          results.get((name, strategy, workload)) for name in ("trainer_evaluate", "keras_evaluate")
+      )
       if trainer is None or keras_result is None:
         continue
       for what, value in (("steady", lambda r: r.median), ("first call", lambda r: r.median_first)):
@@ -345,10 +410,16 @@ def parse_args(argv=None):
   """Parses and checks the flags (see the module doc); exits with a message on bad input."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.input_and_eval", description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=2, help="rounds; the tables show medians")
-  parser.add_argument("--strategies", default=",".join(contenders_lib.STRATEGIES),
-                      help="evaluation's strategies, comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES))
-  parser.add_argument("--contenders", default=",".join(DEFAULT_CONTENDERS),
-                      help="comma-separated, from: " + ", ".join(INPUT + EVALUATION))
+  parser.add_argument(
+      "--strategies",
+      default=",".join(contenders_lib.STRATEGIES),
+      help="evaluation's strategies, comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES),
+  )
+  parser.add_argument(
+      "--contenders",
+      default=",".join(DEFAULT_CONTENDERS),
+      help="comma-separated, from: " + ", ".join(INPUT + EVALUATION),
+  )
   parser.add_argument("--timeout", type=int, default=180, help="seconds allowed per process")
   parser.add_argument("--quick", action="store_true", help="smoke run: 1 round")
   # One contender in this process (how the run calls each):
@@ -373,6 +444,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   args = parse_args(argv)
   if args.contender is not None:
     absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
@@ -391,15 +463,23 @@ def main(argv=None):
   print("\n".join(machine_before))
   print(f"- load average after the run: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
   rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
-  print(f"\n## Input ({rounds}, {minutes:.1f} min in all; {NUM_FILES} files of {RECORDS_PER_FILE:,} records, "
-        f"batches of {GLOBAL_BATCH_SIZE}, {TIMED_PASSES} timed passes after one warm-up pass)\n")
+  print(
+      f"\n## Input ({rounds}, {minutes:.1f} min in all; {NUM_FILES} files of {RECORDS_PER_FILE:,} records, "
+      f"batches of {GLOBAL_BATCH_SIZE}, {TIMED_PASSES} timed passes after one warm-up pass)\n"
+  )
   print("\n".join(input_table(results)))
-  print(f"\n## Evaluation ({EVAL_EXAMPLES:,} examples, global batch {GLOBAL_BATCH_SIZE}; steady: median of "
-        f"{TIMED_EVALUATIONS} calls after a warm-up call)\n")
+  print(
+      f"\n## Evaluation ({EVAL_EXAMPLES:,} examples, global batch {GLOBAL_BATCH_SIZE}; steady: median of "
+      f"{TIMED_EVALUATIONS} calls after a warm-up call)\n"
+  )
   print("\n".join(evaluation_table(results)))
   print("\n## Targets\n")
-  print("\n".join(["| target | measured | result |", "|---|---|---|"] +
-                  [f"| {target} | {measured} | {verdict} |" for target, measured, verdict in target_rows(results, args)]))
+  print(
+      "\n".join(
+          ["| target | measured | result |", "|---|---|---|"]
+          + [f"| {target} | {measured} | {verdict} |" for target, measured, verdict in target_rows(results, args)]
+      )
+  )
 
 
 if __name__ == "__main__":

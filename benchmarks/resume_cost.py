@@ -18,11 +18,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np
+import tensorflow as tf
 
-from runner.data import providers as data  # pylint: disable=g-import-not-at-top,wrong-import-position
-from runner.data import pipeline as input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runner.data import pipeline as input_pipeline
+from runner.data import providers as data
 
 GLOBAL_BATCH = 64
 NUM_EXAMPLES = 2048
@@ -39,10 +39,16 @@ def _records(directory):
   for index in range(8):
     with tf.io.TFRecordWriter(os.path.join(directory, f"part-{index}.tfrecord")) as writer:
       for example in range(index, NUM_EXAMPLES, 8):
-        writer.write(tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=features[example])),
-            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[example]])),
-        })).SerializeToString())
+        writer.write(
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=features[example])),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[example]])),
+                    }
+                )
+            ).SerializeToString()
+        )
   spec = {"x": tf.io.FixedLenFeature([NUM_FEATURES], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
 
   def parse(record):
@@ -60,16 +66,21 @@ def _seconds_to_first_batch(strategy, provider, start_step):
 
 
 def main():
+  """Runs the benchmark with the command-line arguments of this process."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", default="0,1000,10000,100000", help="resume steps, comma-separated")
   parser.add_argument("--rounds", type=int, default=3)
   args = parser.parse_args()
   steps = [int(s) for s in args.steps.split(",")]
   strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-  print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"TensorFlow {tf.__version__}")
-  print("| data | resume step | examples skipped | seconds to first batch (median) "
-        "| microseconds per skipped example |")
+  print(
+      f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+      f"TensorFlow {tf.__version__}"
+  )
+  print(
+      "| data | resume step | examples skipped | seconds to first batch (median) "
+      "| microseconds per skipped example |"
+  )
   print("|---|---|---|---|---|")
   with tempfile.TemporaryDirectory() as directory:
     features, labels = _arrays()

@@ -55,14 +55,23 @@ CLI_STRATEGY_OVERRIDES = {
 # The Trainer's progress line of a first loop: "step 1/10: loss 2.3 | traced in 1.5 s, then 31.3 steps/s, ...".
 FIRST_PROGRESS_LINE = re.compile(r"step (\d+)/\d+: .*\| traced in ([\d.]+) s, then ([\d.]+) steps/s")
 CLI_WORKDIR_LINE = re.compile(r"Mode \w+ in the workdir ")
-SCRIPT_STAGES = ("python start", "import tensorflow", "import runner", "strategy", "setup", "tracing", "first loop",
-                 "first step at")
+SCRIPT_STAGES = (
+    "python start",
+    "import tensorflow",
+    "import runner",
+    "strategy",
+    "setup",
+    "tracing",
+    "first loop",
+    "first step at",
+)
 CLI_STAGES = ("to the workdir line", "setup", "tracing", "first loop", "first step at")
 
 
 @dataclasses.dataclass(frozen=True)
 class Throughput:
   """A throughput measurement: a contender kind ("trainer" or "loop") at a steps per call and global batch."""
+
   kind: str
   workload: str
   steps_per_call: int
@@ -75,6 +84,7 @@ class Throughput:
 @dataclasses.dataclass(frozen=True)
 class FirstStep:
   """A time-to-first-step measurement: "script" (`benchmarks.first_step`) or "cli" (`python -m runner`)."""
+
   run: str
 
   def __str__(self):
@@ -104,8 +114,9 @@ def run_child(command, timeout):
   env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   start = time.time()
-  child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, bufsize=1)
+  child = subprocess.Popen(
+      command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+  )
   timer = threading.Timer(timeout, child.kill)
   timer.start()
   lines = [(time.time(), line.rstrip("\n")) for line in child.stdout]
@@ -138,9 +149,18 @@ def first_progress(lines):
 def measure_throughput(cell, strategy, args):
   """Runs a `Throughput` cell in a child; returns {"steps_per_sec", "cpu_ms_per_step"} or {"error"}."""
   warmup, timed = step_counts(cell, args)
-  command = [sys.executable, "-m", "benchmarks.contenders", f"--contender={CONTENDER_OF_KIND[cell.kind]}",
-             f"--strategy={strategy}", f"--workload={cell.workload}", f"--steps_per_call={cell.steps_per_call}",
-             f"--global_batch_size={cell.global_batch_size}", f"--warmup_steps={warmup}", f"--steps={timed}"]
+  command = [
+      sys.executable,
+      "-m",
+      "benchmarks.contenders",
+      f"--contender={CONTENDER_OF_KIND[cell.kind]}",
+      f"--strategy={strategy}",
+      f"--workload={cell.workload}",
+      f"--steps_per_call={cell.steps_per_call}",
+      f"--global_batch_size={cell.global_batch_size}",
+      f"--warmup_steps={warmup}",
+      f"--steps={timed}",
+  ]
   _, lines, problem = run_child(command, args.timeout)
   row = json_line(lines, "contender")
   if row is None or "error" in row:
@@ -150,8 +170,9 @@ def measure_throughput(cell, strategy, args):
 
 def measure_script_first_step(strategy, args):
   """Runs `benchmarks.first_step`; returns {stage: seconds} (`SCRIPT_STAGES`) or {"error"}."""
-  start, lines, problem = run_child([sys.executable, "-m", "benchmarks.first_step", f"--strategy={strategy}"],
-                                    args.timeout)
+  start, lines, problem = run_child(
+      [sys.executable, "-m", "benchmarks.first_step", f"--strategy={strategy}"], args.timeout
+  )
   stamps, progress = json_line(lines, "started"), first_progress(lines)
   if problem or stamps is None or progress is None:
     return {"error": problem or "no progress line or stamps"}
@@ -171,9 +192,16 @@ def measure_script_first_step(strategy, args):
 def measure_cli_first_step(strategy, args):
   """Runs `python -m runner --config=configs/digits.py` (mode train); returns {stage: seconds} (`CLI_STAGES`)."""
   with tempfile.TemporaryDirectory(prefix="scaling-") as temp:
-    command = [sys.executable, "-m", "runner", "--config=configs/digits.py", "--mode=train",
-               f"--config.trainer.train_steps={CLI_TRAIN_STEPS}", f"--workdir={os.path.join(temp, 'run')}",
-               *CLI_STRATEGY_OVERRIDES[strategy]]
+    command = [
+        sys.executable,
+        "-m",
+        "runner",
+        "--config=configs/digits.py",
+        "--mode=train",
+        f"--config.trainer.train_steps={CLI_TRAIN_STEPS}",
+        f"--workdir={os.path.join(temp, 'run')}",
+        *CLI_STRATEGY_OVERRIDES[strategy],
+    ]
     start, lines, problem = run_child(command, args.timeout)
   workdir_line = next((arrival for arrival, line in lines if CLI_WORKDIR_LINE.search(line)), None)
   progress = first_progress(lines)
@@ -208,11 +236,18 @@ def cells(parts):
   """Returns the cells that `parts` need, each once (a cell two tables share is measured once)."""
   needed = []
   if "steps_per_loop" in parts:
-    needed += [throughput_cell(kind, workload, steps)
-               for workload in STEPS_PER_LOOP_WORKLOADS for steps in STEPS_PER_LOOP for kind in CONTENDER_OF_KIND]
+    needed += [
+        throughput_cell(kind, workload, steps)
+        for workload in STEPS_PER_LOOP_WORKLOADS
+        for steps in STEPS_PER_LOOP
+        for kind in CONTENDER_OF_KIND
+    ]
   if "batch" in parts:
-    needed += [throughput_cell(kind, BATCH_WORKLOAD, BATCH_STEPS_PER_LOOP, batch)
-               for batch in BATCHES for kind in CONTENDER_OF_KIND]
+    needed += [
+        throughput_cell(kind, BATCH_WORKLOAD, BATCH_STEPS_PER_LOOP, batch)
+        for batch in BATCHES
+        for kind in CONTENDER_OF_KIND
+    ]
   if "first_step" in parts:
     needed += [FirstStep("script"), FirstStep("cli")]
   return list(dict.fromkeys(needed))
@@ -233,8 +268,12 @@ def run_all(args):
       outcome = f"{row['steps_per_sec']:.1f} steps/s, {row['cpu_ms_per_step']:.2f} CPU ms/step"
     else:
       outcome = f"first step at {row['first step at']:.2f} s"
-    print(f"[{index + 1}/{len(order)}, round {round_index + 1}] {cell} on {strategy}: {outcome} "
-          f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    print(
+        f"[{index + 1}/{len(order)}, round {round_index + 1}] {cell} on {strategy}: {outcome} "
+        f"({time.perf_counter() - start:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
   return rows
 
 
@@ -262,18 +301,26 @@ def versus_row(trainer_runs, loop_runs, batch):
   out = []
   for runs in (trainer_runs, loop_runs):
     steps = median(runs, "steps_per_sec")
-    out += (["not working", "", ""] if steps is None else
-            [f"{steps:,.0f}", f"{steps * batch:,.0f}", f"{median(runs, 'cpu_ms_per_step'):.2f}"])
+    out += (
+        ["not working", "", ""]
+        if steps is None
+        else [f"{steps:,.0f}", f"{steps * batch:,.0f}", f"{median(runs, 'cpu_ms_per_step'):.2f}"]
+    )
   trainer, loop = median(trainer_runs, "steps_per_sec"), median(loop_runs, "steps_per_sec")
   if trainer is None or loop is None:
     return out + ["", "", errors(trainer_runs) or errors(loop_runs)]
   cpu = median(loop_runs, "cpu_ms_per_step") / median(trainer_runs, "cpu_ms_per_step")
-  per_round = ", ".join(f"{t['steps_per_sec'] / l['steps_per_sec']:.2f}" for t, l in zip(trainer_runs, loop_runs))
+  per_round = ", ".join(
+      f"{trainer_run['steps_per_sec'] / loop_run['steps_per_sec']:.2f}"
+      for trainer_run, loop_run in zip(trainer_runs, loop_runs)
+  )
   return out + [f"{trainer / loop:.2f}x", f"{cpu:.2f}x", per_round]
 
 
-VERSUS_HEADER = ("Trainer steps/s | examples/s | CPU ms/step | loop steps/s | examples/s | CPU ms/step | "
-                 "Trainer/loop | by CPU | per round |")
+VERSUS_HEADER = (
+    "Trainer steps/s | examples/s | CPU ms/step | loop steps/s | examples/s | CPU ms/step | "
+    "Trainer/loop | by CPU | per round |"
+)
 VERSUS_ALIGN = "---:|---:|---:|---:|---:|---:|---:|---:|---|"
 
 
@@ -294,8 +341,10 @@ def batch_table(rows, args):
   lines = ["| strategy | global batch | " + VERSUS_HEADER, "|---|---:|" + VERSUS_ALIGN]
   for strategy in args.strategies:
     for batch in BATCHES:
-      trainer, loop = (rows[throughput_cell(kind, BATCH_WORKLOAD, BATCH_STEPS_PER_LOOP, batch), strategy]
-                       for kind in CONTENDER_OF_KIND)
+      trainer, loop = (
+          rows[throughput_cell(kind, BATCH_WORKLOAD, BATCH_STEPS_PER_LOOP, batch), strategy]
+          for kind in CONTENDER_OF_KIND
+      )
       lines.append(f"| {strategy} | {batch} | " + " | ".join(versus_row(trainer, loop, batch)) + " |")
   return lines
 
@@ -316,13 +365,24 @@ def parse_args(argv=None):
   """Parses and checks the flags (see the module doc); exits with a message on bad input."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3, help="rounds; the tables show medians")
-  parser.add_argument("--strategies", default=",".join(contenders_lib.STRATEGIES),
-                      help="comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES))
+  parser.add_argument(
+      "--strategies",
+      default=",".join(contenders_lib.STRATEGIES),
+      help="comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES),
+  )
   parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, from: " + ", ".join(PARTS))
-  parser.add_argument("--warmup_steps", type=int, default=200,
-                      help="untimed steps before the timed ones (rounded up to a multiple of the steps per call)")
-  parser.add_argument("--timed_examples", type=int, default=128_000,
-                      help="examples of timed steps per measurement (rounded up to whole calls)")
+  parser.add_argument(
+      "--warmup_steps",
+      type=int,
+      default=200,
+      help="untimed steps before the timed ones (rounded up to a multiple of the steps per call)",
+  )
+  parser.add_argument(
+      "--timed_examples",
+      type=int,
+      default=128_000,
+      help="examples of timed steps per measurement (rounded up to whole calls)",
+  )
   parser.add_argument("--timeout", type=int, default=300, help="seconds allowed per process")
   parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 100 warm-up steps, 12,800 examples")
   args = parser.parse_args(argv)
@@ -340,27 +400,34 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   args = parse_args(argv)
   machine_before = throughput.machine_lines()
   start = time.perf_counter()
   rows = run_all(args)
   minutes = (time.perf_counter() - start) / 60
   throughput.print_machine(machine_before)
-  print(f"- {args.rounds} round{'s' if args.rounds > 1 else ''}, {minutes:.1f} min; {args.warmup_steps} warm-up "
-        f"steps, then about {args.timed_examples:,} examples of timed steps per measurement (whole calls)")
+  print(
+      f"- {args.rounds} round{'s' if args.rounds > 1 else ''}, {minutes:.1f} min; {args.warmup_steps} warm-up "
+      f"steps, then about {args.timed_examples:,} examples of timed steps per measurement (whole calls)"
+  )
   if "steps_per_loop" in args.parts:
     print("\n## Steps/s against steps per call (median)\n")
     print("\n".join(steps_per_loop_table(rows, args)))
   if "batch" in args.parts:
-    print(f"\n## Steps/s against the global batch ({BATCH_WORKLOAD} model, {BATCH_STEPS_PER_LOOP} steps per call, "
-          "median)\n")
+    print(
+        f"\n## Steps/s against the global batch ({BATCH_WORKLOAD} model, {BATCH_STEPS_PER_LOOP} steps per call, "
+        "median)\n"
+    )
     print("\n".join(batch_table(rows, args)))
   if "first_step" in args.parts:
     print("\n## Time to the first step, seconds (median)\n")
     print("A Trainer in a script (`benchmarks.first_step`, small workload, one step):\n")
     print("\n".join(first_step_table(rows, args, "script", SCRIPT_STAGES)))
-    print(f"\n`python -m runner --config=configs/digits.py --mode=train "
-          f"--config.trainer.train_steps={CLI_TRAIN_STEPS}`:\n")
+    print(
+        f"\n`python -m runner --config=configs/digits.py --mode=train "
+        f"--config.trainer.train_steps={CLI_TRAIN_STEPS}`:\n"
+    )
     print("\n".join(first_step_table(rows, args, "cli", CLI_STAGES)))
 
 

@@ -34,11 +34,17 @@ COMMANDS = {
     REFERENCE: (["-c", "import tensorflow"], 0, False),
     "--help": (["-m", "runner", "--help"], 0, True),
     "--dry_run, a typo in an override": (
-        ["-m", "runner", _DIGITS, "--dry_run", "--config.trainer.train_stepz=5"], 2, True),
+        ["-m", "runner", _DIGITS, "--dry_run", "--config.trainer.train_stepz=5"],
+        2,
+        True,
+    ),
     "a bad enum value (mode=trian)": (["-m", "runner", _DIGITS, "--config.mode=trian"], 2, True),
     "an unknown strategy (mirored)": (["-m", "runner", _DIGITS, "--config.strategy.name=mirored"], 2, True),
     "a field the strategy does not use": (
-        ["-m", "runner", _DIGITS, "--config.strategy.name=one_device", "--config.strategy.num_packs=2"], 2, True),
+        ["-m", "runner", _DIGITS, "--config.strategy.name=one_device", "--config.strategy.num_packs=2"],
+        2,
+        True,
+    ),
 }
 
 
@@ -47,8 +53,9 @@ def run_once(arguments, root, timeout):
   env = dict(os.environ)
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   start = time.perf_counter()
-  child = subprocess.run([sys.executable] + arguments, cwd=root, env=env, capture_output=True, timeout=timeout,
-                         check=False)
+  child = subprocess.run(
+      [sys.executable] + arguments, cwd=root, env=env, capture_output=True, timeout=timeout, check=False
+  )
   return time.perf_counter() - start, child.returncode
 
 
@@ -57,8 +64,7 @@ def schedule(trees, rounds):
 
   The commands that run no runner code (the interpreter, the import) run once per round, from this tree.
   """
-  runs = [(tree, name) for tree in trees for name, (_, _, runner) in COMMANDS.items()
-          if runner or tree == THIS_TREE]
+  runs = [(tree, name) for tree in trees for name, (_, _, runner) in COMMANDS.items() if runner or tree == THIS_TREE]
   order = []
   for round_index in range(rounds):
     shift = round_index * len(runs) // rounds
@@ -72,16 +78,21 @@ def measure(trees, args):
   for round_index, tree, name in schedule(trees, args.rounds):
     seconds, status = run_once(COMMANDS[name][0], trees[tree], args.timeout)
     times.setdefault((tree, name), []).append((seconds, status))
-    print(f"[round {round_index + 1}/{args.rounds}] {tree:>10} {name:<36} {seconds:6.2f} s, exit {status}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[round {round_index + 1}/{args.rounds}] {tree:>10} {name:<36} {seconds:6.2f} s, exit {status}",
+        file=sys.stderr,
+        flush=True,
+    )
   return times
 
 
 def table(times, trees):
   """Returns the Markdown lines: per tree and command, the median seconds, the ratio to the import, the status."""
   reference = statistics.median(seconds for seconds, _ in times[THIS_TREE, REFERENCE])
-  lines = ["| tree | command | seconds (median) | vs import tensorflow | exit status | seconds per round |",
-           "|---|---|---:|---:|---|---|"]
+  lines = [
+      "| tree | command | seconds (median) | vs import tensorflow | exit status | seconds per round |",
+      "|---|---|---:|---:|---|---|",
+  ]
   for tree in trees:
     for name, (_, expected, _) in COMMANDS.items():
       if (tree, name) not in times:
@@ -105,11 +116,14 @@ def target_line(times):
       worst = max(worst, statistics.median(seconds for seconds, _ in runs) / reference)
       passed = passed and all(status == expected for _, status in runs)
   verdict = "PASS" if passed and worst <= TARGET_RATIO else "FAIL"
-  return (f"--help and the config errors <= {TARGET_RATIO}x import tensorflow: {verdict} "
-          f"(the slowest at {worst:.2f}x{'' if passed else '; an answer had the wrong exit status'})")
+  return (
+      f"--help and the config errors <= {TARGET_RATIO}x import tensorflow: {verdict} "
+      f"(the slowest at {worst:.2f}x{'' if passed else '; an answer had the wrong exit status'})"
+  )
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5, help="rounds; the table shows medians")
   parser.add_argument("--before", help="also run the runner's commands from this commit (any git revision)")
@@ -127,8 +141,11 @@ def main(argv=None):
       times = measure(trees, args)
     finally:
       if args.before:
-        subprocess.run(["git", "-C", throughput.REPO_ROOT, "worktree", "remove", "--force", before_dir],
-                       check=False, capture_output=True)
+        subprocess.run(
+            ["git", "-C", throughput.REPO_ROOT, "worktree", "remove", "--force", before_dir],
+            check=False,
+            capture_output=True,
+        )
   minutes = (time.perf_counter() - start) / 60
   throughput.print_machine(machine)
   rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"

@@ -29,11 +29,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+from absl import logging as absl_logging
 
-from benchmarks import contenders  # pylint: disable=g-import-not-at-top
-from benchmarks import throughput  # pylint: disable=g-import-not-at-top
-from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
+from benchmarks import contenders
+from benchmarks import throughput
+from runner.cluster import process_exit
 
 KINDS = ("trainer", "loop", "orbit")
 DEFAULT_CONTENDERS = "trainer_100,trainer_1000,loop_100,loop_1000"
@@ -41,14 +41,20 @@ WARMUP_STEPS = 1000
 
 
 def parse_contender(name):
-  """Returns `(kind, steps per call)` for a name `KIND_N` or `trainer_auto`; raises ValueError naming the valid forms."""
+  """Returns `(kind, steps per call)` for a name `KIND_N` or `trainer_auto`.
+
+  Raises:
+    ValueError: another name; the message names the valid forms.
+  """
   kind, _, per_call = name.rpartition("_")
   if name == "trainer_auto":
     return kind, "auto"
   if kind in KINDS and per_call.isdigit() and int(per_call) > 0 and WARMUP_STEPS % int(per_call) == 0:
     return kind, int(per_call)
-  raise ValueError(f"unknown contender {name!r}: use KIND_N with KIND one of {', '.join(KINDS)} and N a divisor "
-                   f"of {WARMUP_STEPS} (e.g. loop_100), or trainer_auto.")
+  raise ValueError(
+      f"unknown contender {name!r}: use KIND_N with KIND one of {', '.join(KINDS)} and N a divisor "
+      f"of {WARMUP_STEPS} (e.g. loop_100), or trainer_auto."
+  )
 
 
 def parse_args(argv=None):
@@ -57,7 +63,9 @@ def parse_args(argv=None):
   parser.add_argument("--strategy", default="mirrored2", choices=contenders.STRATEGIES)
   parser.add_argument("--workload", default="small", choices=sorted(contenders.WORKLOADS))
   parser.add_argument("--rounds", type=int, default=5, help="rounds; the table shows medians")
-  parser.add_argument("--steps", type=int, default=3000, help="timed steps per contender and round (a multiple of 1000)")
+  parser.add_argument(
+      "--steps", type=int, default=3000, help="timed steps per contender and round (a multiple of 1000)"
+  )
   parser.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated KIND_N names (see above)")
   args = parser.parse_args(argv)
   try:
@@ -79,12 +87,14 @@ def measure(args):
   strategy = contenders.make_strategy(args.strategy)
   workload = contenders.WORKLOADS[args.workload]
   with contextlib.redirect_stdout(sys.stderr):  # Orbit's progress lines; stdout carries the report only.
-    timed_trains = {(kind, per_call): contenders.WARM_UPS[kind](strategy, per_call, WARMUP_STEPS, workload)
-                    for kind, per_call in args.contenders}
+    timed_trains = {
+        (kind, per_call): contenders.WARM_UPS[kind](strategy, per_call, WARMUP_STEPS, workload)
+        for kind, per_call in args.contenders
+    }
     order = list(timed_trains)
     rounds = {key: [] for key in order}
     for round_index in range(args.rounds):
-      for key in order[round_index % len(order):] + order[:round_index % len(order)]:
+      for key in order[round_index % len(order) :] + order[: round_index % len(order)]:
         timing = timed_trains[key](args.steps)
         rounds[key].append((1000 * timing["seconds"] / args.steps, 1000 * timing["cpu_seconds"] / args.steps))
   return rounds
@@ -93,8 +103,10 @@ def measure(args):
 def report(rounds, args, machine_before, minutes):
   """Prints the Markdown report: the machine, the table, and the costs of a call."""
   throughput.print_machine(machine_before)
-  print(f"\n## Step overhead in one process ({args.rounds} rounds, {minutes:.1f} min; {args.strategy}, workload "
-        f"{args.workload}; {WARMUP_STEPS} warm-up steps, then {args.steps} timed steps per contender and round)\n")
+  print(
+      f"\n## Step overhead in one process ({args.rounds} rounds, {minutes:.1f} min; {args.strategy}, workload "
+      f"{args.workload}; {WARMUP_STEPS} warm-up steps, then {args.steps} timed steps per contender and round)\n"
+  )
   print("| contender | ms/step (median) | ratio | vs | CPU ms/step | ms/step per round |")
   print("|---|---:|---:|---|---:|---|")
   wall = {key: statistics.median(w for w, _ in values) for key, values in rounds.items()}
@@ -103,8 +115,10 @@ def report(rounds, args, machine_before, minutes):
       ratio, versus = f"{wall['loop', per_call] / wall[kind, per_call]:.3f}x", f"loop_{per_call}"
     else:
       ratio, versus = "—", "(reference)" if kind == "loop" else "—"
-    print(f"| {kind}_{per_call} | {wall[kind, per_call]:.4f} | {ratio} | {versus} | "
-          f"{statistics.median(c for _, c in values):.3f} | {', '.join(f'{w:.4f}' for w, _ in values)} |")
+    print(
+        f"| {kind}_{per_call} | {wall[kind, per_call]:.4f} | {ratio} | {versus} | "
+        f"{statistics.median(c for _, c in values):.3f} | {', '.join(f'{w:.4f}' for w, _ in values)} |"
+    )
   print()
   for kind, per_call in wall:
     if kind == "trainer" and ("orbit", per_call) in wall:
@@ -112,14 +126,17 @@ def report(rounds, args, machine_before, minutes):
   fixed = [key for key in wall if key[0] == "trainer" and key[1] != "auto"]
   if ("trainer", "auto") in wall and fixed:
     fastest = min(fixed, key=wall.get)
-    print(f"- trainer_auto against the fastest fixed size, trainer_{fastest[1]}: "
-          f"{wall[fastest] / wall['trainer', 'auto']:.3f}x")
+    print(
+        f"- trainer_auto against the fastest fixed size, trainer_{fastest[1]}: "
+        f"{wall[fastest] / wall['trainer', 'auto']:.3f}x"
+    )
   for kind in KINDS:
     if (kind, 100) in wall and (kind, 1000) in wall:
       print(f"- cost of a call, {kind}: {100 * (wall[kind, 100] - wall[kind, 1000]):.2f} ms")
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   args = parse_args(argv)
   absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
   machine_before = throughput.machine_lines()

@@ -57,6 +57,7 @@ FIXED_TRAINERS = ("trainer_1", "trainer_100", "trainer_1000")
 @dataclasses.dataclass(frozen=True)
 class Result:
   """The rounds of one contender on one strategy."""
+
   contender: str
   strategy: str
   steps_per_sec: tuple  # one float per round that worked
@@ -66,14 +67,17 @@ class Result:
 
   @property
   def works(self):
+    """Whether it was run, some round measured a rate and none failed."""
     return bool(self.steps_per_sec) and not self.errors and not self.unavailable
 
   @property
   def median(self):
+    """The median steps/s of the rounds, or None when it did not work."""
     return statistics.median(self.steps_per_sec) if self.works else None
 
   @property
   def median_cpu_ms(self):
+    """The median CPU milliseconds per step of the rounds, or None when it did not work."""
     return statistics.median(self.cpu_ms_per_step) if self.works else None
 
 
@@ -89,7 +93,8 @@ def parse_names(text, valid, flag):
   for name in names:
     if name not in valid:
       raise ValueError(
-          f"--{flag}: unknown name {name!r}.{checks.did_you_mean(name, valid)} Valid names: {', '.join(valid)}.")
+          f"--{flag}: unknown name {name!r}.{checks.did_you_mean(name, valid)} Valid names: {', '.join(valid)}."
+      )
   return names
 
 
@@ -105,9 +110,14 @@ def run_contender(contender, strategy, args, root=REPO_ROOT):
   `root` is the source tree whose `benchmarks`, `runner` and `strategies` the child imports.
   """
   command = [
-      sys.executable, "-m", "benchmarks.contenders", f"--contender={contender}",
-      f"--strategy={strategy}", f"--warmup_steps={args.warmup_steps}",
-      f"--steps={timed_steps(contender, args)}"]
+      sys.executable,
+      "-m",
+      "benchmarks.contenders",
+      f"--contender={contender}",
+      f"--strategy={strategy}",
+      f"--warmup_steps={args.warmup_steps}",
+      f"--steps={timed_steps(contender, args)}",
+  ]
   if args.workload != "mlp":  # Only then: a tree from before workloads (benchmarks.commits) knows no --workload.
     command.append(f"--workload={args.workload}")
   env = dict(os.environ)
@@ -160,10 +170,13 @@ def results_of(contender, strategy, runs):
   if worked and "around_fit_seconds" in worked[0]:
     timings.append((AROUND_FIT, "around_fit_seconds", "around_fit_cpu_seconds"))
   for suffix, seconds, cpu_seconds in timings:
-    yield Result(contender + suffix, strategy,
-                 steps_per_sec=tuple(run["steps"] / run[seconds] for run in worked),
-                 cpu_ms_per_step=tuple(1000 * run[cpu_seconds] / run["steps"] for run in worked),
-                 errors=tuple(run["error"] for run in runs if "error" in run))
+    yield Result(
+        contender + suffix,
+        strategy,
+        steps_per_sec=tuple(run["steps"] / run[seconds] for run in worked),
+        cpu_ms_per_step=tuple(1000 * run[cpu_seconds] / run["steps"] for run in worked),
+        errors=tuple(run["error"] for run in runs if "error" in run),
+    )
 
 
 def run_all(args):
@@ -180,10 +193,13 @@ def run_all(args):
     if "error" in row:
       outcome = f"not working: {row['error']}"
     else:
-      outcome = (f"{row['steps_per_sec']:8.1f} steps/s, "
-                 f"{1000 * row['cpu_seconds'] / row['steps']:.2f} CPU ms/step")
-    print(f"[round {round_index + 1}/{args.rounds}] {contender:>17} on {strategy:<10} "
-          f"{outcome} ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+      outcome = f"{row['steps_per_sec']:8.1f} steps/s, {1000 * row['cpu_seconds'] / row['steps']:.2f} CPU ms/step"
+    print(
+        f"[round {round_index + 1}/{args.rounds}] {contender:>17} on {strategy:<10} "
+        f"{outcome} ({time.perf_counter() - start:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
   results = {}
   for strategy in args.strategies:
     for contender in args.contenders:
@@ -246,20 +262,25 @@ def results_table(results, args):
       continue
     if not result.works:
       error = result.errors[0].replace("|", "/")
-      lines.append(f"| {contender} | {strategy} | not working | | | | | "
-                   f"{len(result.errors)}/{args.rounds} crashed: {error} |")
+      lines.append(
+          f"| {contender} | {strategy} | not working | | | | | "
+          f"{len(result.errors)}/{args.rounds} crashed: {error} |"
+      )
       continue
     reference = results.get((reference_of(contender), strategy))
     ratio, versus = ("—", "(reference)") if reference_of(contender) is None else ("", "")
     if reference is not None and reference.works:
       ratio, versus = f"{result.median / reference.median:.2f}x", reference.contender
-    lines.append(f"| {contender} | {strategy} | {result.median:.1f} | {result.median * batch:,.0f} "
-                 f"| {ratio} | {versus} | {result.median_cpu_ms:.2f} | {rounds} |")
+    lines.append(
+        f"| {contender} | {strategy} | {result.median:.1f} | {result.median * batch:,.0f} "
+        f"| {ratio} | {versus} | {result.median_cpu_ms:.2f} | {rounds} |"
+    )
   return lines
 
 
 def target_rows(results, strategy):
   """Yields (target, measured, verdict) for the targets that can be checked on `strategy`."""
+
   def get(contender):
     return results.get((contender, strategy))
 
@@ -283,8 +304,12 @@ def target_rows(results, strategy):
     if get("trainer_100") is None or not fits:
       continue
     if get("keras_fit_100" + suffix) is not None and get("keras_fit_100" + suffix).works:
-      yield versus("trainer_100", get("keras_fit_100" + suffix), VERSUS_KERAS_FIT_100,
-                   f"trainer_100 >= {VERSUS_KERAS_FIT_100}x keras_fit_100 ({timing})")
+      yield versus(
+          "trainer_100",
+          get("keras_fit_100" + suffix),
+          VERSUS_KERAS_FIT_100,
+          f"trainer_100 >= {VERSUS_KERAS_FIT_100}x keras_fit_100 ({timing})",
+      )
       continue
     working = [fit for fit in fits if fit.works]
     target = f"trainer_100 >= {VERSUS_KERAS_FIT_BEST_WORKING}x Keras fit's best working setting ({timing})"
@@ -294,44 +319,61 @@ def target_rows(results, strategy):
       yield target, "Keras fit not working at any setting run", "n/a"
   for suffix, timing in ((AROUND_FIT, "Keras timed around fit"), ("", "Keras timed by callback")):
     if get("trainer_jit_100") is not None and get("keras_fit_jit_100" + suffix) is not None:
-      yield versus("trainer_jit_100", get("keras_fit_jit_100" + suffix), None,
-                   f"trainer_jit_100 against keras_fit_jit_100, both with XLA ({timing})")
+      yield versus(
+          "trainer_jit_100",
+          get("keras_fit_jit_100" + suffix),
+          None,
+          f"trainer_jit_100 against keras_fit_jit_100, both with XLA ({timing})",
+      )
   fixed = [get(name) for name in FIXED_TRAINERS if get(name) is not None and get(name).works]
   if get("trainer_auto") is not None and fixed:
-    yield versus("trainer_auto", max(fixed, key=lambda trainer: trainer.median), AUTO_VERSUS_BEST_FIXED,
-                 f"trainer_auto >= {AUTO_VERSUS_BEST_FIXED}x the best fixed steps_per_loop")
+    yield versus(
+        "trainer_auto",
+        max(fixed, key=lambda trainer: trainer.median),
+        AUTO_VERSUS_BEST_FIXED,
+        f"trainer_auto >= {AUTO_VERSUS_BEST_FIXED}x the best fixed steps_per_loop",
+    )
 
 
 def targets_table(results, args):
   """Returns the Markdown table of the targets, with PASS, FAIL or n/a (reference not working)."""
   lines = ["| target | strategy | measured | result |", "|---|---|---|---|"]
   for strategy in args.strategies:
-    lines += [f"| {target} | {strategy} | {measured} | {verdict} |"
-              for target, measured, verdict in target_rows(results, strategy)]
+    lines += [
+        f"| {target} | {strategy} | {measured} | {verdict} |"
+        for target, measured, verdict in target_rows(results, strategy)
+    ]
   return lines
 
 
 def parse_args(argv=None):
   """Parses and checks the flags (see the module doc); exits with a message on bad input."""
-  parser = argparse.ArgumentParser(
-      prog="python -m benchmarks.throughput", description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.splitlines()[0])
   all_contenders = list(contenders_lib.CONTENDERS)
   parser.add_argument("--rounds", type=int, default=3, help="rounds; the table shows medians")
-  parser.add_argument("--strategies", default=",".join(contenders_lib.STRATEGIES),
-                      help="comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES))
-  parser.add_argument("--contenders", default=",".join(all_contenders),
-                      help="comma-separated, from: " + ", ".join(all_contenders))
-  parser.add_argument("--warmup_steps", type=int, default=200,
-                      help="untimed steps before the timed ones (a multiple of 100)")
-  parser.add_argument("--steps", type=int, default=2000,
-                      help="timed steps of the contenders with 100 steps per call")
-  parser.add_argument("--single_step_steps", type=int, default=1000,
-                      help="timed steps of the contenders with 1 step per call")
+  parser.add_argument(
+      "--strategies",
+      default=",".join(contenders_lib.STRATEGIES),
+      help="comma-separated, from: " + ", ".join(contenders_lib.STRATEGIES),
+  )
+  parser.add_argument(
+      "--contenders", default=",".join(all_contenders), help="comma-separated, from: " + ", ".join(all_contenders)
+  )
+  parser.add_argument(
+      "--warmup_steps", type=int, default=200, help="untimed steps before the timed ones (a multiple of 100)"
+  )
+  parser.add_argument("--steps", type=int, default=2000, help="timed steps of the contenders with 100 steps per call")
+  parser.add_argument(
+      "--single_step_steps", type=int, default=1000, help="timed steps of the contenders with 1 step per call"
+  )
   parser.add_argument("--timeout", type=int, default=300, help="seconds allowed per process")
-  parser.add_argument("--workload", default="mlp", choices=sorted(contenders_lib.WORKLOADS),
-                      help="mlp: the benchmark MLP, global batch 256; small: 64 -> 128 -> 10, batch 64, loss only")
-  parser.add_argument("--quick", action="store_true",
-                      help="smoke run: 1 round, 100 warm-up, 200 + 100 timed steps")
+  parser.add_argument(
+      "--workload",
+      default="mlp",
+      choices=sorted(contenders_lib.WORKLOADS),
+      help="mlp: the benchmark MLP, global batch 256; small: 64 -> 128 -> 10, batch 64, loss only",
+  )
+  parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 100 warm-up, 200 + 100 timed steps")
   args = parser.parse_args(argv)
   if args.quick:
     args.rounds, args.warmup_steps, args.steps, args.single_step_steps = 1, 100, 200, 100
@@ -345,12 +387,15 @@ def parse_args(argv=None):
       parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}.")
   for flag in ("warmup_steps", "steps"):
     if getattr(args, flag) < 100 or getattr(args, flag) % 100:
-      parser.error(f"--{flag} must be a positive multiple of 100 (the steps per call of "
-                   f"the 100-step contenders), got {getattr(args, flag)}.")
+      parser.error(
+          f"--{flag} must be a positive multiple of 100 (the steps per call of "
+          f"the 100-step contenders), got {getattr(args, flag)}."
+      )
   return args
 
 
 def main(argv=None):
+  """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   args = parse_args(argv)
   machine_before = machine_lines()
   start = time.perf_counter()
@@ -359,9 +404,11 @@ def main(argv=None):
   print_machine(machine_before)
   rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
   batch = contenders_lib.WORKLOADS[args.workload].global_batch_size
-  print(f"\n## Throughput ({rounds}, {minutes:.1f} min; workload {args.workload}, global batch {batch}; "
-        f"{args.warmup_steps} warm-up steps, then {args.steps} "
-        f"timed steps at 100 steps per call, {args.single_step_steps} at 1)\n")
+  print(
+      f"\n## Throughput ({rounds}, {minutes:.1f} min; workload {args.workload}, global batch {batch}; "
+      f"{args.warmup_steps} warm-up steps, then {args.steps} "
+      f"timed steps at 100 steps per call, {args.single_step_steps} at 1)\n"
+  )
   print("\n".join(results_table(results, args)))
   print("\n## Targets\n")
   print("\n".join(targets_table(results, args)))

@@ -1,0 +1,1 @@
+"""Example configs for `python -m runner --config=configs/NAME.py`."""

@@ -18,28 +18,36 @@ def get_config(variant=""):
   """Returns the digits config; `variant` '' (the default) or 'tpu'."""
   config = ml_collections.ConfigDict()
   config.mode = "train_and_eval"
-  config.data = ml_collections.ConfigDict({
-      "name": "digits",
-      "global_batch_size": 64,
-      "test_fraction": 0.2,
-      "seed": 0,
-  })
-  config.model = ml_collections.ConfigDict({
-      "name": "mlp",
-      "hidden_units": (256, 128),
-      "num_outputs": 10,
-  })
+  config.data = ml_collections.ConfigDict(
+      {
+          "name": "digits",
+          "global_batch_size": 64,
+          "test_fraction": 0.2,
+          "seed": 0,
+      }
+  )
+  config.model = ml_collections.ConfigDict(
+      {
+          "name": "mlp",
+          "hidden_units": (256, 128),
+          "num_outputs": 10,
+      }
+  )
   config.task = ml_collections.ConfigDict({"name": "classification"})
-  config.optimizer = ml_collections.ConfigDict({
-      "name": "adam",
-      "learning_rate": 2e-3,
-      "schedule": "cosine",
-  })
-  config.trainer = ml_collections.ConfigDict({
-      "train_steps": 1000,
-      "eval_every": 500,  # steps_per_loop stays auto: measured, up to 500 steps per loop.
-      "seed": 0,
-  })
+  config.optimizer = ml_collections.ConfigDict(
+      {
+          "name": "adam",
+          "learning_rate": 2e-3,
+          "schedule": "cosine",
+      }
+  )
+  config.trainer = ml_collections.ConfigDict(
+      {
+          "train_steps": 1000,
+          "eval_every": 500,  # steps_per_loop stays auto: measured, up to 500 steps per loop.
+          "seed": 0,
+      }
+  )
   if variant == "tpu":
     config.strategy = ml_collections.ConfigDict({"name": "tpu"})
     config.data.global_batch_size = 256

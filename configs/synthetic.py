@@ -17,15 +17,17 @@ def get_config(variant=""):
   """Returns the synthetic config; `variant` '' (the default) or 'regression'."""
   config = ml_collections.ConfigDict()
   config.mode = "train_and_eval"
-  config.data = ml_collections.ConfigDict({
-      "name": "synthetic",
-      "global_batch_size": 64,
-      "num_examples": 2048,
-      "num_eval_examples": 512,
-      "num_features": 16,
-      "num_classes": 10,
-      "seed": 0,
-  })
+  config.data = ml_collections.ConfigDict(
+      {
+          "name": "synthetic",
+          "global_batch_size": 64,
+          "num_examples": 2048,
+          "num_eval_examples": 512,
+          "num_features": 16,
+          "num_classes": 10,
+          "seed": 0,
+      }
+  )
   config.model = ml_collections.ConfigDict({"name": "mlp", "hidden_units": (64,), "num_outputs": 10})
   config.task = ml_collections.ConfigDict({"name": "classification"})
   config.optimizer = ml_collections.ConfigDict({"name": "adam", "learning_rate": 3e-3})

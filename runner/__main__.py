@@ -47,11 +47,10 @@ from runner.cluster import stop_signals
 
 stop_signals.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
 
-from runner.outputs import tensorflow_logs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from runner.outputs import tensorflow_logs
 
 tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import dataclasses
 import re
 import sys
@@ -66,7 +65,7 @@ import strategies
 from strategies.errors import ClusterError, ConfigError, print_error_line
 
 from runner import exit_codes
-from runner.config import run_config as config_lib
+from runner.config.run_config import run_config as config_lib
 from runner.cluster import process_exit
 
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
@@ -146,7 +145,7 @@ def main(command_line):
   """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes one `error:` line and its status."""
   try:
     _run(command_line)
-  except BaseException as e:  # pylint: disable=broad-except
+  except BaseException as e:
     stopped = stop_signals.raised_stop()
     if stopped is not None and e is not stopped:  # What a library made of a stop signal (see `raised_stop`).
       raise stopped from None
@@ -230,7 +229,7 @@ def run_main():
   except stop_signals.Stopped as e:  # SIGTERM or Ctrl-C outside a training loop.
     print(e.line, file=sys.stderr)
     status = e.exit_code
-  except BaseException:  # pylint: disable=broad-except
+  except BaseException:  # noqa: BLE001
     traceback.print_exc()  # A bug: keep its traceback.
   finally:
     absl_logging.flush()

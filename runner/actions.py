@@ -13,7 +13,7 @@ from absl import logging
 
 from runner import exit_codes
 from runner.cluster import stop_signals
-from runner.interfaces import Action, LoopEnd  # pylint: disable=unused-import  (public here too)
+from runner.interfaces import Action, LoopEnd  # noqa: F401  (public here too)
 from strategies import checks
 from strategies.errors import ConfigError
 

@@ -23,7 +23,7 @@ def mlp(config):
     config: `config.model` with `hidden_units` (a tuple of layer widths),
       `activation`, `dropout` (a rate in [0, 1)) and `num_outputs`.
   """
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras  # noqa: PLC0415
   layers = [keras.layers.Flatten()]
   for units in config.hidden_units:
     layers.append(keras.layers.Dense(units, activation=config.activation))
@@ -42,7 +42,7 @@ def check_mlp(config):
     raise ConfigError(f"config.model.dropout must be in [0, 1), got {config.dropout!r}.")
   if config.activation in KERAS_ACTIVATIONS:
     return
-  import keras  # pylint: disable=g-import-not-at-top  # A name of a newer Keras, or not one.
+  import keras  # noqa: PLC0415  # A name of a newer Keras, or not one.
   try:
     keras.activations.get(config.activation)
   except ValueError:
@@ -57,7 +57,7 @@ def linear(config):
   Args:
     config: `config.model` with `num_outputs`.
   """
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras  # noqa: PLC0415
   return keras.Sequential(
       [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear")
 

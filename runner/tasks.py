@@ -4,7 +4,7 @@
 import keras
 import tensorflow as tf
 
-from runner.interfaces import LabelRange, Task  # pylint: disable=unused-import  (public here too)
+from runner.interfaces import LabelRange, Task  # noqa: F401  (public here too)
 from strategies.errors import ConfigError
 
 

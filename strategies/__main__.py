@@ -7,16 +7,19 @@ status 2; --help exits 0. Both come back before TensorFlow loads.
 """
 
 import sys
+from typing import Any
 
 from absl import app
 
 import strategies
-from strategies.errors import ConfigError, print_error_line
+from strategies.errors import ConfigError
+from strategies.errors import print_error_line
 
 strategies.flags.define_flags()
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
+  """Prints the report of the strategy the flags name; exits with status 2 on a mistake (one line on stderr)."""
   if len(argv) > 1:
     print_error_line(f"Unexpected arguments {argv[1:]}; give flags as --NAME=VALUE.")
     sys.exit(2)
@@ -27,13 +30,14 @@ def main(argv):
     sys.exit(2)
 
 
-def report(config):
+def report(config: dict[str, Any]) -> None:
   """Prints the devices, auto's choice, and the strategy `config` names unless it is auto."""
-  # pylint: disable=g-import-not-at-top  # TensorFlow loads here, once the flags hold.
-  import tensorflow as tf
+  # TensorFlow loads here, once the flags hold.
+  import tensorflow as tf  # noqa: PLC0415
 
-  from strategies import auto
-  from strategies import factory
+  from strategies import auto  # noqa: PLC0415
+  from strategies import factory  # noqa: PLC0415
+
   if config["virtual_cpus"] is not None:
     factory.split_cpus(config["virtual_cpus"])
   print("Physical devices:")

@@ -9,11 +9,12 @@ from strategies import tpu
 @dataclasses.dataclass(frozen=True)
 class Choice:
   """The strategy `auto` picks: a name from `strategies.names()` and why."""
+
   name: str
   reason: str
 
 
-def choose():
+def choose() -> Choice:
   """Returns the Choice for this process.
 
   A reachable TPU (TPU_NAME set, or this machine is a TPU VM) gives `tpu`;

@@ -9,7 +9,7 @@ from strategies import checks
 from strategies.errors import ConfigError
 
 
-def from_tf_config():
+def from_tf_config() -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
   """Returns a TFConfigClusterResolver for the `TF_CONFIG` environment variable.
 
   Raises:
@@ -24,11 +24,14 @@ def from_tf_config():
     if not isinstance(cluster, dict):
       raise ConfigError(
           f"TF_CONFIG={text!r} is not valid; it must be JSON such as "
-          '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}.')
+          '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}.'
+      )
   return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def from_worker_hosts(worker_hosts, task_index):
+def from_worker_hosts(
+    worker_hosts: list[str] | tuple[str, ...] | None, task_index: int | None
+) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
   """Returns the cluster resolver for worker `task_index` of `worker_hosts`.
 
   This is what TF_CONFIG `{"cluster": {"worker": worker_hosts}, "task":
@@ -52,11 +55,17 @@ def from_worker_hosts(worker_hosts, task_index):
   if not checks.is_int(task_index) or not 0 <= task_index < len(hosts):
     raise ConfigError(
         f"task_index={task_index!r} is outside worker_hosts ({len(hosts)} hosts: {', '.join(hosts)}); "
-        f"valid: 0 to {len(hosts) - 1}.")
+        f"valid: 0 to {len(hosts) - 1}."
+    )
   if os.environ.get("TF_CONFIG"):
     raise ConfigError(
-        "Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts/task_index.")
+        "Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts/task_index."
+    )
   gpus = len(tf.config.list_physical_devices("GPU"))
   return tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec({"worker": hosts}), task_type="worker", task_id=task_index,
-      rpc_layer="grpc", num_accelerators={"GPU": gpus} if gpus else None)
+      tf.train.ClusterSpec({"worker": hosts}),
+      task_type="worker",
+      task_id=task_index,
+      rpc_layer="grpc",
+      num_accelerators={"GPU": gpus} if gpus else None,
+  )

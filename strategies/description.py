@@ -14,7 +14,7 @@ _KINDS = (
 )
 
 
-def kind(strategy):
+def kind(strategy: tf.distribute.Strategy) -> str:
   """Returns the `strategies.names()` name of `strategy`'s class, or its class name."""
   if isinstance(strategy, DefaultStrategy):
     return "default"
@@ -24,7 +24,7 @@ def kind(strategy):
   return type(strategy).__name__
 
 
-def is_single_worker(strategy):
+def is_single_worker(strategy: tf.distribute.Strategy) -> bool:
   """Whether this process runs every replica of `strategy` (no other worker takes part)."""
   try:
     return len(strategy.extended.worker_devices) == strategy.num_replicas_in_sync
@@ -32,7 +32,7 @@ def is_single_worker(strategy):
     return True
 
 
-def describe(strategy):
+def describe(strategy: tf.distribute.Strategy) -> str:
   """Returns one line, e.g. 'mirrored: 2 replicas on CPU:0, CPU:1'.
 
   Args:
@@ -45,8 +45,10 @@ def describe(strategy):
     if strategy.cluster_resolver is None:  # TensorFlow's own class does not keep it.
       return "parameter_server"
     jobs = strategy.cluster_resolver.cluster_spec().as_dict()
-    return (f"parameter_server: {_count(len(jobs.get('worker', ())), 'worker')}, "
-            f"{_count(len(jobs.get('ps', ())), 'parameter server')}")
+    return (
+        f"parameter_server: {_count(len(jobs.get('worker', ())), 'worker')}, "
+        f"{_count(len(jobs.get('ps', ())), 'parameter server')}"
+    )
   replicas = _count(strategy.num_replicas_in_sync, "replica")
   worker_devices = strategy.extended.worker_devices
   if name == "tpu":
@@ -57,10 +59,12 @@ def describe(strategy):
     jobs = resolver.cluster_spec().as_dict()
     workers = len(jobs.get("chief", ())) + len(jobs.get("worker", ()))
     if workers > 1:
-      return (f"multi_worker_mirrored: {replicas} on {workers} workers; this is "
-              f"{resolver.task_type}:{resolver.task_id} on {', '.join(worker_devices)}")
+      return (
+          f"multi_worker_mirrored: {replicas} on {workers} workers; this is "
+          f"{resolver.task_type}:{resolver.task_id} on {', '.join(worker_devices)}"
+      )
   return f"{name}: {replicas} on {', '.join(devices.short_name(d) for d in worker_devices)}"
 
 
-def _count(n, noun):
+def _count(n: int, noun: str) -> str:
   return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -22,12 +22,12 @@ class ClusterError(RuntimeError):
   """
 
 
-def print_error_line(error):
+def print_error_line(error: BaseException | str) -> None:
   """Prints `error` as the one line `error: ...` on stderr (its whitespace and newlines collapsed)."""
   print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
 
 
-def first_line(error, *, limit=None):
+def first_line(error: BaseException | str, *, limit: int | None = None) -> str:
   """Returns the first line of `error`'s message, fit to quote inside another message.
 
   TensorFlow's `{{function_node ...}}` and `[Op:...]` wrapping is left out, and
@@ -39,7 +39,7 @@ def first_line(error, *, limit=None):
   """
   line = (str(error).strip().splitlines() or [""])[0]
   line = _CONTROL_CHARACTERS.sub("?", _TENSORFLOW_WRAPPING.sub("", line)).strip()
-  return line if limit is None or len(line) <= limit else line[:limit - 3] + "..."
+  return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
 
 
 _TENSORFLOW_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]")

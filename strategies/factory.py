@@ -1,11 +1,17 @@
 """Building a strategy from its config: `create` and `names`."""
 
+from collections.abc import Mapping
+from typing import Any
+
 from absl import logging
+import tensorflow as tf
 
 from strategies import auto
 from strategies import schema
 from strategies.errors import ConfigError
-from strategies.local import DefaultStrategy, MirroredStrategy, OneDeviceStrategy
+from strategies.local import DefaultStrategy
+from strategies.local import MirroredStrategy
+from strategies.local import OneDeviceStrategy
 from strategies.multi_worker import MultiWorkerMirroredStrategy
 from strategies.parameter_server import ParameterServerStrategy
 from strategies.tpu import TPUStrategy
@@ -21,12 +27,12 @@ WRAPPERS = {
 }
 
 
-def names():
+def names() -> list[str]:
   """Returns the strategy names `config.strategy.name` accepts, 'auto' first."""
   return list(schema.NAMES)
 
 
-def split_cpus(n):
+def split_cpus(n: int) -> None:
   """Runs `strategies.virtual_cpus(n)`, raising ConfigError when it cannot.
 
   Raises:
@@ -39,7 +45,7 @@ def split_cpus(n):
     raise ConfigError(f"virtual_cpus={n!r}: {e}") from None
 
 
-def create(config=None):
+def create(config: Mapping[str, Any] | None = None) -> tf.distribute.Strategy:
   """Builds the strategy `config` describes.
 
   Names and fields are checked first (no TensorFlow work), then

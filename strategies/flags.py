@@ -19,43 +19,62 @@ Defining, parsing and checking the flags imports no TensorFlow; building the
 strategy does.
 """
 
+from collections.abc import Callable, Sequence
 import sys
+from typing import Any, TYPE_CHECKING
 
 from absl import flags
 
 from strategies import schema
-from strategies.errors import ConfigError, print_error_line
+from strategies.errors import ConfigError
+from strategies.errors import print_error_line
+
+if TYPE_CHECKING:  # Only the type checker: building a strategy imports TensorFlow, parsing flags does not.
+  import tensorflow as tf
 
 # Config field -> (flag name, absl DEFINE function, help).
-_FLAGS = {
+_FLAGS: dict[str, tuple[str, Callable[..., Any], str]] = {
     "name": ("strategy", flags.DEFINE_string, f"Strategy: one of {', '.join(schema.NAMES)}."),
     "device": ("device", flags.DEFINE_string, "one_device: the device, e.g. /gpu:0 (default: first GPU, else /cpu:0)."),
     "devices": ("devices", flags.DEFINE_list, "mirrored: comma-separated devices (default: all GPUs, else all CPUs)."),
     "virtual_cpus": ("virtual_cpus", flags.DEFINE_integer, "Split the CPU into this many logical devices first."),
-    "cross_device_ops": ("cross_device_ops", flags.DEFINE_string,
-                         "mirrored: auto, nccl, hierarchical_copy or reduce_to_one."),
+    "cross_device_ops": (
+        "cross_device_ops",
+        flags.DEFINE_string,
+        "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
+    ),
     "num_packs": ("num_packs", flags.DEFINE_integer, "mirrored: gradient packs for nccl / hierarchical_copy."),
     "communication": ("communication", flags.DEFINE_string, "multi_worker_mirrored: auto, ring or nccl."),
-    "timeout_seconds": ("timeout_seconds", flags.DEFINE_float,
-                        "multi_worker_mirrored, parameter_server: the longest wait for the other tasks at start-up "
-                        "(default 300 s)."),
-    "worker_hosts": ("worker_hosts", flags.DEFINE_list,
-                     "multi_worker_mirrored: every worker's host:port, comma-separated (instead of TF_CONFIG)."),
+    "timeout_seconds": (
+        "timeout_seconds",
+        flags.DEFINE_float,
+        "multi_worker_mirrored, parameter_server: the longest wait for the other tasks at start-up (default 300 s).",
+    ),
+    "worker_hosts": (
+        "worker_hosts",
+        flags.DEFINE_list,
+        "multi_worker_mirrored: every worker's host:port, comma-separated (instead of TF_CONFIG).",
+    ),
     "task_index": ("task_index", flags.DEFINE_integer, "multi_worker_mirrored: this worker's index in --worker_hosts."),
-    "min_shard_bytes": ("min_shard_bytes", flags.DEFINE_integer,
-                        "parameter_server: smallest variable shard in bytes (default 256 KiB)."),
+    "min_shard_bytes": (
+        "min_shard_bytes",
+        flags.DEFINE_integer,
+        "parameter_server: smallest variable shard in bytes (default 256 KiB).",
+    ),
     "tpu": ("tpu", flags.DEFINE_string, "tpu: '' (TPU_NAME or this TPU VM), local, a TPU name, or grpc://host:port."),
     "zone": ("zone", flags.DEFINE_string, "tpu: the Cloud TPU's zone (for a TPU name)."),
     "project": ("project", flags.DEFINE_string, "tpu: the Cloud TPU's project (for a TPU name)."),
-    "computation_shape": ("computation_shape", flags.DEFINE_list,
-                          "tpu: cores per replica along each mesh axis, e.g. 1,1,1,2 (model parallelism)."),
+    "computation_shape": (
+        "computation_shape",
+        flags.DEFINE_list,
+        "tpu: cores per replica along each mesh axis, e.g. 1,1,1,2 (model parallelism).",
+    ),
     "num_replicas": ("num_replicas", flags.DEFINE_integer, "tpu: number of replicas (with --computation_shape)."),
-    "spmd_xla_partitioning": ("spmd_xla_partitioning", flags.DEFINE_bool,
-                              "tpu: experimental_spmd_xla_partitioning."),
+    "spmd_xla_partitioning": ("spmd_xla_partitioning", flags.DEFINE_bool, "tpu: experimental_spmd_xla_partitioning."),
 }
 
 
-def define_flags(flag_values=flags.FLAGS):
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the strategy flags (once; calling again is a no-op).
 
   Args:
@@ -66,14 +85,13 @@ def define_flags(flag_values=flags.FLAGS):
   for field, (flag, define, help_text) in _FLAGS.items():
     define(flag, schema.DEFAULTS[field], help_text, flag_values=flag_values)
   # One validator on --strategy that reads every flag, so absl's message stays short.
-  flags.register_validator(
-      _FLAGS["name"][0], lambda _: _check(flag_values), flag_values=flag_values)
+  flags.register_validator(_FLAGS["name"][0], lambda _: _check(flag_values), flag_values=flag_values)
 
 
 _HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "h", "?")
 
 
-def parse_flags(argv, flag_values=flags.FLAGS):
+def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """Parses `argv` into `flag_values` for `absl.app.run(main, flags_parser=parse_flags)`; returns the rest.
 
   `--help` (and absl's other help flags) prints the usage and exits 0. A bad
@@ -91,7 +109,7 @@ def parse_flags(argv, flag_values=flags.FLAGS):
     raise
 
 
-def config_from_flags(flag_values=flags.FLAGS):
+def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict[str, Any]:
   """Returns the `config.strategy` fields the parsed flags give, as a dict.
 
   Raises:
@@ -104,24 +122,27 @@ def config_from_flags(flag_values=flags.FLAGS):
     except ValueError:
       raise ConfigError(
           f"--computation_shape={','.join(fields['computation_shape'])} must be comma-separated ints "
-          "such as 1,1,1,2.") from None
+          "such as 1,1,1,2."
+      ) from None
   return fields
 
 
-def create_from_flags(flag_values=flags.FLAGS):
+def create_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> "tf.distribute.Strategy":
   """Builds the strategy the parsed flags describe, like `strategies.create`.
 
   Raises:
     ConfigError: any bad input.
   """
-  from strategies import factory  # pylint: disable=g-import-not-at-top  # Imports TensorFlow: only here.
+  from strategies import factory  # noqa: PLC0415  # Imports TensorFlow: only here.
+
   return factory.create(config_from_flags(flag_values))
 
 
-def _check(flag_values):
+def _check(flag_values: flags.FlagValues) -> bool:
   try:
     schema.resolve(config_from_flags(flag_values))
   except ConfigError as e:
-    raise flags.ValidationError(str(e).replace("config.strategy.name", "--strategy")
-                                .replace("config.strategy.", "--")) from None
+    raise flags.ValidationError(
+        str(e).replace("config.strategy.name", "--strategy").replace("config.strategy.", "--")
+    ) from None
   return True

@@ -1,10 +1,12 @@
 """A package's public names loaded on first use (PEP 562), so that importing the package imports nothing heavy."""
 
+from collections.abc import Callable, Mapping
 import importlib
 import sys
+from typing import Any
 
 
-def module_hooks(package, public):
+def module_hooks(package: str, public: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
   """Returns the module-level `(__getattr__, __dir__)` for `package` that load its `public` names on first use.
 
   Args:
@@ -13,7 +15,7 @@ def module_hooks(package, public):
       own name maps to itself (e.g. `"data": "runner.data"`).
   """
 
-  def __getattr__(name):  # pylint: disable=invalid-name
+  def __getattr__(name: str) -> Any:  # noqa: N807
     if name not in public:
       raise AttributeError(f"module {package!r} has no attribute {name!r}")
     module = importlib.import_module(public[name])
@@ -21,7 +23,7 @@ def module_hooks(package, public):
     setattr(sys.modules[package], name, value)  # Later lookups find it without this hook.
     return value
 
-  def __dir__():  # pylint: disable=invalid-name
+  def __dir__() -> list[str]:  # noqa: N807
     return sorted(set(vars(sys.modules[package])) | set(public))
 
   return __getattr__, __dir__

@@ -31,8 +31,15 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
   that is waiting.
   """
 
-  def __init__(self, *, communication="auto", timeout_seconds=peers.DEFAULT_TIMEOUT_SECONDS, worker_hosts=None,
-               task_index=None, cluster_resolver=None):
+  def __init__(
+      self,
+      *,
+      communication: str = "auto",
+      timeout_seconds: float | None = peers.DEFAULT_TIMEOUT_SECONDS,
+      worker_hosts: list[str] | tuple[str, ...] | None = None,
+      task_index: int | None = None,
+      cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
+  ) -> None:
     """Builds the strategy; every argument is checked first.
 
     Args:
@@ -73,6 +80,10 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     if timeout_seconds is None or not cluster_spec.jobs:
       build()  # A single worker has no peer to wait for; None waits as TensorFlow does.
     else:
-      peers.join(build, cluster_spec=cluster_spec, task_type=cluster_resolver.task_type,
-                 task_id=cluster_resolver.task_id, timeout_seconds=timeout_seconds)
-
+      peers.join(
+          build,
+          cluster_spec=cluster_spec,
+          task_type=cluster_resolver.task_type,
+          task_id=cluster_resolver.task_id,
+          timeout_seconds=timeout_seconds,
+      )

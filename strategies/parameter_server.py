@@ -27,7 +27,13 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
   `tf.distribute.experimental.coordinator.ClusterCoordinator`.
   """
 
-  def __init__(self, *, min_shard_bytes=None, timeout_seconds=peers.DEFAULT_TIMEOUT_SECONDS, cluster_resolver=None):
+  def __init__(
+      self,
+      *,
+      min_shard_bytes: int | None = None,
+      timeout_seconds: float | None = peers.DEFAULT_TIMEOUT_SECONDS,
+      cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
+  ) -> None:
     """Builds the strategy; every argument is checked first.
 
     Args:
@@ -56,22 +62,25 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
             f"parameter_server needs a {job!r} job in {source}'s cluster, which has "
             f"{', '.join(sorted(jobs)) or 'no jobs'}. Example TF_CONFIG: "
             '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"], '
-            '"ps": ["host3:2222"]}, "task": {"type": "chief", "index": 0}}.')
+            '"ps": ["host3:2222"]}, "task": {"type": "chief", "index": 0}}.'
+        )
     if resolver.task_type in ("worker", "ps"):
       raise ConfigError(
           f"This process is task {resolver.task_type}:{resolver.task_id} of a parameter-server cluster; only the "
           "coordinator (task type 'chief') creates the parameter_server strategy. Workers and ps tasks serve: "
           "`python -m runner` with the same arguments does, or run tf.distribute.Server(cluster_spec, "
-          "job_name=..., task_index=..., protocol='grpc').join().")
+          "job_name=..., task_index=..., protocol='grpc').join()."
+      )
     if timeout_seconds is not None and resolver.task_type is not None:
       peers.rendezvous(resolver.cluster_spec(), resolver.task_type, resolver.task_id, timeout_seconds)
     partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=min_shard_bytes or DEFAULT_MIN_SHARD_BYTES, max_shards=len(jobs["ps"]))
+        min_shard_bytes=min_shard_bytes or DEFAULT_MIN_SHARD_BYTES, max_shards=len(jobs["ps"])
+    )
     super().__init__(resolver, variable_partitioner=partitioner)
     sharded_variables.enable(self)
     self._resolver = resolver
 
   @property
-  def cluster_resolver(self):
+  def cluster_resolver(self) -> tf.distribute.cluster_resolver.ClusterResolver:
     """The cluster resolver of this strategy (TensorFlow's class returns None)."""
     return self._resolver

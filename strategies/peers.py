@@ -16,6 +16,7 @@ waits in three steps instead:
    TensorFlow's notifier, so a later SIGTERM is not swallowed either.
 """
 
+from collections.abc import Callable, Iterator
 import os
 import re
 import signal
@@ -23,14 +24,14 @@ import socket
 import sys
 import threading
 import time
+import types
+from typing import TypeVar
 
 from absl import logging
 import tensorflow as tf
-# pylint: disable=g-direct-tensorflow-import
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.python.distribute import multi_worker_util
-from tensorflow.python.eager import context
-# pylint: enable=g-direct-tensorflow-import
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # noqa: TID251
+from tensorflow.python.distribute import multi_worker_util  # noqa: TID251
+from tensorflow.python.eager import context  # noqa: TID251
 
 from strategies.errors import ClusterError
 
@@ -40,17 +41,31 @@ _PROBE_SECONDS = 2.0
 _COORDINATED_JOBS = ("chief", "worker")
 _TASK_NAME = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 # The errors of a collective or of the coordination service when a peer is gone or too slow.
-PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
-               tf.errors.CancelledError)
+PEER_ERRORS: tuple[type[tf.errors.OpError], ...] = (
+    tf.errors.UnavailableError,
+    tf.errors.DeadlineExceededError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+)
+
+_Built = TypeVar("_Built")
 
 
-def join(build, *, cluster_spec, task_type, task_id, timeout_seconds):
+def join(
+    build: Callable[[], _Built],
+    *,
+    cluster_spec: tf.train.ClusterSpec,
+    task_type: str,
+    task_id: int,
+    timeout_seconds: float,
+) -> _Built:
   """Waits for every peer, then runs `build()` (which joins the cluster); returns its result.
 
   Args:
     build: a function that creates the multi-worker strategy.
     cluster_spec: the `tf.train.ClusterSpec` of the job.
-    task_type, task_id: this task.
+    task_type: this task's type ("worker", "chief", ...).
+    task_id: this task's index among the tasks of its type.
     timeout_seconds: the longest wait for every peer to come.
 
   Raises:
@@ -72,13 +87,14 @@ def join(build, *, cluster_spec, task_type, task_id, timeout_seconds):
     except PEER_ERRORS:
       raise ClusterError(
           f"{me}: the other tasks were up, but did not all join TensorFlow's cluster within {timeout_seconds:g} "
-          f"s. {describe_missing(cluster_spec, task_type, task_id)}") from None
+          f"s. {describe_missing(cluster_spec, task_type, task_id)}"
+      ) from None
   finally:
     if previous is not None:
       signal.signal(signal.SIGTERM, previous)
 
 
-def rendezvous(cluster_spec, task_type, task_id, timeout_seconds):
+def rendezvous(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int, timeout_seconds: float) -> None:
   """Listens on this task's port until every peer's port accepts a connection, or raises ClusterError."""
   me = f"{task_type}:{task_id}"
   address = cluster_spec.task_address(task_type, task_id)
@@ -88,8 +104,10 @@ def rendezvous(cluster_spec, task_type, task_id, timeout_seconds):
     try:
       listener.bind(("", int(address.rpartition(":")[2])))
     except OSError as e:
-      raise ClusterError(f"{me} cannot listen at {address}: {e.strerror or e}. Another process holds the port; "
-                         "choose free ports for the cluster.") from None
+      raise ClusterError(
+          f"{me} cannot listen at {address}: {e.strerror or e}. Another process holds the port; "
+          "choose free ports for the cluster."
+      ) from None
     listener.listen(64)
     listener.setblocking(False)
     deadline = time.monotonic() + timeout_seconds
@@ -103,14 +121,15 @@ def rendezvous(cluster_spec, task_type, task_id, timeout_seconds):
         raise ClusterError(
             f"{me} waited {timeout_seconds:g} s for the other tasks and gave up: nothing listens at "
             f"{', '.join(f'{name} ({peer})' for name, peer in waiting)}. Start every task (the same command with "
-            "its own TF_CONFIG or task_index), or raise config.strategy.timeout_seconds.")
+            "its own TF_CONFIG or task_index), or raise config.strategy.timeout_seconds."
+        )
       if not announced:
         logging.info("%s: waiting for %s (at most %g s).", me, ", ".join(name for name, _ in waiting), timeout_seconds)
         announced = True
       time.sleep(_POLL_SECONDS)
 
 
-def _drain(listener):
+def _drain(listener: socket.socket) -> None:
   """Accepts and closes the peers' probes, so the backlog never fills."""
   while True:
     try:
@@ -120,7 +139,13 @@ def _drain(listener):
     connection.close()
 
 
-def lost(error, *, cluster_resolver, step, saved_step):
+def lost(
+    error: tf.errors.OpError,
+    *,
+    cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver,
+    step: int,
+    saved_step: int | None,
+) -> ClusterError:
   """Returns the ClusterError for `error`, a collective that failed because a peer died or left.
 
   Args:
@@ -144,27 +169,33 @@ def lost(error, *, cluster_resolver, step, saved_step):
   return ClusterError(
       f"{me[0]}:{me[1]} stopped after step {step}: {what}. "
       f"{describe_missing(cluster_resolver.cluster_spec(), *me)} Restart every task with the same command; "
-      f"the job resumes {resume}.")
+      f"the job resumes {resume}."
+  )
 
 
-def describe_missing(cluster_spec, task_type, task_id):
+def describe_missing(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int) -> str:
   """One sentence naming the peers that accept no connection on their port (a quick TCP probe)."""
-  missing = [f"{job}:{index} ({address})" for job, index, address in _peers(cluster_spec, task_type, task_id)
-             if not listening(address)]
+  missing = [
+      f"{job}:{index} ({address})"
+      for job, index, address in _peers(cluster_spec, task_type, task_id)
+      if not listening(address)
+  ]
   if missing:
     return f"Nothing listens at {', '.join(missing)}."
-  return ("Every peer's port answers, so a peer runs with another cluster (check that all tasks have the same "
-          "worker list), is still starting, or is stuck.")
+  return (
+      "Every peer's port answers, so a peer runs with another cluster (check that all tasks have the same "
+      "worker list), is still starting, or is stuck."
+  )
 
 
-def _peers(cluster_spec, task_type, task_id):
+def _peers(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int) -> Iterator[tuple[str, int, str]]:
   for job in cluster_spec.jobs:
     for index, address in enumerate(cluster_spec.job_tasks(job)):
       if (job, index) != (task_type, task_id):
         yield job, index, address
 
 
-def listening(address):
+def listening(address: str) -> bool:
   """Whether something accepts a TCP connection at `address` ('host:port') within 2 s."""
   host, _, port = address.rpartition(":")
   try:
@@ -174,7 +205,7 @@ def listening(address):
     return False
 
 
-def _configure_coordination(cluster_spec, timeout_seconds):
+def _configure_coordination(cluster_spec: tf.train.ClusterSpec, timeout_seconds: float) -> None:
   """TensorFlow's coordination-service setup, plus a registration barrier with a deadline.
 
   Left alone if the process configured one already (the strategy then uses
@@ -182,22 +213,29 @@ def _configure_coordination(cluster_spec, timeout_seconds):
   """
   if context.context().coordination_service is not None:
     return
-  jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
-          for job in _COORDINATED_JOBS if job in cluster_spec.jobs]
+  jobs = [
+      coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+      for job in _COORDINATED_JOBS
+      if job in cluster_spec.jobs
+  ]
   context.context().configure_coordination_service(
-      service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
-      coordinated_jobs=jobs, cluster_register_timeout_in_ms=int(timeout_seconds * 1000))
+      service_type="standalone",
+      service_leader=multi_worker_util.coordination_leader(cluster_spec),
+      coordinated_jobs=jobs,
+      cluster_register_timeout_in_ms=int(timeout_seconds * 1000),
+  )
   # configure_coordination_service has no argument for the barrier that makes the timeout hold for every task.
   context.context().coordination_service.cluster_register_with_barrier = True
 
 
-def _terminate_while_waiting(signum, frame):
+def _terminate_while_waiting(signum: int, frame: types.FrameType | None) -> None:
   """SIGTERM while joining: say so and exit with 128 + SIGTERM at once (nothing was written yet)."""
   del frame
-  print("error: SIGTERM while waiting for the other tasks to join; stopped before any work.", file=sys.stderr,
-        flush=True)
-  os._exit(128 + signum)  # pylint: disable=protected-access
+  print(
+      "error: SIGTERM while waiting for the other tasks to join; stopped before any work.", file=sys.stderr, flush=True
+  )
+  os._exit(128 + signum)
 
 
-def _on_main_thread():
+def _on_main_thread() -> bool:
   return threading.current_thread() is threading.main_thread()

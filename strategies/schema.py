@@ -1,6 +1,7 @@
 """The `config.strategy` schema: its fields, their defaults, and which strategy uses which."""
 
 import collections.abc
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
@@ -58,7 +59,7 @@ FIELDS_USED = {
 NAMES = tuple(FIELDS_USED)
 
 
-def default_config():
+def default_config() -> ml_collections.ConfigDict:
   """Returns the `config.strategy` ConfigDict: every field at its default."""
   config = ml_collections.ConfigDict()
   for field, default in DEFAULTS.items():
@@ -68,7 +69,7 @@ def default_config():
   return config
 
 
-def resolve(config):
+def resolve(config: collections.abc.Mapping[str, Any] | ml_collections.ConfigDict | None) -> dict[str, Any]:
   """Returns every field's value: `config` over the defaults, with the usage checked.
 
   Args:
@@ -92,7 +93,8 @@ def resolve(config):
     if field not in DEFAULTS:
       raise ConfigError(
           f"config.strategy has no field {field!r}.{checks.did_you_mean(field, DEFAULTS)} "
-          f"Fields: {', '.join(DEFAULTS)}.")
+          f"Fields: {', '.join(DEFAULTS)}."
+      )
   fields = {**DEFAULTS, **config}
   name = checks.one_of(fields["name"], NAMES, "config.strategy.name")
   for field, value in fields.items():
@@ -101,5 +103,6 @@ def resolve(config):
       raise ConfigError(
           f"config.strategy.{field}={value!r} is not used by strategy {name!r}, which reads "
           f"{', '.join(FIELDS_USED[name]) or 'no other field'}. Remove it, or choose a strategy "
-          f"that uses it: {', '.join(users)}.")
+          f"that uses it: {', '.join(users)}."
+      )
   return fields

@@ -18,12 +18,13 @@ work:
   may be sharded.
 """
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import tensorflow as tf
-# pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.distribute import parameter_server_strategy_v2
-from tensorflow.python.distribute import sharded_variable
-# pylint: enable=g-direct-tensorflow-import
+from tensorflow.python.distribute import distribute_lib  # noqa: TID251
+from tensorflow.python.distribute import parameter_server_strategy_v2  # noqa: TID251
+from tensorflow.python.distribute import sharded_variable  # noqa: TID251
 
 
 class ShardedVariable(sharded_variable.ShardedVariable):
@@ -36,10 +37,10 @@ class ShardedVariable(sharded_variable.ShardedVariable):
   or without sharding, and restores into any number of shards.
   """
 
-  def _serialize_to_tensors(self):
+  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
     return {"VARIABLE_VALUE": tf.convert_to_tensor(self)}
 
-  def _restore_from_tensors(self, restored_tensors):
+  def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]) -> Any:
     return self.assign(restored_tensors["VARIABLE_VALUE"])
 
 
@@ -50,16 +51,18 @@ class ShardedVariableExtended(parameter_server_strategy_v2.ParameterServerStrate
   TensorFlow's constructor made.
   """
 
-  def _create_variable(self, next_creator, **kwargs):
+  def _create_variable(self, next_creator: Callable[..., tf.Variable], **kwargs: Any) -> tf.Variable:
     """Makes sharded variables this module's `ShardedVariable`; shards a variable colocated with one like it."""
     if isinstance(kwargs.get("colocate_with"), sharded_variable.ShardedVariable):
       del kwargs["colocate_with"]  # An optimizer slot: the same shape, so the same shards.
     variable = super()._create_variable(next_creator, **kwargs)
-    if type(variable) is sharded_variable.ShardedVariable:  # pylint: disable=unidiomatic-typecheck
+    if type(variable) is sharded_variable.ShardedVariable:
       variable = ShardedVariable(variable.variables, name=kwargs.get("name") or "ShardedVariable")
     return variable
 
-  def _update(self, var, fn, args, kwargs, group):
+  def _update(
+      self, var: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], group: bool
+  ) -> Any:
     """Runs `fn(var, ...)` for a `ShardedVariable` without colocating (its assign ops update each shard)."""
     if isinstance(var, sharded_variable.ShardedVariable):
       with distribute_lib.UpdateContext(var.variables[0].device):
@@ -67,7 +70,7 @@ class ShardedVariableExtended(parameter_server_strategy_v2.ParameterServerStrate
     return super()._update(var, fn, args, kwargs, group)
 
 
-def enable(strategy):
+def enable(strategy: tf.distribute.experimental.ParameterServerStrategy) -> None:
   """Gives a `tf.distribute.experimental.ParameterServerStrategy` the Keras 3 support of this module (once).
 
   TensorFlow makes the strategy's `extended` inside its constructor; this
@@ -78,7 +81,7 @@ def enable(strategy):
     strategy.extended.__class__ = ShardedVariableExtended
 
 
-def describe(variables):
+def describe(variables: Sequence[Any]) -> str:
   """One line on how `variables` (Keras or tf variables) are sharded, e.g. for a log.
 
   Example: '1 of 4 variables sharded: mlp/dense/kernel (1024, 64) in 2 shards
@@ -94,12 +97,12 @@ def describe(variables):
   return f"{line}: {'; '.join(parts)}" if parts else line
 
 
-def _task(device):
+def _task(device: str) -> str:
   spec = tf.DeviceSpec.from_string(device)
   return f"{spec.job}:{spec.task}" if spec.job else device
 
 
-def shards(variable):
+def shards(variable: Any) -> list[tf.Variable]:
   """Returns the `tf.Variable`s that hold `variable` (a Keras or tf variable): its shards, or itself."""
   value = getattr(variable, "value", variable)
   if isinstance(value, sharded_variable.ShardedVariable):
@@ -107,7 +110,7 @@ def shards(variable):
   return [variable]
 
 
-def gradients(tape, target, variables):
+def gradients(tape: tf.GradientTape, target: tf.Tensor, variables: Sequence[Any]) -> list[Any]:
   """Returns `tape.gradient(target, variables)`, also for variables whose values are sharded.
 
   The gradient of a sharded variable is taken for each shard and joined
@@ -116,15 +119,16 @@ def gradients(tape, target, variables):
   """
   sources = [shards(v) for v in variables]
   flat = tape.gradient(target, [shard for group in sources for shard in group])
-  joined, start = [], 0
+  joined: list[Any] = []
+  start = 0
   for group in sources:
-    parts = flat[start:start + len(group)]
+    parts = flat[start : start + len(group)]
     start += len(group)
     joined.append(parts[0] if len(group) == 1 else _join(parts, group))
   return joined
 
 
-def _join(parts, group):
+def _join(parts: list[Any], group: list[tf.Variable]) -> tf.Tensor | tf.IndexedSlices | None:
   if any(part is None for part in parts):
     return None
   if not any(isinstance(part, tf.IndexedSlices) for part in parts):
@@ -139,6 +143,6 @@ def _join(parts, group):
   return tf.IndexedSlices(tf.concat(values, 0), tf.concat([tf.cast(i, tf.int64) for i in indices], 0), dense_shape)
 
 
-def _as_slices(dense):
+def _as_slices(dense: tf.Tensor) -> tf.IndexedSlices:
   rows = tf.shape(dense, out_type=tf.int64)[0]
   return tf.IndexedSlices(dense, tf.range(rows), tf.shape(dense, out_type=tf.int64))

@@ -18,6 +18,7 @@ it connects), `TPUSystems` (each TPU system initialized once per process)
 and `device_assignment` (a `computation_shape` checked against a topology).
 """
 
+from collections.abc import Callable, Sequence
 import dataclasses
 import glob
 import importlib.util
@@ -25,6 +26,7 @@ import math
 import os
 import socket
 import threading
+from typing import Any
 import urllib.parse
 
 from absl import logging
@@ -43,10 +45,11 @@ MESH_AXES = ("x", "y", "z", "core")  # The axes of a TPU topology's mesh_shape, 
 HOW_TO_NAME_A_TPU = (
     "Name the TPU: --config.strategy.tpu=local (or --tpu=local) on a TPU VM, a Cloud TPU name "
     "such as --config.strategy.tpu=my-tpu, or a worker address such as "
-    "--config.strategy.tpu=grpc://10.0.0.2:8470; or set TPU_NAME.")
+    "--config.strategy.tpu=grpc://10.0.0.2:8470; or set TPU_NAME."
+)
 
 
-def tpu_from_environment():
+def tpu_from_environment() -> str | None:
   """Returns the TPU named by TPU_NAME or KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, or None."""
   for variable in TPU_ENVIRONMENT_VARIABLES:
     if os.environ.get(variable):
@@ -54,14 +57,14 @@ def tpu_from_environment():
   return None
 
 
-def local_tpu_present():
+def local_tpu_present() -> bool:
   """Returns whether this machine is a TPU VM: TPU device files and libtpu are there."""
   has_devices = any(glob.glob(pattern) for pattern in LOCAL_TPU_DEVICE_FILES)
   has_runtime = importlib.util.find_spec("libtpu") is not None or bool(os.environ.get("TPU_LIBRARY_PATH"))
   return has_devices and has_runtime
 
 
-def reachable_tpu():
+def reachable_tpu() -> str | None:
   """Returns the TPU that `tpu=''` would use ('local' or the environment's), or None; never blocks."""
   from_environment = tpu_from_environment()
   if from_environment:
@@ -80,12 +83,13 @@ class ResolverForm:
       (`tf.config.experimental_connect_to_cluster`) before initializing it.
     uses_zone_and_project: whether `zone` and `project` mean anything for it.
   """
+
   kind: str
   connects: bool
   uses_zone_and_project: bool
 
 
-def resolve_name(tpu):
+def resolve_name(tpu: str | None) -> str:
   """Returns the TPU that `tpu` names: itself, or for '' (or None) the environment's TPU or 'local'.
 
   Raises:
@@ -101,11 +105,12 @@ def resolve_name(tpu):
   if found is None:
     raise ConfigError(
         "strategy 'tpu' with tpu='' found no TPU: TPU_NAME is not set and this machine has no "
-        f"TPU devices ({', '.join(LOCAL_TPU_DEVICE_FILES)}) with libtpu installed. {HOW_TO_NAME_A_TPU}")
+        f"TPU devices ({', '.join(LOCAL_TPU_DEVICE_FILES)}) with libtpu installed. {HOW_TO_NAME_A_TPU}"
+    )
   return found
 
 
-def resolver_form(tpu):
+def resolver_form(tpu: str) -> ResolverForm:
   """Returns the `ResolverForm` of a resolved TPU name (see `resolve_name`): 'local', a grpc:// address, or a name."""
   if tpu == "local":
     return ResolverForm(kind="local", connects=False, uses_zone_and_project=False)
@@ -123,20 +128,24 @@ class TPUSystems:
   call tries again.
   """
 
-  def __init__(self, initialize=None):
-    """Args:
+  def __init__(self, initialize: Callable[[str, Any], Any] | None = None) -> None:
+    """Starts with no TPU system initialized.
+
+    Args:
       initialize: `fn(tpu, resolver) -> tf.tpu.experimental.Topology`; by
         default it connects to a remote TPU (a name or a grpc:// address)
         and runs `tf.tpu.experimental.initialize_tpu_system`.
     """
     self._initialize = initialize or _connect_and_initialize
-    self._topologies = {}
+    self._topologies: dict[str, Any] = {}
     self._lock = threading.Lock()
 
-  def __contains__(self, tpu):
+  def __contains__(self, tpu: str) -> bool:
     return tpu in self._topologies
 
-  def topology(self, tpu, resolver):
+  def topology(
+      self, tpu: str, resolver: tf.distribute.cluster_resolver.TPUClusterResolver
+  ) -> tf.tpu.experimental.Topology:
     """Returns the topology of TPU `tpu` (a resolved name), initializing its system on the first call only.
 
     Raises:
@@ -153,7 +162,9 @@ class TPUSystems:
       return self._topologies[tpu]
 
 
-def _connect_and_initialize(tpu, resolver):
+def _connect_and_initialize(
+    tpu: str, resolver: tf.distribute.cluster_resolver.TPUClusterResolver
+) -> tf.tpu.experimental.Topology:
   if resolver_form(tpu).connects:
     tf.config.experimental_connect_to_cluster(resolver)
   return tf.tpu.experimental.initialize_tpu_system(resolver)
@@ -166,8 +177,16 @@ SYSTEMS = TPUSystems()
 class TPUStrategy(tf.distribute.TPUStrategy):
   """`tf.distribute.TPUStrategy` on a named TPU, connected and initialized once per process."""
 
-  def __init__(self, tpu="", *, zone=None, project=None, computation_shape=None, num_replicas=None,
-               spmd_xla_partitioning=False):
+  def __init__(
+      self,
+      tpu: str | None = "",
+      *,
+      zone: str | None = None,
+      project: str | None = None,
+      computation_shape: Sequence[int] | None = None,
+      num_replicas: int | None = None,
+      spmd_xla_partitioning: bool = False,
+  ) -> None:
     """Builds the strategy; every argument is checked first.
 
     Args:
@@ -195,42 +214,50 @@ class TPUStrategy(tf.distribute.TPUStrategy):
     assignment = None
     if computation_shape is not None or num_replicas is not None:
       assignment = device_assignment(topology, computation_shape, num_replicas)
-    super().__init__(resolver, experimental_device_assignment=assignment,
-                     experimental_spmd_xla_partitioning=spmd_xla_partitioning)
+    super().__init__(
+        resolver, experimental_device_assignment=assignment, experimental_spmd_xla_partitioning=spmd_xla_partitioning
+    )
     self.tpu = tpu
 
 
-def _checked_shape(computation_shape):
+def _checked_shape(computation_shape: Any) -> list[int]:
   """Returns `computation_shape` as a list of positive ints, or raises ConfigError."""
-  if (not isinstance(computation_shape, (list, tuple)) or not computation_shape or not all(
-      checks.is_int(n) and n >= 1 for n in computation_shape)):
+  if (
+      not isinstance(computation_shape, (list, tuple))
+      or not computation_shape
+      or not all(checks.is_int(n) and n >= 1 for n in computation_shape)
+  ):
     raise ConfigError(
         f"computation_shape must be a list of positive ints, one per TPU mesh axis, such as "
-        f"[1, 1, 1, 2]; got {computation_shape!r}.")
+        f"[1, 1, 1, 2]; got {computation_shape!r}."
+    )
   return list(computation_shape)
 
 
-def _check_reachable(tpu, zone, project):
+def _check_reachable(tpu: str, zone: str | None, project: str | None) -> None:
   """Raises ConfigError unless the cheap local checks say TPU `tpu` (a resolved name) can be reached."""
   form = resolver_form(tpu)
   if (zone or project) and not form.uses_zone_and_project:
     raise ConfigError(
         f"zone and project look up a Cloud TPU by name; tpu={tpu!r} does not use them. Remove them, "
-        "or name the TPU instead.")
+        "or name the TPU instead."
+    )
   if form.kind == "local":
     if not local_tpu_present():
       raise ConfigError(
           f"tpu='local' but this machine is not a TPU VM (no {' or '.join(LOCAL_TPU_DEVICE_FILES)} "
-          f"device files with libtpu installed). {HOW_TO_NAME_A_TPU}")
+          f"device files with libtpu installed). {HOW_TO_NAME_A_TPU}"
+      )
   elif form.kind == "address":
     _check_listening(tpu)
   elif not _on_google_cloud() and not (zone and project):
     raise ConfigError(
         f"tpu={tpu!r} is a Cloud TPU name, and this machine is not on Google Cloud, so zone and project "
-        f"must be given (--config.strategy.zone, --config.strategy.project) to look it up. {HOW_TO_NAME_A_TPU}")
+        f"must be given (--config.strategy.zone, --config.strategy.project) to look it up. {HOW_TO_NAME_A_TPU}"
+    )
 
 
-def _check_listening(address):
+def _check_listening(address: str) -> None:
   """Raises ConfigError unless something accepts TCP connections at grpc://host:port."""
   parsed = urllib.parse.urlsplit(address)
   try:
@@ -245,10 +272,11 @@ def _check_listening(address):
   except OSError as e:
     raise ConfigError(
         f"No TPU is reachable at tpu={address!r}: {e.strerror or e} (waited at most "
-        f"{GRPC_CONNECT_TIMEOUT_SECONDS} s). {HOW_TO_NAME_A_TPU}") from None
+        f"{GRPC_CONNECT_TIMEOUT_SECONDS} s). {HOW_TO_NAME_A_TPU}"
+    ) from None
 
 
-def _on_google_cloud():
+def _on_google_cloud() -> bool:
   """Returns whether the GCE metadata server can tell a TPU's zone and project (local facts only)."""
   if os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP"):
     return True
@@ -259,14 +287,18 @@ def _on_google_cloud():
     return False
 
 
-def _resolver(tpu, zone, project):
+def _resolver(tpu: str, zone: str | None, project: str | None) -> tf.distribute.cluster_resolver.TPUClusterResolver:
   try:
     return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
-  except Exception as e:  # pylint: disable=broad-except  # the Cloud TPU client raises many kinds.
+  except Exception as e:  # the Cloud TPU client raises many kinds.
     raise ConfigError(f"Could not resolve tpu={tpu!r}: {type(e).__name__}: {e}. {HOW_TO_NAME_A_TPU}") from e
 
 
-def device_assignment(topology, computation_shape=None, num_replicas=None):
+def device_assignment(
+    topology: tf.tpu.experimental.Topology,
+    computation_shape: Sequence[int] | None = None,
+    num_replicas: int | None = None,
+) -> tf.tpu.experimental.DeviceAssignment:
   """Returns the DeviceAssignment placing `num_replicas` blocks of `computation_shape` cores on `topology`.
 
   Replicas are whole blocks: along each mesh axis `mesh // shape` of them
@@ -295,7 +327,8 @@ def device_assignment(topology, computation_shape=None, num_replicas=None):
     if asked > present:
       raise ConfigError(
           f"computation_shape={shape} does not fit {where}: along axis {axis} it asks for {asked} cores, "
-          f"the mesh has {present}.")
+          f"the mesh has {present}."
+      )
   fitting = math.prod(m // s for m, s in zip(mesh, shape))
   if num_replicas is None:
     num_replicas = fitting
@@ -303,9 +336,11 @@ def device_assignment(topology, computation_shape=None, num_replicas=None):
     raise ConfigError(
         f"computation_shape={shape} with num_replicas={num_replicas} needs {num_replicas * math.prod(shape)} "
         f"cores, and only {fitting} replica(s) of that shape fit {where}. Use num_replicas <= {fitting} or "
-        "a smaller computation_shape.")
+        "a smaller computation_shape."
+    )
   try:
     return tf.tpu.experimental.DeviceAssignment.build(
-        topology, computation_shape=np.array(shape, dtype=np.int32), num_replicas=num_replicas)
+        topology, computation_shape=np.array(shape, dtype=np.int32), num_replicas=num_replicas
+    )
   except ValueError as e:
     raise ConfigError(f"computation_shape={shape} with num_replicas={num_replicas} does not fit {where}: {e}") from e

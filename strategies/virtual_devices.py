@@ -5,7 +5,7 @@ import tensorflow as tf
 from strategies import checks
 
 
-def virtual_cpus(n):
+def virtual_cpus(n: int) -> list[tf.config.LogicalDevice]:
   """Splits the first physical CPU into `n` logical CPU devices.
 
   Several replicas on one CPU come from this: after `virtual_cpus(4)`,
@@ -29,8 +29,7 @@ def virtual_cpus(n):
     raise ValueError(f"virtual_cpus needs a positive int number of logical CPUs, got {n!r}.")
   cpu = tf.config.list_physical_devices("CPU")[0]
   try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
   except RuntimeError:
     existing = tf.config.list_logical_devices("CPU")
     if len(existing) != n:
@@ -38,6 +37,7 @@ def virtual_cpus(n):
           f"virtual_cpus({n}) came too late: TensorFlow already initialized its devices "
           f"with {len(existing)} logical CPU(s). Call strategies.virtual_cpus (or set "
           f"config.strategy.virtual_cpus / --virtual_cpus) before any TensorFlow op, "
-          f"strategy or device listing runs in this process.") from None
+          f"strategy or device listing runs in this process."
+      ) from None
     return existing
   return tf.config.list_logical_devices("CPU")

@@ -11,7 +11,6 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np
 
 import runner

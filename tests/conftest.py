@@ -25,8 +25,8 @@ os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
 SESSION_TEMP_DIR = tempfile.mkdtemp(prefix="tf-runner-tests-")
 os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TEMP_DIR
 
-from runner.cluster import process_exit  # pylint: disable=g-import-not-at-top
-import strategies  # pylint: disable=g-import-not-at-top
+from runner.cluster import process_exit  # noqa: E402
+import strategies  # noqa: E402
 
 # The suite never collects reference cycles. A collection deletes every cyclic garbage Trainer of the
 # tests before, and with it its tf.data iterators; in TensorFlow 2.21 deleting an iterator whose

@@ -16,10 +16,10 @@ class Process:
     self.name = name
     os.makedirs(logs, exist_ok=True)
     stem = os.path.join(logs, f"{name.replace(':', '')}.{time.monotonic_ns()}")
-    self._out = open(stem + ".out", "w+", encoding="utf-8")  # pylint: disable=consider-using-with
-    self._err = open(stem + ".err", "w+", encoding="utf-8")  # pylint: disable=consider-using-with
-    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-        command, cwd=REPO, env=env, stdout=self._out, stderr=self._err, preexec_fn=preexec_fn)
+    self._out = open(stem + ".out", "w+", encoding="utf-8")  # noqa: SIM115
+    self._err = open(stem + ".err", "w+", encoding="utf-8")  # noqa: SIM115
+    self.process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=self._out, stderr=self._err, preexec_fn=preexec_fn)  # noqa: PLW1509
 
   def wait(self, timeout=TIMEOUT_SECONDS):
     """Waits for the exit (killing the process past `timeout`); returns `(status, stdout, stderr)`."""

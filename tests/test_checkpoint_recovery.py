@@ -72,7 +72,7 @@ def _zeroed(path):
 
 
 def _emptied(path):
-  open(path, "wb").close()  # pylint: disable=consider-using-with
+  open(path, "wb").close()
 
 
 def _cut_to_its_first_two_lines(path):

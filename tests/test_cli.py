@@ -146,7 +146,7 @@ def cli_runs(tmp_path_factory):
 
 def _write_records(path, *, num_values):
   """Writes 8 tf.train.Examples whose feature 'x' holds `num_values` floats (records.py's parse reads 16)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  # Only this fixture needs it.
+  import tensorflow as tf  # noqa: PLC0415  # Only this fixture needs it.
   with tf.io.TFRecordWriter(path) as writer:
     for label in range(8):
       writer.write(tf.train.Example(features=tf.train.Features(feature={
@@ -304,7 +304,7 @@ def test_lines_other_than_the_start_up_chatter_are_kept(capfd):
              "I0000 00:00:1795419967.489718    8804 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
              "GPU will not be used.\n")
   real = "E0000 00:00:1795419967.5 8804 some_op.cc:12] a real error\nTraceback (most recent call last):\n"
-  with tensorflow_logs._filtered_stderr(tensorflow_logs._is_chatter):  # pylint: disable=protected-access
+  with tensorflow_logs._filtered_stderr(tensorflow_logs._is_chatter):  # noqa: SLF001
     os.write(2, (chatter + real).encode())
   assert capfd.readouterr().err == real
 

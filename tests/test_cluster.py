@@ -178,11 +178,11 @@ def test_a_taken_port_is_named_before_any_waiting():
       peers.join(lambda: None, cluster_spec=spec, task_type="worker", task_id=0, timeout_seconds=1)
 
 
-class socket_holding_a_port:  # pylint: disable=invalid-name
+class socket_holding_a_port:  # noqa: N801
   """A context manager: a listening socket on a free port (without SO_REUSEADDR, so the port is taken)."""
 
   def __enter__(self):
-    import socket  # pylint: disable=g-import-not-at-top
+    import socket  # noqa: PLC0415
     self._socket = socket.socket()
     self._socket.bind(("", 0))
     self._socket.listen(1)

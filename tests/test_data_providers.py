@@ -322,7 +322,7 @@ def test_a_config_run_gives_config_data_sharding_to_a_provider_that_did_not_choo
             "data": {"name": "sharded_records:records", "pattern": pattern, "global_batch_size": 4, "sharding": "file"},
             "model": {"hidden_units": (4,)}, "trainer": {"train_steps": 2, "steps_per_loop": 1}}
   result = runner.run(config, str(tmp_path / "work"))
-  import sharded_records  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  import sharded_records  # noqa: PLC0415
   assert {split: p.sharding for split, p in sharded_records.PROVIDERS.items()} == {"train": "file", "eval": "data"}
   assert result.global_step == 2 and result.eval_metrics["num_examples"] == 16
   sys.modules.pop("sharded_records", None)
@@ -348,7 +348,7 @@ def test_two_workers_over_one_file_with_sharding_file_each_say_so_once_and_finis
   for index in range(2):  # Output to files: a full pipe would stop one worker and, through the all-reduce, both.
     with open(tmp_path / f"worker{index}.out", "w", encoding="utf-8") as out, \
          open(tmp_path / f"worker{index}.err", "w", encoding="utf-8") as err:
-      workers.append(subprocess.Popen(  # pylint: disable=consider-using-with
+      workers.append(subprocess.Popen(
           [sys.executable, "-m", "runner", f"--config={config_file}", f"--workdir={tmp_path / 'work'}",
            "--config.strategy.name=multi_worker_mirrored", f"--config.strategy.worker_hosts={hosts!r}",
            f"--config.strategy.task_index={index}", "--config.data.sharding=file"],
@@ -377,6 +377,6 @@ def test_the_trainers_input_runs_without_the_autotuning_model_whose_thread_stall
   evaluation, _ = input_pipeline.for_evaluation(mirrored, examples, 4, bounded=False)
   # The per-worker datasets that distribute_datasets_from_function built (TensorFlow keeps them in `_datasets`).
   for distributed in (training, evaluation):
-    assert [d.options().autotune.enabled for d in distributed._datasets] == [False]  # pylint: disable=protected-access
+    assert [d.options().autotune.enabled for d in distributed._datasets] == [False]  # noqa: SLF001
   features, _ = next(iter(training))
   assert [tuple(t.shape) for t in mirrored.experimental_local_results(features)] == [(2, 3), (2, 3)]

@@ -137,7 +137,7 @@ def test_import_path_model_dataset_and_task_are_called_as_designed(tmp_path, mon
             "optimizer": {"learning_rate": 0.1},
             "trainer": {"train_steps": 100, "steps_per_loop": 50}}
   result = runner.run(config, str(tmp_path / "work"))
-  import plugins  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  import plugins  # noqa: PLC0415
   assert ("model", 1) in plugins.CALLS and ("task", "plugins:mse") in plugins.CALLS
   assert ("data", "train", 3.0) in plugins.CALLS and ("data", "eval", 3.0) in plugins.CALLS
   assert result.eval_metrics["mae"] < 0.1

@@ -155,6 +155,6 @@ def test_trainer_options_are_frozen_and_checked_when_made():
   options = trainer_options.TrainerOptions(steps_per_loop=5, actions=[Recorder()])
   assert isinstance(options.actions, tuple) and options.steps_per_loop == 5
   with pytest.raises(AttributeError):
-    options.steps_per_loop = 6  # pylint: disable=assigning-non-slot
+    options.steps_per_loop = 6
   with pytest.raises(ConfigError, match=r"checkpoint_every=10 needs a model_dir"):
     trainer_options.TrainerOptions(checkpoint_every=10)

@@ -22,7 +22,7 @@ def _checkpoint_names(model_dir):
 
 def test_a_mirrored_2_checkpoint_restores_weights_and_slots_on_one_device_and_mirrored_4(tmp_path, cpu_devices):
   model_dir = str(tmp_path)
-  adam = lambda: keras.optimizers.Adam(0.01)  # pylint: disable=unnecessary-lambda-assignment
+  adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
   writer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), optimizer_fn=adam,
                                         model_dir=model_dir)
   writer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=3)
@@ -123,7 +123,7 @@ def test_no_readable_checkpoint_is_an_error_that_changes_no_weight(tmp_path):
 
 def test_a_checkpoint_of_another_model_restores_nothing(tmp_path):
   one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
-  two_layers = lambda classes: lambda: keras.Sequential([  # pylint: disable=unnecessary-lambda-assignment
+  two_layers = lambda classes: lambda: keras.Sequential([  # noqa: E731
       keras.Input((trainer_testlib.NUM_FEATURES,)), keras.layers.Dense(16), keras.layers.Dense(classes)])
   trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), model_fn=two_layers(4)).train(
       trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=2)
@@ -138,5 +138,5 @@ def test_a_checkpoint_of_another_model_restores_nothing(tmp_path):
 def _checkpoints(trainer, model_dir):
   """A second Checkpoints over a trainer's variables, to restore without making another Trainer."""
   return checkpoints.Checkpoints(trainer.strategy, model_dir, model=trainer.model,
-                                   optimizer=trainer._parts.optimizer, step=trainer._step,  # pylint: disable=protected-access
+                                   optimizer=trainer._optimizer, step=trainer._step,  # noqa: SLF001
                                    max_to_keep=3)

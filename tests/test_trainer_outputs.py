@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import scalars_plugin
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
+from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: TID251  # The profile's format: no public API reads it.
 from tensorboard_plugin_profile import profile_plugin_loader
 from xprof.standalone.tensorboard_shim import base_plugin as profile_base_plugin
 

@@ -69,9 +69,9 @@ def _write_lock(workdir, *, host=None, pid=None, process_start="", age_seconds=0
 
 
 def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_path, caplog):
-  gone = subprocess.Popen([sys.executable, "-c", "pass"])  # pylint: disable=consider-using-with
+  gone = subprocess.Popen([sys.executable, "-c", "pass"])
   gone.wait()  # Reaped: its pid names no process.
-  own_start = workdir_lock._process_start(os.getpid())  # pylint: disable=protected-access
+  own_start = workdir_lock._process_start(os.getpid())  # noqa: SLF001
   stale = {"same host, the pid gone": {"pid": gone.pid, "process_start": "boot:1"},
            "same host, the pid now another process": {"pid": os.getpid(), "process_start": "another-boot:1"},
            "another host, not refreshed for longer than the timeout": {

@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import trainer_testlib  # pylint: disable=g-import-not-at-top
-import runner  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import trainer_testlib
+import runner
 
 
 class SeenLoops(runner.actions.Action):

@@ -314,9 +314,9 @@ class _Job:
       env = dict(os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type,
                                                             index=task.index)))
       env.setdefault("PYTHONUNBUFFERED", "1")  # Lines come as they are printed, not when a buffer fills.
-      process = subprocess.Popen(  # pylint: disable=consider-using-with,subprocess-popen-preexec-fn
+      process = subprocess.Popen(
           [sys.executable, "-m", "runner", *self._arguments], env=env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
       self._processes[task] = process
       self._output.launcher(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
       prefix = f"[{task.name}]"
@@ -394,7 +394,7 @@ def _ends_with_the_launcher(launcher_pid):
     if prctl is not None:
       prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != launcher_pid:
-      os._exit(exit_codes.STOPPED_BY[signal.SIGTERM])  # pylint: disable=protected-access
+      os._exit(exit_codes.STOPPED_BY[signal.SIGTERM])
 
   return preexec
 

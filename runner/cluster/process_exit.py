@@ -54,7 +54,7 @@ def exit_now(status):
   for callback in list(_before_exit):
     try:
       callback()
-    except Exception:  # pylint: disable=broad-except
+    except Exception:  # noqa: BLE001
       pass
   for stream in (sys.stdout, sys.stderr):
     try:
@@ -62,4 +62,4 @@ def exit_now(status):
     except (OSError, ValueError):
       pass
   remove_autograph_modules()
-  os._exit(status)  # pylint: disable=protected-access
+  os._exit(status)

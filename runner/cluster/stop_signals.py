@@ -222,5 +222,4 @@ def _joined_a_cluster():
   """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
   context = sys.modules.get("tensorflow.python.eager.context")
   current = context and context.context_safe()
-  # pylint: disable-next=protected-access
-  return bool(current and (current.get_server_def() or current._collective_ops_server_def))
+  return bool(current and (current.get_server_def() or current._collective_ops_server_def))  # noqa: SLF001

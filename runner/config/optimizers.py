@@ -54,7 +54,7 @@ def learning_rate(config, train_steps):
   """
   if config.schedule == "constant":
     return config.learning_rate
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras  # noqa: PLC0415
   if config.schedule == "cosine":
     return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=train_steps)
   return keras.optimizers.schedules.CosineDecay(
@@ -73,6 +73,6 @@ def create(config, train_steps):
     config: `config.optimizer`, checked by `check`.
     train_steps: the total number of training steps, the length of the schedule.
   """
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras  # noqa: PLC0415
   return getattr(keras.optimizers, OPTIMIZERS[config.name])(
       learning_rate=learning_rate(config, train_steps), weight_decay=config.weight_decay)

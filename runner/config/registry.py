@@ -39,13 +39,13 @@ class Builtin:
 
 
 def _classification(config):
-  from runner import tasks  # pylint: disable=g-import-not-at-top
+  from runner import tasks  # noqa: PLC0415
   return tasks.Classification(from_logits=config.from_logits)
 
 
 def _regression(config):
   del config  # Regression has no fields.
-  from runner import tasks  # pylint: disable=g-import-not-at-top
+  from runner import tasks  # noqa: PLC0415
   return tasks.Regression()
 
 

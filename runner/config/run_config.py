@@ -355,7 +355,7 @@ def _failures_named(file_path, during):
     raise ConfigError(
         f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with "
         f"{e!r}; a config file must return its config (raise an exception to report a problem).") from e
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise ConfigError(
         f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}") from e
 

@@ -24,7 +24,7 @@ def _sklearn_datasets():
     ConfigError: scikit-learn is not installed.
   """
   try:
-    from sklearn import datasets as sklearn_datasets  # pylint: disable=g-import-not-at-top
+    from sklearn import datasets as sklearn_datasets  # noqa: PLC0415
   except ImportError:
     raise ConfigError(_NO_SKLEARN) from None
   return sklearn_datasets
@@ -47,7 +47,7 @@ def digits(config, split):
   order = np.random.RandomState(config.seed).permutation(len(labels))
   num_eval = math.ceil(len(labels) * config.test_fraction)
   chosen = order[num_eval:] if split == "train" else order[:num_eval]
-  from runner.data import providers as data  # pylint: disable=g-import-not-at-top
+  from runner.data import providers as data  # noqa: PLC0415
   return data.InMemory(features[chosen], labels[chosen], shuffle=split == "train", seed=config.seed)
 
 
@@ -85,7 +85,7 @@ def synthetic(config, split):
   else:
     scores = features @ teacher + config.noise * rng.normal(size=(count, config.num_classes))
     labels = scores.argmax(axis=1).astype(np.int32)
-  from runner.data import providers as data  # pylint: disable=g-import-not-at-top
+  from runner.data import providers as data  # noqa: PLC0415
   return data.InMemory(features, labels, shuffle=training and config.shuffle, seed=config.seed)
 
 

@@ -365,7 +365,7 @@ def _parse_mismatch(parse_fn, record, reason):
                if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
   try:
     features = tf.train.Example.FromString(record).features.feature
-  except Exception:  # pylint: disable=broad-except  # Not an Example: a DecodeError of the protobuf.
+  except Exception:  # noqa: BLE001  # Not an Example: a DecodeError of the protobuf.
     return f"it is not a tf.train.Example ({reason})"
   held = ", ".join(f"{name} ({_held(features[name])})" for name in sorted(features)) or "no features"
   if name is None:
@@ -381,7 +381,7 @@ def _features_read(parse_fn):
   """Returns {feature name: (dtype, shape or None)} that `parse_fn`'s Example parsers read (from its traced graph)."""
   try:
     graph = tf.function(parse_fn).get_concrete_function(tf.TensorSpec([], tf.string)).graph
-  except Exception:  # pylint: disable=broad-except  # A parse_fn that does not trace alone: no names to give.
+  except Exception:  # noqa: BLE001  # A parse_fn that does not trace alone: no names to give.
     return {}
   wanted = {}
   for op in graph.get_operations():
@@ -420,7 +420,7 @@ def _tfrecord_files(dataset):
   when none are found or the graph cannot be read.
   """
   try:
-    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
+    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())  # noqa: SLF001
   except (AttributeError, TypeError, ValueError, tf.errors.OpError):
     return [], ""
   nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]

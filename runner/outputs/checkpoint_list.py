@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 
 from google.protobuf import text_format
 import tensorflow as tf
-from tensorflow.python.training import checkpoint_state_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.training import checkpoint_state_pb2  # noqa: TID251
 
 from strategies.errors import first_line
 

@@ -211,7 +211,7 @@ class Checkpoints:
     before = [(v, v.numpy()) for v in variables]
     try:
       self.checkpoint.restore(path).assert_existing_objects_matched()
-    except Exception as error:  # pylint: disable=broad-except  # Corrupt files fail in many ways; sorted below.
+    except Exception as error:  # noqa: BLE001  # Corrupt files fail in many ways; sorted below.
       self._put_back(before)
       damage = _damage(path)
       if damage:
@@ -257,6 +257,6 @@ def _damage(path):
     reader = tf.train.load_checkpoint(path)
     for name in reader.get_variable_to_shape_map():
       reader.get_tensor(name)
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:  # noqa: BLE001
     return f"{type(error).__name__}: {first_line(error)}"
   return None

@@ -74,7 +74,7 @@ class ProfileWindow:
                       "Choose steps after %d to profile this run.", self._first, self._last, step, self._first, step)
       self._done = True
     elif step == self._first - 1:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      import tensorflow as tf  # noqa: PLC0415
       tf.profiler.experimental.start(self._logdir)
       self._active = True
 
@@ -89,7 +89,7 @@ class ProfileWindow:
       self._stop(step)
 
   def _stop(self, step):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    import tensorflow as tf  # noqa: PLC0415
     tf.profiler.experimental.stop()
     self._active, self._done = False, True
     logging.info("Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "

@@ -141,7 +141,7 @@ def walk(traced):
     for op in ops:
       yield op
       for name in _called_functions(op):
-        function = graph._get_function(name)  # pylint: disable=protected-access  # No public lookup.
+        function = graph._get_function(name)  # noqa: SLF001  # No public lookup.
         body = getattr(function, "graph", None)
         if body is not None and name not in seen:
           seen.add(name)

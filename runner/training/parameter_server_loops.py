@@ -25,7 +25,7 @@ import math
 import re
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.distribute import distribute_lib  # noqa: TID251
 
 from runner import interfaces
 from runner.data import pipeline as input_pipeline
@@ -67,13 +67,13 @@ def coordinator_for(strategy, *, jit_compile):
 
 def num_workers(strategy):
   """The number of worker tasks of a ParameterServerStrategy."""
-  return strategy.extended._num_workers  # pylint: disable=protected-access
+  return strategy.extended._num_workers  # noqa: SLF001
 
 
 def evaluation_strategy(strategy):
   """The strategy evaluation runs under: TensorFlow's default one (the coordinator itself) for parameter servers."""
   if is_parameter_server(strategy):
-    return distribute_lib._get_default_strategy()  # pylint: disable=protected-access
+    return distribute_lib._get_default_strategy()  # noqa: SLF001
   return strategy
 
 
@@ -265,7 +265,7 @@ def lost_ps(error, strategy, *, step, saved_step):
     step: the last global step the coordinator knew.
     saved_step: the step of the latest checkpoint, or None.
   """
-  addresses = strategy._cluster_resolver.cluster_spec().job_tasks("ps")  # pylint: disable=protected-access
+  addresses = strategy._cluster_resolver.cluster_spec().job_tasks("ps")  # noqa: SLF001
   gone = [i for i, address in enumerate(addresses) if not peers.listening(address)]
   gone = gone or sorted({int(i) for i in _PS_TASK.findall(getattr(error, "message", str(error)))})
   named = " and ".join(f"ps:{i} ({addresses[i]})" for i in gone) or "a parameter server"

@@ -29,7 +29,7 @@ def dtype_policy(precision):
   Layers take the policy when they are created, so a model made inside the
   block keeps it afterwards.
   """
-  import keras  # pylint: disable=g-import-not-at-top
+  import keras  # noqa: PLC0415
   previous = keras.mixed_precision.global_policy()
   keras.mixed_precision.set_global_policy(precision)
   try:

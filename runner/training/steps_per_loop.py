@@ -90,7 +90,7 @@ def resolve(steps_per_loop, *, strategy, cadences, measured=None):
     return measured[cadences]
   size = fixed_auto(cadences, tpu=kind == "tpu") if steps_per_loop in (None, AUTO) else steps_per_loop
   if kind == "parameter_server":
-    size *= strategy.extended._num_workers  # pylint: disable=protected-access
+    size *= strategy.extended._num_workers  # noqa: SLF001
   return FixedStepsPerLoop(size)
 
 

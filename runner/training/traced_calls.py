@@ -52,8 +52,8 @@ class FlatCall:
     """Returns `function(fixed, *tensors)`."""
     if not self._flat:
       return self._function(self._fixed, *tensors)
-    return self._concrete._call_flat(  # pylint: disable=protected-access
+    return self._concrete._call_flat(  # noqa: SLF001
         self._fixed_components() + list(tensors), self._concrete.captured_inputs)
 
   def _fixed_components(self):
-    return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # pylint: disable=protected-access
+    return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # noqa: SLF001

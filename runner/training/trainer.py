@@ -43,7 +43,7 @@ def _showing_progress(method):
 
   @functools.wraps(method)
   def with_progress_shown(self, *args, **kwargs):
-    with progress_output.shown(quiet=self._quiet):  # pylint: disable=protected-access
+    with progress_output.shown(quiet=self._quiet):
       return method(self, *args, **kwargs)
 
   return with_progress_shown
