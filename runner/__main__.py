@@ -51,6 +51,7 @@ from runner.outputs import tensorflow_logs
 
 tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
+import contextlib
 import dataclasses
 import re
 import sys
@@ -143,8 +144,26 @@ def format_metrics(metrics):
 
 def main(command_line):
   """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes one `error:` line and its status."""
+  with _exit_statuses():
+    config = _config(command_line)
+    # The config holds; what follows needs TensorFlow's devices.
+    from runner import from_config
+    from runner.cluster import task_server
+    if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
+      _check_tpu(config)
+    elif task_server.is_serving_task(config):  # A worker or ps task of a parameter-server cluster.
+      _serve(config)
+    elif _DRY_RUN.value:
+      _dry_run(config)
+    else:
+      _print_result(from_config.run(config, _WORKDIR.value))
+
+
+@contextlib.contextmanager
+def _exit_statuses():
+  """Inside, a ConfigError, a FloatingPointError or a ClusterError exits with its status (`exit_codes`) and one line."""
   try:
-    _run(command_line)
+    yield
   except BaseException as e:
     stopped = stop_signals.raised_stop()
     if stopped is not None and e is not stopped:  # What a library made of a stop signal (see `raised_stop`).
@@ -158,45 +177,50 @@ def main(command_line):
     raise
 
 
-def _run(command_line):
+def _config(command_line):
+  """The run config of the command line: the config file with its overrides and `--mode`, validated."""
   if command_line.arguments[1:]:
     raise ConfigError(
         f"Unexpected arguments {command_line.arguments[1:]}; give overrides as --config.SECTION.FIELD=VALUE.")
   if _DRY_RUN.value and _CHECK_TPU.value:
     raise ConfigError("--dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
-  config = config_lib.load_config(_CONFIG.value, overrides)
-  # The config holds; what follows needs TensorFlow's devices.
-  from runner.outputs import checkpoints
-  from runner import from_config
-  from runner.cluster import task_server
+  return config_lib.load_config(_CONFIG.value, overrides)
+
+
+def _check_tpu(config):
   from runner.tpu import check as tpu_check
-  if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
-    verdict = tpu_check.check_tpu(config)
-    if not verdict.passed:
-      raise ConfigError(f"TPU check failed: {verdict.problem}")
-    print(verdict.summary)
-    return
-  if task_server.is_serving_task(config):  # A worker or ps task of a parameter-server cluster.
-    if _DRY_RUN.value:
-      print(f"plan: {task_server.describe()}")
-      print("dry run: nothing served.")
-    else:
-      task_server.serve(config.strategy.timeout_seconds)
-    return
+  verdict = tpu_check.check_tpu(config)
+  if not verdict.passed:
+    raise ConfigError(f"TPU check failed: {verdict.problem}")
+  print(verdict.summary)
+
+
+def _serve(config):
+  from runner.cluster import task_server
   if _DRY_RUN.value:
-    strategy = from_config.create_strategy(config)
-    batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
-    print(f"config:\n{config}")
-    print(f"strategy: {strategies.describe(strategy)}")
-    print(f"replicas: {strategy.num_replicas_in_sync}")
-    print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
-    step = checkpoints.latest_step(_WORKDIR.value)
-    print(f"workdir: {from_config.describe_workdir(_WORKDIR.value, step)}")
-    print(f"plan: {from_config.step_plan(config, strategy, step)}")
-    print("dry run: nothing trained or written.")
-    return
-  result = from_config.run(config, _WORKDIR.value)
+    print(f"plan: {task_server.describe()}")
+    print("dry run: nothing served.")
+  else:
+    task_server.serve(config.strategy.timeout_seconds)
+
+
+def _dry_run(config):
+  from runner import from_config
+  from runner.outputs import checkpoints
+  strategy = from_config.create_strategy(config)
+  batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
+  print(f"config:\n{config}")
+  print(f"strategy: {strategies.describe(strategy)}")
+  print(f"replicas: {strategy.num_replicas_in_sync}")
+  print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
+  step = checkpoints.latest_step(_WORKDIR.value)
+  print(f"workdir: {from_config.describe_workdir(_WORKDIR.value, step)}")
+  print(f"plan: {from_config.step_plan(config, strategy, step)}")
+  print("dry run: nothing trained or written.")
+
+
+def _print_result(result):
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")

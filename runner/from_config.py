@@ -1,5 +1,6 @@
 """`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -115,46 +116,53 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
   with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
     config = config_lib.validate(config)
     strategy = create_strategy(config)
-    is_chief = strategy.extended.should_checkpoint
-    workdir, created, lock = prepare_workdir(
-        workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None)
+    with _workdir_for(config, strategy, workdir) as workdir:
+      trainer, train_data = _restored_trainer(config, strategy, workdir)
+      evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
+      train_metrics = eval_metrics = export_path = None
+      if config.mode in TRAINING_MODES:
+        evaluating = config.mode == "train_and_eval"
+        train_metrics = trainer.train(
+            train_data, global_batch_size=config.data.global_batch_size,
+            steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
+            eval_every=config.trainer.eval_every if evaluating else None,
+            eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
+        eval_metrics = trainer.last_eval_metrics
+        if evaluating and eval_metrics is None:  # Trained before; nothing left to train.
+          eval_metrics = _final_evaluation(trainer, config, workdir, evaluation)
+      if config.mode == "eval":
+        eval_metrics = trainer.evaluate(dataset(config, "eval"), **evaluation)
+      if config.mode == "export":
+        export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
+      return RunResult(
+          workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
+          global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=eval_metrics,
+          checkpoint_path=checkpoints.latest(workdir), export_path=export_path, model=trainer.model)
+
+
+@contextlib.contextmanager
+def _workdir_for(config, strategy, workdir):
+  """Yields the run's workdir (`prepare_workdir`), held by the run's lock in a training mode on the chief.
+
+  A run that fails inside leaves the workdir as it was unless it trained
+  (`workdir_state`); only the chief that holds the lock (or, without one,
+  a chief while no training run holds it) puts it back.
+  """
+  is_chief = strategy.extended.should_checkpoint
+  workdir, created, lock = prepare_workdir(
+      workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None)
+  try:
+    logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
+    before = workdir_state.WorkdirState.read(workdir, created=created)
     try:
-      logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
-      before = workdir_state.WorkdirState.read(workdir, created=created)
-      try:
-        return _run_mode(config, strategy, workdir)
-      except BaseException:
-        if lock is not None or (is_chief and not workdir_lock.is_held(workdir)):
-          before.restore_unless_trained()
-        raise
-    finally:
-      if lock is not None:
-        lock.release()
-
-
-def _run_mode(config, strategy, workdir):
-  """Restores the Trainer and runs `config.mode` in `workdir`; returns the `RunResult`."""
-  trainer, train_data = _restored_trainer(config, strategy, workdir)
-  evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
-  train_metrics = eval_metrics = export_path = None
-  if config.mode in TRAINING_MODES:
-    evaluating = config.mode == "train_and_eval"
-    train_metrics = trainer.train(
-        train_data, global_batch_size=config.data.global_batch_size,
-        steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
-        eval_every=config.trainer.eval_every if evaluating else None,
-        eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
-    eval_metrics = trainer.last_eval_metrics
-    if evaluating and eval_metrics is None:  # Trained before; nothing left to train.
-      eval_metrics = _final_evaluation(trainer, config, workdir, evaluation)
-  if config.mode == "eval":
-    eval_metrics = trainer.evaluate(dataset(config, "eval"), **evaluation)
-  if config.mode == "export":
-    export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
-  return RunResult(
-      workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
-      global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=eval_metrics,
-      checkpoint_path=checkpoints.latest(workdir), export_path=export_path, model=trainer.model)
+      yield workdir
+    except BaseException:
+      if lock is not None or (is_chief and not workdir_lock.is_held(workdir)):
+        before.restore_unless_trained()
+      raise
+  finally:
+    if lock is not None:
+      lock.release()
 
 
 def _final_evaluation(trainer, config, workdir, evaluation):

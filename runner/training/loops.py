@@ -265,7 +265,7 @@ class TrainLoop:
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
       metric.reset_state()
-    values = self._step_values(iterator, stop)
+    values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
     self._step.assign_add(1)
     return self._results(values, values)
 
@@ -275,7 +275,8 @@ class TrainLoop:
     self._totals.assign(tf.zeros_like(self._totals))
 
     def step(i):
-      values = self._step_values(iterator, stop)
+      values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)),
+                                     axis=None)  # One step, summed over replicas.
       self._totals.assign_add(values)
       self._last.assign(values)
       return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
@@ -284,11 +285,6 @@ class TrainLoop:
     totals = self._totals.read_value()
     self._step.assign_add(tf.cast(tf.round(totals[1] / self._strategy.num_replicas_in_sync), self._step.dtype))
     return self._results(totals, self._last.read_value())
-
-  def _step_values(self, iterator, stop):
-    """Runs one step; returns its values (`self._names`), summed over replicas."""
-    per_replica = self._strategy.run(self._replica_step, args=(next(iterator), stop))
-    return self._strategy.reduce(SUM, per_replica, axis=None)
 
   def _results(self, totals, last):
     learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)

@@ -6,6 +6,7 @@ metrics and step made in scope), `train_input` (the distributed training input),
 request, evaluation, the user's actions, checkpoints).
 """
 
+import contextlib
 import functools
 import time
 
@@ -228,8 +229,9 @@ class Trainer:
     self._reporter.resume_at(self._global_step)
     with stop_signals.StopSignals() as signals:
       try:
-        self._run(controller, iterator, provider, label_range, steps=steps, global_batch_size=global_batch_size,
-                  stop_signal=lambda: signals.received)
+        with self._user_errors(provider, label_range, steps=steps, global_batch_size=global_batch_size):
+          controller.run(iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
+                         advance=self._advance)
         self._save_unless_saved()  # Before the final evaluation: one that fails or is stopped loses no step.
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
@@ -398,8 +400,9 @@ class Trainer:
       self._train_input = (key, data, iterator)
     return self._train_input[2]
 
-  def _run(self, controller, iterator, provider, label_range, *, steps, global_batch_size, stop_signal):
-    """Runs `controller` to step `steps`; turns what stops it early into the error a user reads.
+  @contextlib.contextmanager
+  def _user_errors(self, provider, label_range, *, steps, global_batch_size):
+    """Inside, what stops training early becomes the error a user reads.
 
     Raises:
       ConfigError: the data ran out (the steps taken are saved first).
@@ -410,8 +413,7 @@ class Trainer:
     """
     first_step = self._global_step
     try:
-      controller.run(iterator, step=self._global_step, total_steps=steps, stop_signal=stop_signal,
-                     advance=self._advance)
+      yield
     except tf.errors.OutOfRangeError:
       raise self._data_ran_out(global_batch_size, steps, first_step) from None
     except data_checks.LabelsOutOfRange as e:
