@@ -138,5 +138,5 @@ def test_a_checkpoint_of_another_model_restores_nothing(tmp_path):
 def _checkpoints(trainer, model_dir):
   """A second Checkpoints over a trainer's variables, to restore without making another Trainer."""
   return checkpoints.Checkpoints(trainer.strategy, model_dir, model=trainer.model,
-                                   optimizer=trainer._optimizer, step=trainer._step,  # noqa: SLF001
+                                   optimizer=trainer._parts.optimizer, step=trainer._step,  # noqa: SLF001
                                    max_to_keep=3)

@@ -25,7 +25,7 @@ def test_mixed_precision_trains_with_float32_weights_and_leaves_the_global_polic
   assert np.isfinite(results["loss"])
   assert not np.allclose(trainer.model.get_weights()[0], initial[0])
   # mixed_float16 scales the loss; the optimizer that does it is the one checkpointed.
-  optimizer = trainer._optimizer  # noqa: SLF001
+  optimizer = trainer._parts.optimizer  # noqa: SLF001
   assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "mixed_float16")
   assert trainer.evaluate(trainer_testlib.classification_data(20), global_batch_size=GLOBAL_BATCH)["num_examples"] == 20
 
@@ -75,4 +75,4 @@ def test_under_loss_scaling_a_gradient_overflow_on_one_replica_skips_the_step_on
   assert np.isfinite(results["loss"])
   for got, want in zip(trainer.model.get_weights(), before):
     np.testing.assert_array_equal(got, want)
-  assert float(trainer._optimizer.dynamic_scale.numpy()) == 2.0**14  # noqa: SLF001
+  assert float(trainer._parts.optimizer.dynamic_scale.numpy()) == 2.0**14  # noqa: SLF001

@@ -81,7 +81,7 @@ def test_resuming_from_the_start_of_a_run_is_not_the_same_as_resuming_exactly(tm
   first = _train(one_device, str(tmp_path / "restarted"), data, 7)
   replayed = trainer_testlib.make_trainer(one_device, steps_per_loop=STEPS_PER_LOOP)
   replayed.model.set_weights(first.model.get_weights())
-  optimizer = replayed._optimizer  # noqa: SLF001
+  optimizer = replayed._parts.optimizer  # noqa: SLF001
   for variable, value in zip(optimizer.variables, trainer_testlib.optimizer_variables(first)):
     variable.assign(value)
   replayed.train(data, global_batch_size=GLOBAL_BATCH, steps=TOTAL_STEPS - 7)  # The data from its beginning.

@@ -43,7 +43,7 @@ def make_trainer(strategy, **options):
 
 def optimizer_variables(trainer):
   """Returns the optimizer's variables (slots, iterations, ...) as numpy arrays, in order."""
-  return [np.array(v.numpy()) for v in trainer._optimizer.variables]  # noqa: SLF001
+  return [np.array(v.numpy()) for v in trainer._parts.optimizer.variables]  # noqa: SLF001
 
 
 class UnevenShards(runner.data.DatasetProvider):
