@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional
 from absl import logging
 import tensorflow as tf
 
-from runner.data.sharding_policies import SHARDING
+from runner.sharding_policies import SHARDING
 from strategies import checks
 
 

@@ -25,7 +25,7 @@ from runner.training import scoped_settings
 from runner.config import optimizers
 from runner.outputs import profiling
 from runner.config import registry
-from runner.data import sharding_policies
+from runner import sharding_policies
 
 MODES = ("train", "eval", "train_and_eval", "export")
 # The sections that name a model, dataset or task; besides their common fields

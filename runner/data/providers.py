@@ -4,7 +4,7 @@ Providers: a plain dataset (`DatasetShards`), in-memory arrays (`InMemory`), a
 function (`FromFunction`) and TFRecord files (`TFRecordFiles`).
 
 How a provider shards across input pipelines is its `sharding` policy, one of
-`SHARDING` ('auto', 'file' or 'data'; what each means: `runner.data.sharding_policies`).
+`SHARDING` ('auto', 'file' or 'data'; what each means: `runner.sharding_policies`).
 """
 
 import re
