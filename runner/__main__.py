@@ -66,7 +66,7 @@ import strategies
 from strategies.errors import ClusterError, ConfigError, print_error_line
 
 from runner import exit_codes
-from runner.config.run_config import run_config as config_lib
+from runner.config import run_config as config_lib
 from runner.cluster import process_exit
 
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
