@@ -31,8 +31,9 @@ setuptools.setup(
         "protobuf",  # Its text format, for the checkpoint list; TensorFlow depends on it anyway.
     ],
     extras_require={
+        # xprof: the profile plugin's own package, whose TensorBoard context tests/ builds the plugin with.
         "test": ["pytest>=7", "portpicker>=1.5", "scikit-learn>=1.0", "tensorboard>=2.16",
-                 "tensorboard-plugin-profile>=2.16"],
+                 "tensorboard-plugin-profile>=2.16", "xprof"],
         "examples": ["scikit-learn>=1.0"],
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
         # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.
