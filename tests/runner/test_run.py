@@ -12,10 +12,10 @@ import textwrap
 import pytest
 import tensorflow as tf
 
+from testlib import paths
 from testlib import process_testlib
 import runner
 from strategies import ConfigError
-from testlib import paths
 
 REPO = paths.REPO
 DIGITS = os.path.join(REPO, "configs", "digits.py")

@@ -21,10 +21,10 @@ import portpicker
 import pytest
 import tensorflow as tf
 
+from testlib import paths
 from testlib import process_testlib
 import runner
 from runner.workdir import lock as workdir_lock
-from testlib import paths
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")

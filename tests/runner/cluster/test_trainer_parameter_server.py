@@ -18,11 +18,11 @@ import portpicker
 import pytest
 import tensorflow as tf
 
+from testlib import paths
 from testlib import process_testlib
 
 import runner
 from runner.training import parameter_server_loops
-from testlib import paths
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")

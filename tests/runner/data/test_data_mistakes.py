@@ -13,11 +13,11 @@ import tensorflow as tf
 
 import runner
 import strategies
+from testlib import paths
 from testlib import trainer_testlib
 from runner import models as builtin_models
 from runner.config import run_config as config_lib
 from runner.data.providers import DataError
-from testlib import paths
 
 NUM_FEATURES, NUM_CLASSES = trainer_testlib.NUM_FEATURES, trainer_testlib.NUM_CLASSES
 SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")

@@ -11,9 +11,9 @@ import tensorflow as tf
 
 import runner
 import strategies
+from testlib import paths
 from testlib import trainer_testlib
 from strategies import ConfigError
-from testlib import paths
 
 SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")
 
