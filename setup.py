@@ -40,6 +40,7 @@ setuptools.setup(
             "scikit-learn>=1.0",
             "tensorboard>=2.16",
             "tensorboard-plugin-profile>=2.16",
+            "xprof",  # The profile plugin's own package, whose TensorBoard context tests build the plugin with.
             # The code checks (pyproject.toml), pinned: a newer release may lint or format differently.
             "ruff==0.17.5",
             "pyink==26.5.1",

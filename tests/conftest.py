@@ -13,9 +13,12 @@ import tempfile
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-  sys.path.insert(0, REPO_ROOT)
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS_DIR)
+# The repository's packages first; then tests/, for the helpers every test imports as `from testlib import ...`.
+for path in (TESTS_DIR, REPO_ROOT):
+  if path not in sys.path:
+    sys.path.insert(0, path)
 
 # Temporary files of this process and its children go to one folder, removed when the session ends: the
 # process ends with `os._exit` (below), which skips the `atexit` handlers that delete AutoGraph's

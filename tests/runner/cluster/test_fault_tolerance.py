@@ -1,0 +1,343 @@
+"""Long runs that nothing spoils: real signals, SIGKILL, a full disk and repeated exits, through `python -m runner`.
+
+Every case is a real child process. A stopped run is restarted with the same
+command and must end with the final checkpoint of an uninterrupted run:
+identical on one device, within 1e-6 on 2 logical CPUs and on 2 workers.
+"""
+
+import json
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import portpicker
+import pytest
+import tensorflow as tf
+
+from testlib import paths
+from testlib import process_testlib
+import runner
+from runner.workdir import lock as workdir_lock
+
+REPO = paths.REPO
+SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
+
+
+def _run_args(**trainer):
+  """The command line of a synthetic training run; by default a few seconds in loops of 10, a checkpoint every 100."""
+  trainer = {"train_steps": 1500, "steps_per_loop": 10, "checkpoint_every": 100, **trainer}
+  return [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=512"] + [
+      f"--config.trainer.{field}={value}" for field, value in trainer.items()]
+
+
+RUN = _run_args()
+ONE_DEVICE = ["--config.strategy.name=one_device"]
+MIRRORED_2 = ["--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2"]
+
+
+class Run(process_testlib.TrainingProcess):
+  """`python -m runner --workdir=WORKDIR ARGS` in a child process, its output in files."""
+
+  def __init__(self, workdir, args, env, preexec_fn=None):
+    super().__init__([sys.executable, "-m", "runner", f"--workdir={workdir}", *args], workdir=workdir, env=env,
+                     name="run", preexec_fn=preexec_fn)
+
+
+def _final_values(workdir):
+  """{variable name: value} of the latest checkpoint (the model's and the optimizer's variables)."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")}
+
+
+def _assert_same_values(got, want, rtol):
+  assert sorted(got) == sorted(want) and len(got) > 4
+  for name, value in want.items():
+    if rtol == 0:
+      np.testing.assert_array_equal(got[name], value, err_msg=name)
+    else:
+      np.testing.assert_allclose(got[name], value, rtol=rtol, atol=1e-7, err_msg=name)
+
+
+def _no_traceback(stderr):
+  assert "Traceback" not in stderr, stderr[-3000:]
+
+
+@pytest.mark.parametrize("strategy, signum, rtol", [(ONE_DEVICE, signal.SIGTERM, 0),
+                                                    (MIRRORED_2, signal.SIGINT, 1e-6)],
+                         ids=["sigterm_one_device", "ctrl_c_mirrored_2"])
+def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy, signum, rtol, tmp_path,
+                                                                       subprocess_env):
+  whole = Run(tmp_path / "whole", RUN + strategy, subprocess_env)
+  stopped = Run(tmp_path / "stopped", RUN + strategy, subprocess_env)
+  stopped.wait_for_rows(12)  # Past the checkpoint at step 100, mid-way to the next one.
+  stopped.process.send_signal(signum)
+  status, _, stderr = stopped.wait()
+  assert status == 128 + signum, stderr[-3000:]
+  step = stopped.train_rows()[-1]["step"]
+  assert 120 <= step < 1500
+  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: r"Ctrl-C \(SIGINT\)"}[signum]
+  assert len(re.findall(
+      rf"Stopped by {name}: saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same command again to "
+      rf"resume from there\.", stderr)) == 1, stderr[-3000:]
+  _no_traceback(stderr)
+  assert tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints")).endswith(f"ckpt-{step}")
+  assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "stopped")  # Released before the exit.
+
+  status, stdout, stderr = Run(tmp_path / "stopped", RUN + strategy, subprocess_env).wait()
+  assert status == 0, stderr[-3000:]
+  assert f"Resuming at step {step}: each input pipeline first skips" in stderr
+  assert "global step: 1500" in stdout
+  assert whole.wait()[0] == 0
+  _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), rtol)
+
+
+def _catches(pid, signum):
+  """Whether process `pid` has a handler for `signum` now (its SigCgt mask in /proc)."""
+  with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+    caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+  return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(signum, name, tmp_path,
+                                                                               subprocess_env):
+  run = Run(tmp_path / "run", RUN + ONE_DEVICE, subprocess_env)
+  run.wait_for(lambda: _catches(run.process.pid, signal.SIGTERM), "a SIGTERM handler", timeout=30)
+  time.sleep(random.Random(signum).uniform(0, 0.8))  # Within start-up: loading TensorFlow alone takes longer.
+  run.process.send_signal(signum)
+  status, stdout, stderr = run.wait(timeout=60)
+  assert (status, stdout) == (128 + signum, ""), stderr[-3000:]
+  assert stderr.splitlines()[-1] == f"Stopped by {name} during start-up; nothing was written."
+  assert not (tmp_path / "run").exists()
+  _no_traceback(stderr)
+
+
+def test_a_signal_that_a_library_turns_into_another_error_is_still_the_stop(tmp_path, subprocess_env):
+  # TensorFlow's import turns the stop's exception into `ImportError: initialization failed` when the signal comes
+  # inside its native module's start-up, a moment a test cannot hit at will. A data function that does the same
+  # makes that moment certain: the workdir exists by then, holding the run's lock.
+  (tmp_path / "converting.py").write_text(textwrap.dedent("""
+      import os, signal, time
+
+      def data(config, split):
+        try:
+          os.kill(os.getpid(), signal.SIGTERM)
+          time.sleep(30)
+        except BaseException:
+          raise ImportError("initialization failed")
+      """))
+  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
+  run = Run(tmp_path / "run", RUN + ONE_DEVICE + ["--config.data.name=converting:data"], env)
+  status, stdout, stderr = run.wait(timeout=60)
+  assert (status, stdout) == (143, ""), stderr[-3000:]
+  assert stderr.splitlines()[-1] == "Stopped by SIGTERM during start-up; nothing was written."
+  assert not (tmp_path / "run").exists()
+  _no_traceback(stderr)
+
+
+def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
+  # Loops of several seconds (about 9 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
+  # where Python runs no signal handler until the loop's call returns.
+  long_loops = _run_args(train_steps=1000000, steps_per_loop=20000, checkpoint_every=20000)
+  run = Run(tmp_path / "run", long_loops + ONE_DEVICE, subprocess_env)
+  checkpoints = str(tmp_path / "run" / "checkpoints")
+  run.wait_for(lambda: tf.train.latest_checkpoint(checkpoints) is not None, "the first loop's checkpoint")
+  run.process.send_signal(signal.SIGINT)
+  run.wait_for(lambda: "Press Ctrl-C again to abort without saving." in run.stderr(), "the first Ctrl-C's line",
+               timeout=5)  # Said at once, not when the loop ends.
+  run.process.send_signal(signal.SIGINT)
+  sent = time.monotonic()
+  status, _, stderr = run.wait()
+  assert status == 130 and time.monotonic() - sent < 5, stderr[-3000:]
+  assert "Press Ctrl-C again to abort without saving." in stderr
+  assert "Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint." in stderr
+  assert "Stopped by" not in stderr
+  _no_traceback(stderr)
+  assert [row["step"] for row in run.train_rows()] == [20000]  # Aborted within the second loop.
+  assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-20000")
+  assert _final_values(tmp_path / "run")
+  assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "run")  # Released by process_exit.exit_now.
+
+
+def test_sigkill_while_training_and_while_saving_resumes_from_the_last_complete_checkpoint(tmp_path, subprocess_env):
+  big = _run_args(train_steps=400, checkpoint_every=10, max_to_keep=2) + ["--config.model.hidden_units=(512,512)"]
+  whole = Run(tmp_path / "whole", big + ONE_DEVICE, subprocess_env)
+  checkpoints = tmp_path / "killed" / "checkpoints"
+  killed_while_saving = 0
+  rng = random.Random(0)
+  for attempt in range(3):
+    run = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env)
+    run.wait_for_rows(len(run.train_rows()) + 3)
+    deadline = time.monotonic() + (0.5 if attempt == 0 else rng.uniform(0.0, 1.0))
+    while time.monotonic() < deadline or attempt:  # Attempts 1 and 2 wait for a checkpoint being written.
+      if attempt and any(name.endswith("_temp") for name in os.listdir(checkpoints)):
+        killed_while_saving += 1
+        break
+      if time.monotonic() > deadline + 10:
+        break
+      time.sleep(0.0005)
+    run.process.send_signal(signal.SIGKILL)
+    assert run.wait()[0] == -signal.SIGKILL
+    assert _final_values(tmp_path / "killed")  # The latest listed checkpoint is complete and readable.
+  assert killed_while_saving >= 1
+  left = sorted(name for name in os.listdir(checkpoints) if name.endswith("_temp"))  # A save killed part-way.
+  status, stdout, stderr = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env).wait()
+  assert status == 0 and "global step: 400" in stdout, stderr[-3000:]
+  assert whole.wait()[0] == 0
+  _assert_same_values(_final_values(tmp_path / "killed"), _final_values(tmp_path / "whole"), 0)
+  assert not [name for name in os.listdir(checkpoints) if name.endswith("_temp")]
+  for name in left:
+    assert f"Removed {checkpoints / name}, left by a save that was interrupted" in stderr
+  # Each step reported once, although the killed runs reported steps past their last checkpoint.
+  assert [row["step"] for row in process_testlib.train_rows(tmp_path / "killed")] == list(range(10, 401, 10))
+
+
+def _full_disk():
+  """In the child: files may not grow past 200 kB (the checkpoint does), and writing past that fails, not kills."""
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+
+def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
+  model = ["--config.model.hidden_units=(256,256)"]  # A checkpoint of about 900 kB.
+  args = _run_args(train_steps=100, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
+  assert Run(tmp_path / "run", args, subprocess_env).wait()[0] == 0
+  more = _run_args(train_steps=200, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
+  status, _, stderr = Run(tmp_path / "run", more, subprocess_env, preexec_fn=_full_disk).wait()
+  errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert status == 2 and len(errors) == 1, stderr[-3000:]
+  assert errors[0].startswith("error: Could not write the checkpoint of step 150 to ")
+  assert "File too large" in errors[0] or "too large" in errors[0].lower()
+  assert "{{function_node" not in errors[0] and "[Op:" not in errors[0]  # TensorFlow's wrapping, not the user's.
+  assert errors[0].endswith("ckpt-100 is intact: free some space or fix the permissions, then run again to resume "
+                            "from it.")
+  _no_traceback(stderr)
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
+                                                                  "ckpt-100.index"]
+  status, stdout, stderr = Run(tmp_path / "run", more, subprocess_env).wait()
+  assert status == 0 and "global step: 200" in stdout, stderr[-3000:]
+  assert "Restored " in stderr and "ckpt-100." in stderr
+
+
+def _one_kilobyte_files(command, env):
+  """Runs `command` as under `ulimit -f 1`: no file may grow past 1 kB, and writing past that fails (EFBIG).
+
+  Its output goes to pipes, as to a terminal (a log file would be limited too).
+
+  Returns:
+    `(status, stdout, stderr, pid)`.
+  """
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+  with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        preexec_fn=limit) as process:
+    stdout, stderr = process.communicate(timeout=process_testlib.TIMEOUT_SECONDS)
+  return process.returncode, stdout, stderr, process.pid
+
+
+
+def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it_was(tmp_path, subprocess_env):
+  workdir = tmp_path / "run"
+  overrides = ["mode=train", "strategy.name=one_device", "data.num_examples=512", "trainer.steps_per_loop=10"]
+  runner.run(runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=20"]), str(workdir), quiet=True)
+  before = process_testlib.files_of(workdir)
+  assert len(before["config.json"]) > 1024 and len(before["config_history.jsonl"]) > 1024
+  status, stdout, stderr, pid = _one_kilobyte_files(
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"] + [
+          f"--config.{override}" for override in overrides] + ["--config.trainer.train_steps=40"], subprocess_env)
+  assert status == 2 and stdout == "", stderr[-3000:]
+  _no_traceback(stderr)
+  [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert re.fullmatch(
+      re.escape(f"error: Could not write the run's config.json and config_history.jsonl in {workdir} ({workdir}/"
+                f"config_history.jsonl.tmp-{pid}-") + r"[0-9a-f]{8}" + re.escape(
+                    "; File too large); neither was changed: free some space or fix the permissions, then run "
+                    "again."), error), error
+  # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
+  assert process_testlib.files_of(workdir) == before
+
+
+def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(tmp_path, subprocess_env):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps({"padding": "x" * 2000}))  # Too big to write back under 1 kB.
+  (workdir / "config_history.jsonl").write_text('{"step": 0}\n')
+  rollback = textwrap.dedent("""
+      import sys
+      from runner.workdir import state as workdir_state
+      workdir = sys.argv[1]
+      state = workdir_state.WorkdirState.read(workdir, created=False)
+      for name, text in [("config.json", "{}\\n"), ("config_history.jsonl", '{"step": 0}\\n{"step": 5}\\n'),
+                         ("added.txt", "a file the run added")]:
+        with open(f"{workdir}/{name}", "w") as f:  # What a run wrote before it failed.
+          f.write(text)
+      state.restore_unless_trained()
+      print("returned")
+      """)
+  status, stdout, stderr, _ = _one_kilobyte_files([sys.executable, "-c", rollback, str(workdir)], subprocess_env)
+  assert status == 0 and stdout == "returned\n", stderr[-3000:]
+  assert f"Could not put {workdir}/config.json back as it was before the run: {workdir}/config.json.tmp-" in stderr
+  # Each file whole (the run's config.json, the old history), no part, no .tmp- file.
+  assert process_testlib.files_of(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}
+
+
+def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):
+  """A finished or failed run must exit: TensorFlow's tf.data can deadlock at interpreter exit (1 in 4 seen)."""
+  (tmp_path / "failing.py").write_text(textwrap.dedent("""
+      import tensorflow as tf
+
+      def fail_after_30(index):
+        if index >= 30:
+          raise RuntimeError("the dataset broke down")  # A program error, not a data mistake: exit 1.
+        return tf.zeros([16])
+
+      def data(config, split):
+        features = tf.data.Dataset.range(10_000).map(
+            lambda i: tf.ensure_shape(tf.py_function(fail_after_30, [i], tf.float32), [16]))
+        return tf.data.Dataset.zip(features, tf.data.Dataset.range(10_000).map(lambda i: tf.cast(i % 10, tf.int32)))
+      """))
+  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
+  short = [f"--config={SYNTHETIC}", "--mode=train", "--config.strategy.name=one_device",
+           "--config.trainer.train_steps=20", "--config.trainer.steps_per_loop=10"]
+  cases = [("ok", short, 0), ("raises", short + ["--config.data.name=failing:data"], 1)] * 6  # A 1-in-4 hang: 82%.
+  for start in range(0, len(cases), 4):
+    runs = [(Run(tmp_path / f"{kind}{start + i}", args, env), status)
+            for i, (kind, args, status) in enumerate(cases[start:start + 4])]
+    for run, expected in runs:
+      status, stdout, stderr = run.wait(timeout=90)
+      assert status == expected, stderr[-3000:]
+      assert ("global step: 20" in stdout) if expected == 0 else ("Traceback" in stderr)
+
+
+def test_a_signal_to_one_of_two_workers_stops_both_at_the_same_step_and_they_resume_exactly(tmp_path,
+                                                                                          subprocess_env):
+  def workers(name):
+    hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
+    args = RUN + ["--config.strategy.name=multi_worker_mirrored", f"--config.strategy.worker_hosts={hosts!r}"]
+    return [Run(tmp_path / name, args + [f"--config.strategy.task_index={index}"], subprocess_env)
+            for index in range(2)]  # One workdir: every worker restores from the chief's checkpoints.
+
+  stopped = workers("stopped")
+  stopped[0].wait_for_rows(12)
+  stopped[1].process.send_signal(signal.SIGTERM)  # The non-chief one.
+  results = [run.wait() for run in stopped]
+  assert [status for status, _, _ in results] == [143, 143], [stderr[-2000:] for _, _, stderr in results]
+  step = stopped[0].train_rows()[-1]["step"]
+  for _, _, stderr in results:
+    assert f"Stopped by SIGTERM: saved a checkpoint at step {step} (" in stderr
+    _no_traceback(stderr)
+  resumed = [run.wait() for run in workers("stopped")]
+  assert [status for status, _, _ in resumed] == [0, 0], [stderr[-2000:] for _, _, stderr in resumed]
+  whole = [run.wait() for run in workers("whole")]
+  assert [status for status, _, _ in whole] == [0, 0]
+  _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), 1e-6)

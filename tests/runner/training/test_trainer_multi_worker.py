@@ -1,0 +1,64 @@
+"""MultiWorkerMirroredStrategy: two worker processes on localhost train like one process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import portpicker
+import pytest
+import tensorflow as tf
+
+from testlib import paths
+from testlib import trainer_testlib
+
+WORKER_SCRIPT = os.path.join(paths.TESTLIB, "trainer_multi_worker_main.py")
+
+
+def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_env):
+  hosts = [f"localhost:{portpicker.pick_unused_port()}" for _ in range(2)]
+  workers = []
+  for index in range(2):
+    env = dict(subprocess_env, TF_CONFIG=json.dumps(
+        {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": index}}))
+    workers.append(subprocess.Popen([sys.executable, WORKER_SCRIPT, str(tmp_path)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  try:
+    outputs = [worker.communicate(timeout=150)[0] for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+  for worker, output in zip(workers, outputs):
+    assert worker.returncode == 0, output[-3000:]
+
+  single = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"))
+  single.train(trainer_testlib.classification_data(), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+               steps=trainer_testlib.MULTI_WORKER_STEPS)
+  expected = single.model.get_weights()
+  per_worker = []
+  for index in range(2):
+    with np.load(tmp_path / f"weights_{index}.npz") as saved:
+      per_worker.append([saved[f"arr_{i}"] for i in range(len(saved.files))])
+  for first, second in zip(*per_worker):
+    np.testing.assert_array_equal(first, second)
+  assert len(per_worker[0]) == len(expected)
+  for got, want in zip(per_worker[0], expected):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Actions run on every worker, after the same loops, with the same (reduced) results; one is the chief.
+  seen = [json.loads((tmp_path / f"actions_{index}.json").read_text()) for index in range(2)]
+  assert [row[0] for row in seen[0]] == list(range(1, trainer_testlib.MULTI_WORKER_STEPS + 1))
+  assert [row[1] for row in seen[0]] == [True] * 6 and [row[1] for row in seen[1]] == [False] * 6
+  assert [row[2] for row in seen[0]] == [row[2] for row in seen[1]]
+  # Evaluation over two input pipelines of 700 and 301 examples (88 and 38 steps) counts each example once.
+  expected_eval = single.evaluate(trainer_testlib.classification_data(1001, seed=2),
+                                  global_batch_size=trainer_testlib.MULTI_WORKER_BATCH)
+  for index in range(2):
+    with open(tmp_path / f"eval_{index}.json", encoding="utf-8") as f:
+      results = json.load(f)
+    assert results["num_examples"] == 1001
+    assert results["accuracy"] == pytest.approx(expected_eval["accuracy"], abs=1e-6)
+    assert results["loss"] == pytest.approx(expected_eval["loss"], rel=1e-5)
+  # Only the chief wrote checkpoints: every 2 steps, numbered by step.
+  checkpoints = tf.train.get_checkpoint_state(str(tmp_path / "model_dir" / "checkpoints"))
+  assert [os.path.basename(p) for p in checkpoints.all_model_checkpoint_paths] == ["ckpt-2", "ckpt-4", "ckpt-6"]

@@ -1,0 +1,95 @@
+"""Child processes for tests: a command with its output in files, its exit, and the train rows a run writes."""
+
+import json
+import os
+import subprocess
+import time
+
+from testlib import paths
+
+TIMEOUT_SECONDS = 240
+
+
+class Process:
+  """`command` in a child process started from the repository, its stdout and stderr in files under `logs`."""
+
+  def __init__(self, command, *, env, logs, name="process", preexec_fn=None):
+    self.name = name
+    os.makedirs(logs, exist_ok=True)
+    stem = os.path.join(logs, f"{name.replace(':', '')}.{time.monotonic_ns()}")
+    self._out = open(stem + ".out", "w+", encoding="utf-8")  # noqa: SIM115
+    self._err = open(stem + ".err", "w+", encoding="utf-8")  # noqa: SIM115
+    self.process = subprocess.Popen(
+        command, cwd=paths.REPO, env=env, stdout=self._out, stderr=self._err, preexec_fn=preexec_fn)  # noqa: PLW1509
+
+  def wait(self, timeout=TIMEOUT_SECONDS):
+    """Waits for the exit (killing the process past `timeout`); returns `(status, stdout, stderr)`."""
+    try:
+      self.process.wait(timeout=timeout)
+    finally:
+      self.process.kill()
+    return self.process.returncode, self.stdout(), self.stderr()
+
+  def stdout(self):
+    self._out.seek(0)
+    return self._out.read()
+
+  def stderr(self):
+    self._err.seek(0)
+    return self._err.read()
+
+  def wait_for(self, condition, what, timeout=TIMEOUT_SECONDS):
+    """Polls `condition()` until it holds; fails if the process exits first or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+      assert self.process.poll() is None, f"{self.name} exited before {what}: {self.stderr()[-3000:]}"
+      assert time.monotonic() < deadline, f"{self.name}: no {what} in time"
+      time.sleep(0.05)
+
+
+class TrainingProcess(Process):
+  """A process whose run writes `workdir` (its output goes to `workdir.logs`): the train rows so far."""
+
+  def __init__(self, command, *, workdir, env, name, preexec_fn=None):
+    self.workdir = str(workdir)
+    super().__init__(command, env=env, logs=self.workdir + ".logs", name=name, preexec_fn=preexec_fn)
+
+  def train_rows(self):
+    return train_rows(self.workdir)
+
+  def wait_for_rows(self, count):
+    self.wait_for(lambda: len(self.train_rows()) >= count, f"{count} train rows")
+
+
+def train_rows(workdir):
+  """The complete train rows of `workdir/metrics.jsonl` so far."""
+  return [row for row in metrics_rows(workdir) if row["split"] == "train"]
+
+
+def metrics_rows(workdir):
+  """The complete rows of `workdir/metrics.jsonl` so far (a last line still being written left out)."""
+  return _json_lines(os.path.join(str(workdir), "metrics.jsonl"))
+
+
+def files_of(directory):
+  """{relative path: bytes} of every file under `directory`: to check that a run changed nothing, byte for byte."""
+  found = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        found[os.path.relpath(path, directory)] = f.read()
+  return found
+
+
+def config_history(workdir):
+  """The entries of `workdir/config_history.jsonl`, one per run."""
+  return _json_lines(os.path.join(str(workdir), "config_history.jsonl"))
+
+
+def _json_lines(path):
+  """The JSON value of each complete line of the file at `path`; [] if there is none."""
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]
