@@ -179,8 +179,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(cli_runs):
   assert "replicas: 2" in stdout
   assert "per-replica batch size: train 32, eval 32" in stdout
   assert f"workdir: {workdir} does not exist yet: a new run" in stdout
+  # At most 1000 steps, lowered to a divisor of the evaluations' cadence (eval_every=500).
   assert ("plan: mode train: train to step 300 in loops of a size chosen from the measured step time (auto: at most "
-          "1000 steps, host overhead under 2%)") in stdout
+          "500 steps, host overhead under 2%)") in stdout
   assert not workdir.exists()
 
 
