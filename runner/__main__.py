@@ -72,33 +72,44 @@ from runner.cluster import process_exit
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
 
 _CONFIG = flags.DEFINE_string(
-    "config", None,
+    "config",
+    None,
     "The config file, FILE.py or FILE.py:ARG for get_config(ARG), e.g. configs/digits.py:tpu. "
-    "Override any field with --config.SECTION.FIELD=VALUE, e.g. --config.strategy.name=mirrored.")
+    "Override any field with --config.SECTION.FIELD=VALUE, e.g. --config.strategy.name=mirrored.",
+)
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None,
+    "workdir",
+    None,
     "Where checkpoints, summaries, metrics.jsonl, config.json and the export go (local or gs://). "
-    "A workdir with checkpoints resumes. Default: a new temporary directory.")
+    "A workdir with checkpoints resumes. Default: a new temporary directory.",
+)
 _MODE = flags.DEFINE_enum("mode", None, config_lib.MODES, "Overrides config.mode.")
 _DRY_RUN = flags.DEFINE_bool(
-    "dry_run", False,
+    "dry_run",
+    False,
     "Print the resolved config, the strategy, replicas, per-replica batch sizes, whether --workdir holds a run "
-    "and the step it would resume from, and the step plan from there; train and write nothing.")
+    "and the step it would resume from, and the step plan from there; train and write nothing.",
+)
 _CHECK_TPU = flags.DEFINE_bool(
-    "check_tpu", False,
+    "check_tpu",
+    False,
     "Compile and run the config's train and eval steps the way a TPU would (XLA, static shapes) on logical "
     "CPUs, before paying for a TPU: print one PASS line, or exit 2 naming the first op, shape or dtype a TPU "
-    "would reject. Writes nothing.")
+    "would reject. Writes nothing.",
+)
 
 _VERBOSE = flags.DEFINE_bool(
-    "verbose", False,
+    "verbose",
+    False,
     "On a user error (exit 2, 3 or 4), print its Python traceback, chained exceptions included (e.g. what a config "
-    "file raised), before the one error: line.")
+    "file raised), before the one error: line.",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class CommandLine:
   """The parsed command line: absl's leftover arguments and the config overrides."""
+
   arguments: List[str]
   overrides: List[str]
 
@@ -138,8 +149,9 @@ def exit_with_user_error(error, status=exit_codes.USER_ERROR):
 
 def format_metrics(metrics):
   """Returns 'name=value ...' sorted by name, floats with 4 decimals, ints (counts) as they are."""
-  return " ".join(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.4f}"
-                  for name, value in sorted(metrics.items()))
+  return " ".join(
+      f"{name}={value}" if isinstance(value, int) else f"{name}={value:.4f}" for name, value in sorted(metrics.items())
+  )
 
 
 def main(command_line):
@@ -149,6 +161,7 @@ def main(command_line):
     # The config holds; what follows needs TensorFlow's devices.
     from runner import from_config
     from runner.cluster import task_server
+
     if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
       _check_tpu(config)
     elif task_server.is_serving_task(config):  # A worker or ps task of a parameter-server cluster.
@@ -181,7 +194,8 @@ def _config(command_line):
   """The run config of the command line: the config file with its overrides and `--mode`, validated."""
   if command_line.arguments[1:]:
     raise ConfigError(
-        f"Unexpected arguments {command_line.arguments[1:]}; give overrides as --config.SECTION.FIELD=VALUE.")
+        f"Unexpected arguments {command_line.arguments[1:]}; give overrides as --config.SECTION.FIELD=VALUE."
+    )
   if _DRY_RUN.value and _CHECK_TPU.value:
     raise ConfigError("--dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
@@ -190,6 +204,7 @@ def _config(command_line):
 
 def _check_tpu(config):
   from runner.tpu import check as tpu_check
+
   verdict = tpu_check.check_tpu(config)
   if not verdict.passed:
     raise ConfigError(f"TPU check failed: {verdict.problem}")
@@ -198,6 +213,7 @@ def _check_tpu(config):
 
 def _serve(config):
   from runner.cluster import task_server
+
   if _DRY_RUN.value:
     print(f"plan: {task_server.describe()}")
     print("dry run: nothing served.")
@@ -208,6 +224,7 @@ def _serve(config):
 def _dry_run(config):
   from runner import from_config
   from runner.outputs import checkpoints
+
   strategy = from_config.create_strategy(config)
   batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
   print(f"config:\n{config}")

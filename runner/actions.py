@@ -31,9 +31,14 @@ class ReportProgress(Action):
 
   def __call__(self, loop):
     self._reporter.train_loop(
-        step=loop.step, total_steps=loop.total_steps, results=loop.train_results,
-        learning_rate=loop.learning_rate, steps_per_sec=loop.steps_per_sec,
-        examples_per_sec=loop.examples_per_sec, tracing_seconds=loop.tracing_seconds)
+        step=loop.step,
+        total_steps=loop.total_steps,
+        results=loop.train_results,
+        learning_rate=loop.learning_rate,
+        steps_per_sec=loop.steps_per_sec,
+        examples_per_sec=loop.examples_per_sec,
+        tracing_seconds=loop.tracing_seconds,
+    )
 
 
 class ExitOnStopSignal(Action):
@@ -46,8 +51,8 @@ class ExitOnStopSignal(Action):
 
   def __init__(self, *, save: Callable[[], Optional[str]]):
     """Args:
-      save: writes a checkpoint at the current step (if there is a model_dir),
-        flushes the reports, and returns the latest checkpoint's path or None.
+    save: writes a checkpoint at the current step (if there is a model_dir),
+      flushes the reports, and returns the latest checkpoint's path or None.
     """
     self._save = save
 
@@ -65,8 +70,11 @@ class ExitOnStopSignal(Action):
       SystemExit: always.
     """
     path = self._save()
-    where = (f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
-             if path else f"nothing saved at step {step} (no model_dir)")
+    where = (
+        f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
+        if path
+        else f"nothing saved at step {step} (no model_dir)"
+    )
     logging.warning("Stopped by %s: %s.", stop_signals.NAMES[signum], where)
     raise SystemExit(exit_codes.STOPPED_BY[signum])
 
@@ -81,9 +89,9 @@ class Evaluate(Action):
 
   def __init__(self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int, save: Callable[[], None]):
     """Args:
-      evaluate: evaluates at the current step and reports it; returns the results.
-      every_steps: the evaluations' cadence in steps.
-      save: writes a checkpoint at the current step unless there is one.
+    evaluate: evaluates at the current step and reports it; returns the results.
+    every_steps: the evaluations' cadence in steps.
+    save: writes a checkpoint at the current step unless there is one.
     """
     self._evaluate = evaluate
     self._save = save
@@ -100,9 +108,9 @@ class SaveCheckpoint(Action):
 
   def __init__(self, save: Callable[[], None], *, every_steps: int):
     """Args:
-      save: writes a checkpoint at the current step unless there is one
-        (the final evaluation's may have written it).
-      every_steps: the checkpoints' cadence in steps.
+    save: writes a checkpoint at the current step unless there is one
+      (the final evaluation's may have written it).
+    every_steps: the checkpoints' cadence in steps.
     """
     self._save = save
     self.every_steps = every_steps
@@ -143,7 +151,8 @@ class EarlyStopping(Action):
     if self.metric not in loop.eval_results:
       raise ConfigError(
           f"EarlyStopping watches {self.metric!r}, which the evaluation does not report."
-          f"{checks.did_you_mean(self.metric, loop.eval_results)} It reports: {', '.join(loop.eval_results)}.")
+          f"{checks.did_you_mean(self.metric, loop.eval_results)} It reports: {', '.join(loop.eval_results)}."
+      )
     value = loop.eval_results[self.metric]
     gain = (self.best - value if self.mode == "min" else value - self.best) if self.best is not None else math.inf
     if gain > self.min_delta:
@@ -151,6 +160,11 @@ class EarlyStopping(Action):
       return
     self.evaluations_without_improvement += 1
     if self.evaluations_without_improvement >= self.patience:
-      logging.info("Early stopping at step %d: %s has not improved on %.4g for %d evaluations.",
-                   loop.step, self.metric, self.best, self.patience)
+      logging.info(
+          "Early stopping at step %d: %s has not improved on %.4g for %d evaluations.",
+          loop.step,
+          self.metric,
+          self.best,
+          self.patience,
+      )
       loop.stop()

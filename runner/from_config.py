@@ -60,6 +60,7 @@ class RunResult:
     model: the Keras model with the run's final weights (on every worker of
       a multi-worker job, the same weights).
   """
+
   workdir: str
   config: ml_collections.ConfigDict
   strategy: tf.distribute.Strategy
@@ -123,10 +124,14 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
       if config.mode in TRAINING_MODES:
         evaluating = config.mode == "train_and_eval"
         train_metrics = trainer.train(
-            train_data, global_batch_size=config.data.global_batch_size,
-            steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
+            train_data,
+            global_batch_size=config.data.global_batch_size,
+            steps=config.trainer.train_steps,
+            eval_data=dataset(config, "eval") if evaluating else None,
             eval_every=config.trainer.eval_every if evaluating else None,
-            eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
+            eval_global_batch_size=evaluation["global_batch_size"],
+            eval_steps=evaluation["steps"],
+        )
         eval_metrics = trainer.last_eval_metrics
         if evaluating and eval_metrics is None:  # Trained before; nothing left to train.
           eval_metrics = _final_evaluation(trainer, config, workdir, evaluation)
@@ -135,9 +140,17 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
       if config.mode == "export":
         export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
       return RunResult(
-          workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
-          global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=eval_metrics,
-          checkpoint_path=checkpoints.latest(workdir), export_path=export_path, model=trainer.model)
+          workdir=workdir,
+          config=config,
+          strategy=strategy,
+          num_replicas=strategy.num_replicas_in_sync,
+          global_step=trainer.global_step,
+          train_metrics=train_metrics or None,
+          eval_metrics=eval_metrics,
+          checkpoint_path=checkpoints.latest(workdir),
+          export_path=export_path,
+          model=trainer.model,
+      )
 
 
 @contextlib.contextmanager
@@ -150,7 +163,8 @@ def _workdir_for(config, strategy, workdir):
   """
   is_chief = strategy.extended.should_checkpoint
   workdir, created, lock = prepare_workdir(
-      workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None)
+      workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None
+  )
   try:
     logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
     before = workdir_state.WorkdirState.read(workdir, created=created)
@@ -176,8 +190,11 @@ def _final_evaluation(trainer, config, workdir, evaluation):
   recorded = reports.eval_results_at(workdir, trainer.global_step)
   if not recorded:
     return trainer.evaluate(dataset(config, "eval"), **evaluation)
-  logging.info("Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
-               os.path.join(workdir, "metrics.jsonl"), trainer.global_step)
+  logging.info(
+      "Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
+      os.path.join(workdir, "metrics.jsonl"),
+      trainer.global_step,
+  )
   return recorded
 
 
@@ -191,7 +208,8 @@ def _restored_trainer(config, strategy, workdir):
   if config.mode in ("eval", "export") and checkpoint is None:
     raise ConfigError(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
-        "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
+        "none; train first (mode 'train' or 'train_and_eval' with the same workdir)."
+    )
   train_data = dataset(config, "train")
   data_spec = str(input_pipeline.element_spec(train_data, "training"))
   previous = config_history.latest(workdir)
@@ -259,8 +277,10 @@ def create_strategy(config):
 
 def per_replica_batch_sizes(config, num_replicas):
   """Returns {'train': per-replica train batch, 'eval': per-replica eval batch}."""
-  return {"train": config.data.global_batch_size // num_replicas,
-          "eval": config.data.eval_global_batch_size // num_replicas}
+  return {
+      "train": config.data.global_batch_size // num_replicas,
+      "eval": config.data.eval_global_batch_size // num_replicas,
+  }
 
 
 def describe_workdir(workdir, step):
@@ -291,11 +311,14 @@ def step_plan(config, strategy, step=None):
     return line + (f"; {evaluation}" if config.mode == "train_and_eval" else "")
   start = f"from step {step} " if step else ""
   line = f"mode {config.mode}: train {start}to step {trainer.train_steps} in "
-  sizes = steps_per_loop_lib.resolve(trainer.steps_per_loop, strategy=strategy,
-                                     cadences=(trainer.eval_every, trainer.checkpoint_every))
+  sizes = steps_per_loop_lib.resolve(
+      trainer.steps_per_loop, strategy=strategy, cadences=(trainer.eval_every, trainer.checkpoint_every)
+  )
   if isinstance(sizes, steps_per_loop_lib.MeasuredStepsPerLoop):
-    line += (f"loops of a size chosen from the measured step time (auto: at most {sizes.most} "
-             "steps, host overhead under 2%)")
+    line += (
+        f"loops of a size chosen from the measured step time (auto: at most {sizes.most} "
+        "steps, host overhead under 2%)"
+    )
   else:
     loops = -(-(trainer.train_steps - step) // sizes.size)
     line += f"{loops} loop(s) of up to {sizes.size} steps"
@@ -331,8 +354,9 @@ def create_trainer(config, strategy, workdir):
     ConfigError: the task or model function returned the wrong kind of object.
   """
   make_task = registry.resolve("task", config.task.name)
-  task = trainer_options.made(make_task(config.task), Task, role="the task function", fn=make_task,
-                              expected="a runner.Task")
+  task = trainer_options.made(
+      make_task(config.task), Task, role="the task function", fn=make_task, expected="a runner.Task"
+  )
   model_fn = functools.partial(registry.resolve("model", config.model.name), config.model)
 
   trainer = config.trainer
@@ -349,4 +373,5 @@ def create_trainer(config, strategy, workdir):
       precision=trainer.precision,
       clipnorm=config.optimizer.clipnorm,
       seed=trainer.seed,
-      profile_steps=trainer.profile_steps)
+      profile_steps=trainer.profile_steps,
+  )

@@ -26,6 +26,7 @@ class LabelRange:
     meaning: what the labels are, for messages, e.g. "class ids of a model
       with 10 outputs (classes)".
   """
+
   low: float
   high: float
   integer: bool
@@ -127,8 +128,11 @@ class DatasetProvider(abc.ABC):
     """
     if self.sharding == "file":
       self._say_once(
-          logging.warning, "%s: sharding='file', but its data has no files; sharding by example instead "
-          "(input pipeline i of n keeps examples i, i + n, ...).", type(self).__name__)
+          logging.warning,
+          "%s: sharding='file', but its data has no files; sharding by example instead "
+          "(input pipeline i of n keeps examples i, i + n, ...).",
+          type(self).__name__,
+      )
     if input_context.num_input_pipelines == 1:
       return dataset
     return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
@@ -168,8 +172,9 @@ class DatasetProvider(abc.ABC):
     """
     return self.get_dataset(input_context).batch(batch_size)
 
-  def get_repeated_batches(self, input_context: tf.distribute.InputContext, batch_size: int,
-                           start: int) -> tf.data.Dataset:
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
     """Returns `get_repeated_dataset(input_context, start)` in full batches of `batch_size`.
 
     What training reads; as `get_batches`, a provider may make the same
@@ -201,6 +206,7 @@ class LoopEnd:
       `LoopEnd` that carries it (`with_eval_results`).
     stop_at: the step an action asked training to end at (`stop`), else None.
   """
+
   step: int
   total_steps: int
   train_results: Mapping[str, float]

@@ -12,8 +12,25 @@ from strategies import checks
 from strategies.errors import ConfigError
 
 # Activation names that every Keras 3 accepts: `check_mlp` takes them without importing Keras.
-KERAS_ACTIVATIONS = ("elu", "exponential", "gelu", "hard_sigmoid", "leaky_relu", "linear", "log_softmax", "mish",
-                     "relu", "relu6", "selu", "sigmoid", "silu", "softmax", "softplus", "softsign", "tanh")
+KERAS_ACTIVATIONS = (
+    "elu",
+    "exponential",
+    "gelu",
+    "hard_sigmoid",
+    "leaky_relu",
+    "linear",
+    "log_softmax",
+    "mish",
+    "relu",
+    "relu6",
+    "selu",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "softplus",
+    "softsign",
+    "tanh",
+)
 
 
 def mlp(config):
@@ -24,6 +41,7 @@ def mlp(config):
       `activation`, `dropout` (a rate in [0, 1)) and `num_outputs`.
   """
   import keras  # noqa: PLC0415
+
   layers = [keras.layers.Flatten()]
   for units in config.hidden_units:
     layers.append(keras.layers.Dense(units, activation=config.activation))
@@ -43,12 +61,14 @@ def check_mlp(config):
   if config.activation in KERAS_ACTIVATIONS:
     return
   import keras  # noqa: PLC0415  # A name of a newer Keras, or not one.
+
   try:
     keras.activations.get(config.activation)
   except ValueError:
     raise ConfigError(
         f"config.model.activation={config.activation!r} is not a Keras activation; "
-        "use a name such as 'relu', 'gelu', 'tanh' or 'silu'.") from None
+        "use a name such as 'relu', 'gelu', 'tanh' or 'silu'."
+    ) from None
 
 
 def linear(config):
@@ -58,8 +78,10 @@ def linear(config):
     config: `config.model` with `num_outputs`.
   """
   import keras  # noqa: PLC0415
+
   return keras.Sequential(
-      [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear")
+      [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear"
+  )
 
 
 def check_linear(config):
@@ -69,7 +91,6 @@ def check_linear(config):
 
 # Name -> (function, its own config fields with their defaults, its check).
 BUILTINS = {
-    "mlp": (mlp, {"num_outputs": 10, "hidden_units": (128,), "activation": "relu", "dropout": 0.0},
-            check_mlp),
+    "mlp": (mlp, {"num_outputs": 10, "hidden_units": (128,), "activation": "relu", "dropout": 0.0}, check_mlp),
     "linear": (linear, {"num_outputs": 10}, check_linear),
 }

@@ -1,6 +1,5 @@
 """What the model is trained to do: the built-in tasks (the `Task` interface is in `runner.interfaces`)."""
 
-
 import keras
 import tensorflow as tf
 
@@ -16,7 +15,7 @@ class Classification(Task):
 
   def __init__(self, *, from_logits=True):
     """Args:
-      from_logits: the model outputs logits (True) or probabilities (False).
+    from_logits: the model outputs logits (True) or probabilities (False).
     """
     self.from_logits = from_logits
 
@@ -39,15 +38,22 @@ class Classification(Task):
         hint = " The dataset looks batched: the Trainer batches the data itself (drop the .batch(...))."
       raise ConfigError(
           f"labels are {labels_spec} per example, but task Classification takes one class id per example "
-          f"(shape () or (1,)) for a model with {classes} outputs.{hint}")
+          f"(shape () or (1,)) for a model with {classes} outputs.{hint}"
+      )
     if not labels_spec.dtype.is_integer:
-      hint = (" If they hold whole numbers, cast them in the dataset (tf.cast(labels, tf.int32)); for targets "
-              "in [0, 1) use task 'regression' or a task of your own." if labels_spec.dtype.is_floating else "")
+      hint = (
+          " If they hold whole numbers, cast them in the dataset (tf.cast(labels, tf.int32)); for targets "
+          "in [0, 1) use task 'regression' or a task of your own."
+          if labels_spec.dtype.is_floating
+          else ""
+      )
       raise ConfigError(
           f"labels are {labels_spec.dtype.name}, but task Classification takes class ids, integers in "
-          f"[0, {classes}).{hint}")
-    return LabelRange(low=0, high=classes, integer=True,
-                      meaning=f"class ids of a model with {classes} outputs (classes)")
+          f"[0, {classes}).{hint}"
+      )
+    return LabelRange(
+        low=0, high=classes, integer=True, meaning=f"class ids of a model with {classes} outputs (classes)"
+    )
 
 
 class Regression(Task):
@@ -73,11 +79,15 @@ class Regression(Task):
     if not (labels_spec.dtype.is_floating or labels_spec.dtype.is_integer):
       raise ConfigError(f"labels are {labels_spec.dtype.name}, but task Regression takes real-valued targets.")
     per_example = outputs_spec.shape[1:]
-    if labels_spec.shape.is_fully_defined() and per_example.is_fully_defined() and (
-        labels_spec.shape.num_elements() != per_example.num_elements()):
+    if (
+        labels_spec.shape.is_fully_defined()
+        and per_example.is_fully_defined()
+        and (labels_spec.shape.num_elements() != per_example.num_elements())
+    ):
       raise ConfigError(
           f"labels have shape {tuple(labels_spec.shape.as_list())} per example, but task Regression needs as many "
-          f"values as the model's outputs per example, {tuple(per_example.as_list())}.")
+          f"values as the model's outputs per example, {tuple(per_example.as_list())}."
+      )
     return None
 
 

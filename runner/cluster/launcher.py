@@ -79,13 +79,20 @@ EXAMPLE = "python -m runner.launch --workers=2 -- --config=configs/synthetic.py 
 
 _WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.")
 _PS = flags.DEFINE_integer(
-    "ps", 0, "How many parameter-server tasks (>= 0). With 1 or more the job is a parameter_server job: "
-    "one chief, the workers and the ps tasks.")
+    "ps",
+    0,
+    "How many parameter-server tasks (>= 0). With 1 or more the job is a parameter_server job: "
+    "one chief, the workers and the ps tasks.",
+)
 _MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 0, "How many times (>= 0) the whole job is started again after a task fails; it resumes "
-    "from the last checkpoint in its workdir. Exit statuses 2 (user error) and 3 (non-finite) are not restarted.")
+    "max_restarts",
+    0,
+    "How many times (>= 0) the whole job is started again after a task fails; it resumes "
+    "from the last checkpoint in its workdir. Exit statuses 2 (user error) and 3 (non-finite) are not restarted.",
+)
 _GRACE_SECONDS = flags.DEFINE_float(
-    "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL.")
+    "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL."
+)
 
 _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
 _WORKDIR = re.compile(r"^--?workdir(=(.*))?$")
@@ -97,6 +104,7 @@ _CHECKPOINT_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 @dataclasses.dataclass(frozen=True)
 class Task:
   """One task of the job: its type in TF_CONFIG (`chief`, `worker` or `ps`) and index."""
+
   type: str
   index: int
 
@@ -179,7 +187,8 @@ def runner_arguments(arguments, *, ps):
     raise ValueError(
         "The runner arguments have no --workdir=DIR: every task and every restart must use the same workdir "
         "(all tasks restore from the chief's checkpoints there), and without one each task would make its own "
-        "temporary directory.")
+        "temporary directory."
+    )
   strategy = "parameter_server" if ps else "multi_worker_mirrored"
   for argument in arguments:
     if _CLUSTER_FIELD.match(argument):
@@ -188,7 +197,8 @@ def runner_arguments(arguments, *, ps):
     if named and named.group(1) != strategy:
       raise ValueError(
           f"{argument} does not fit this job: a job {'with' if ps else 'without'} --ps runs "
-          f"--config.strategy.name={strategy} (the launcher adds it when the arguments do not name it).")
+          f"--config.strategy.name={strategy} (the launcher adds it when the arguments do not name it)."
+      )
   if not any(_STRATEGY_NAME.match(argument) for argument in arguments):
     arguments.append(f"--config.strategy.name={strategy}")
   return arguments
@@ -232,8 +242,10 @@ def stop_outcome(workdir, before):
   if after is not None and after != before:
     return f"saved {after[0]} at step {after[1]}; rerun the same command to resume from there"
   if after is not None:
-    return (f"no checkpoint was written by this stop; the latest is {after[0]} (step {after[1]}), where a rerun "
-            "of the same command resumes")
+    return (
+        f"no checkpoint was written by this stop; the latest is {after[0]} (step {after[1]}), where a rerun "
+        "of the same command resumes"
+    )
   return "no checkpoint was written; a rerun of the same command starts from step 0"
 
 
@@ -311,19 +323,27 @@ class _Job:
   def start(self):
     preexec = _ends_with_the_launcher(os.getpid())
     for task in self.tasks:
-      env = dict(os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type,
-                                                            index=task.index)))
+      env = dict(
+          os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type, index=task.index))
+      )
       env.setdefault("PYTHONUNBUFFERED", "1")  # Lines come as they are printed, not when a buffer fills.
       process = subprocess.Popen(
-          [sys.executable, "-m", "runner", *self._arguments], env=env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
+          [sys.executable, "-m", "runner", *self._arguments],
+          env=env,
+          stdin=subprocess.DEVNULL,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          start_new_session=True,
+          preexec_fn=preexec,  # noqa: PLW1509
+      )
       self._processes[task] = process
       self._output.launcher(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
       prefix = f"[{task.name}]"
       self._threads += [
           threading.Thread(target=self._output.relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
           threading.Thread(target=self._output.relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
-          threading.Thread(target=lambda t=task, p=process: self.exits.put((t, p.wait())), daemon=True)]
+          threading.Thread(target=lambda t=task, p=process: self.exits.put((t, p.wait())), daemon=True),
+      ]
       for thread in self._threads[-3:]:
         thread.start()
 
@@ -417,20 +437,29 @@ def _run_once(job, *, signals, grace_seconds, output):
       if returncode != 0 and task in job.dispensable:
         lost.add(task)
         if lost != job.dispensable:
-          output.launcher(f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
-                          "chief trains on with the other workers (it is not started again).")
+          output.launcher(
+              f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
+              "chief trains on with the other workers (it is not started again)."
+          )
           continue
       if returncode != 0:
         last = ", and no worker is left" if task in job.dispensable else ""
-        output.launcher(f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
-                        f"after {grace_seconds:g} s).")
+        output.launcher(
+            f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
+            f"after {grace_seconds:g} s)."
+        )
         return task, returncode
       pending.discard(task)
     if signals.received:
-      order = ("the chief first; the workers and ps tasks serve until it has saved and exited"
-               if job.dispensable else "every task at once; the workers agree on the step to save at")
-      output.launcher(f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C "
-                      "again to kill every task at once.")
+      order = (
+          "the chief first; the workers and ps tasks serve until it has saved and exited"
+          if job.dispensable
+          else "every task at once; the workers agree on the step to save at"
+      )
+      output.launcher(
+          f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C "
+          "again to kill every task at once."
+      )
     else:  # Parameter-server tasks end by themselves once they see the chief gone; give them the time.
       job.wait(SERVERS_END_SECONDS, stop=lambda: signals.received)
     return None
@@ -451,8 +480,12 @@ def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
   with stop_signals.StopSignals(in_training=False) as signals:
     for attempt in range(max_restarts + 1):
       before = latest_checkpoint(workdir)
-      failure = _run_once(_Job(workers=workers, ps=ps, arguments=arguments, output=output),
-                          signals=signals, grace_seconds=grace_seconds, output=output)
+      failure = _run_once(
+          _Job(workers=workers, ps=ps, arguments=arguments, output=output),
+          signals=signals,
+          grace_seconds=grace_seconds,
+          output=output,
+      )
       if signals.received:
         output.launcher(f"stopped by {stop_signals.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
         return exit_codes.STOPPED_BY[signals.received]
@@ -460,14 +493,20 @@ def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
         return 0
       task, returncode = failure
       if returncode in exit_codes.NOT_RESTARTED:
-        output.launcher(f"the job failed: {task.name} {describe_exit(returncode)} ({exit_codes.NOT_RESTARTED[returncode]}), "
-                        f"which a restart would repeat; exit status {returncode}.")
+        output.launcher(
+            f"the job failed: {task.name} {describe_exit(returncode)} ({exit_codes.NOT_RESTARTED[returncode]}), "
+            f"which a restart would repeat; exit status {returncode}."
+        )
         return returncode
       if attempt < max_restarts:
-        output.launcher(f"restart {attempt + 1} of {max_restarts}: {task.name} {describe_exit(returncode)}; "
-                        "the job resumes from the last checkpoint in its workdir.")
-    output.launcher(f"the job failed: {task.name} {describe_exit(returncode)} and no restart is left "
-                    f"(--max_restarts={max_restarts}); exit status {exit_status(returncode)}.")
+        output.launcher(
+            f"restart {attempt + 1} of {max_restarts}: {task.name} {describe_exit(returncode)}; "
+            "the job resumes from the last checkpoint in its workdir."
+        )
+    output.launcher(
+        f"the job failed: {task.name} {describe_exit(returncode)} and no restart is left "
+        f"(--max_restarts={max_restarts}); exit status {exit_status(returncode)}."
+    )
     return exit_status(returncode)
 
 
@@ -480,7 +519,7 @@ def _parse(argv):
   launcher_argv, separator, runner_argv = argv[1:], False, []
   if "--" in launcher_argv:
     position = launcher_argv.index("--")
-    launcher_argv, separator, runner_argv = launcher_argv[:position], True, launcher_argv[position + 1:]
+    launcher_argv, separator, runner_argv = launcher_argv[:position], True, launcher_argv[position + 1 :]
   try:
     extra = flags.FLAGS([argv[0], *launcher_argv])[1:]
   except flags.UnrecognizedFlagError as e:
@@ -501,14 +540,20 @@ def _parse(argv):
   if os.environ.get("TF_CONFIG"):
     raise ValueError(
         "TF_CONFIG is set in this environment, and the launcher gives every task its own: unset it. "
-        "(On a real cluster, set TF_CONFIG on each host and run python -m runner there.)")
-  return dict(workers=_WORKERS.value, ps=_PS.value, max_restarts=_MAX_RESTARTS.value,
-              grace_seconds=_GRACE_SECONDS.value, arguments=runner_arguments(runner_argv, ps=_PS.value))
+        "(On a real cluster, set TF_CONFIG on each host and run python -m runner there.)"
+    )
+  return dict(
+      workers=_WORKERS.value,
+      ps=_PS.value,
+      max_restarts=_MAX_RESTARTS.value,
+      grace_seconds=_GRACE_SECONDS.value,
+      arguments=runner_arguments(runner_argv, ps=_PS.value),
+  )
 
 
 def main(argv):
   """Runs the command line `argv`; returns the exit status."""
-  if any(argument in _HELP for argument in argv[1:argv.index("--") if "--" in argv else None]):
+  if any(argument in _HELP for argument in argv[1 : argv.index("--") if "--" in argv else None]):
     print(__doc__)
     print(flags.FLAGS.module_help(sys.modules[__name__]))
     return 0
@@ -523,4 +568,3 @@ def main(argv):
 def run_main():
   """The `tf-runner-launch` console script and `python -m runner.launch`."""
   sys.exit(main(sys.argv))
-

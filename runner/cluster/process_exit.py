@@ -25,6 +25,7 @@ def on_exit_now(callback):
   def take_back():
     if callback in _before_exit:
       _before_exit.remove(callback)
+
   return take_back
 
 

@@ -42,12 +42,12 @@ class StopSignals:
 
   def __init__(self, *, in_training=True):
     """Args:
-      in_training: True around training loops: the signal is said at once,
-        a Ctrl-C after it ends the process at once with exit status 130 and
-        one line on stderr, also while the main thread is inside a loop's call
-        (see `_SignalWatch`), and a stop a cluster task noted before the loop
-        (`handle_outside_training`) is taken as received. False (the
-        launcher): the signals are only noted, and the caller acts on them.
+    in_training: True around training loops: the signal is said at once,
+      a Ctrl-C after it ends the process at once with exit status 130 and
+      one line on stderr, also while the main thread is inside a loop's call
+      (see `_SignalWatch`), and a stop a cluster task noted before the loop
+      (`handle_outside_training`) is taken as received. False (the
+      launcher): the signals are only noted, and the caller acts on them.
     """
     self.in_training = in_training
     self.received = None
@@ -97,7 +97,7 @@ class _SignalWatch:
 
   def __init__(self, *, stops=0):
     """Args:
-      stops: the stop signals received before (a SIGINT after one aborts).
+    stops: the stop signals received before (a SIGINT after one aborts).
     """
     self._stops = stops
     self._read, self._write = os.pipe()
@@ -123,9 +123,12 @@ class _SignalWatch:
           sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
           process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
         if not stops:
-          logging.warning("%s received: the run stops at the end of this loop (or of the final evaluation), with a "
-                          "checkpoint saved.%s", NAMES[signum],
-                          " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "")
+          logging.warning(
+              "%s received: the run stops at the end of this loop (or of the final evaluation), with a "
+              "checkpoint saved.%s",
+              NAMES[signum],
+              " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "",
+          )
         stops += 1
 
 
@@ -143,12 +146,15 @@ class Stopped(BaseException):
 
   def __init__(self, signum):
     """Args:
-      signum: `signal.SIGTERM` or `signal.SIGINT`.
+    signum: `signal.SIGTERM` or `signal.SIGINT`.
     """
     self.exit_code = exit_codes.STOPPED_BY[signum]
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-    self.line = (f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
-                 if _trained else f"Stopped by {name} during start-up; nothing was written.")
+    self.line = (
+        f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
+        if _trained
+        else f"Stopped by {name} during start-up; nothing was written."
+    )
     super().__init__(self.line)
 
 
@@ -207,8 +213,10 @@ def _outside_training(signum, frame):
   _first_stop = signum
   if _joined_a_cluster():
     _waiting_stop = signum
-    sys.stderr.write(f"{NAMES[signum]} received outside a training loop: the job stops at the end of its next one, "
-                     "every worker saving a checkpoint at the same step.\n")
+    sys.stderr.write(
+        f"{NAMES[signum]} received outside a training loop: the job stops at the end of its next one, "
+        "every worker saving a checkpoint at the same step.\n"
+    )
     return
   stopped = Stopped(signum)
   if _raising:

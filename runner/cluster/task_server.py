@@ -62,8 +62,10 @@ def is_serving_task(config):
 def describe():
   """One line on what this task does, e.g. 'serve as worker:0 of a parameter-server cluster (chief: host:port)'."""
   resolver = cluster.from_tf_config()
-  return (f"serve as {resolver.task_type}:{resolver.task_id} of a parameter-server cluster until the coordinator "
-          f"({_chief_address(resolver.cluster_spec())}) is done")
+  return (
+      f"serve as {resolver.task_type}:{resolver.task_id} of a parameter-server cluster until the coordinator "
+      f"({_chief_address(resolver.cluster_spec())}) is done"
+  )
 
 
 def serve(timeout_seconds):
@@ -92,12 +94,14 @@ def serve(timeout_seconds):
   config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(4, num_workers + 2))
   stop = _StopWhenTheCoordinatorIsDone(me)
   try:
-    server = tf.distribute.Server(spec, job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc",
-                                  config=config, start=True)
+    server = tf.distribute.Server(
+        spec, job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc", config=config, start=True
+    )
   except tf.errors.OpError as error:
     raise ConfigError(
         f"{me} could not start its server at {spec.task_address(resolver.task_type, resolver.task_id)} "
-        f"({' '.join(error.message.split())}); check that the port is free and the address is this host's.") from None
+        f"({' '.join(error.message.split())}); check that the port is free and the address is this host's."
+    ) from None
   print(f"serving as {me} of a parameter-server cluster until the coordinator ({chief}) is done", flush=True)
   _wait_for_the_coordinator(chief, me, timeout_seconds, stopping=lambda: stop.received is not None)
   logging.info("The coordinator (%s) is done (its port closed): %s stops serving.", chief, me)
@@ -112,7 +116,8 @@ def _chief_address(spec):
         f"A parameter-server cluster needs a 'chief' task, the coordinator; TF_CONFIG's cluster has "
         f"{', '.join(sorted(spec.jobs))}. Example: "
         '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"], "ps": ["host2:2222"]}, '
-        '"task": {"type": "worker", "index": 0}}.')
+        '"task": {"type": "worker", "index": 0}}.'
+    )
   return spec.job_tasks("chief")[0]
 
 
@@ -129,7 +134,8 @@ def _wait_for_the_coordinator(chief, me, timeout_seconds, *, stopping):
       raise ClusterError(
           f"{me} served for {timeout_seconds:g} s without the coordinator: nothing listens at chief:0 ({chief}). "
           "Start the chief (the same command with its TF_CONFIG), or raise config.strategy.timeout_seconds; if the "
-          "chief had already finished, this task has nothing left to do.")
+          "chief had already finished, this task has nothing left to do."
+      )
     time.sleep(POLL_SECONDS)
   refused = 0
   while refused < (1 if stopping() else 2):
@@ -155,9 +161,13 @@ class _StopWhenTheCoordinatorIsDone:
     if signum == signal.SIGTERM:
       if self.received is None:
         self.received = signum
-        sys.stderr.write(f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
-                         "checkpoint through the servers), then exits.\n")
+        sys.stderr.write(
+            f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
+            "checkpoint through the servers), then exits.\n"
+        )
       return
-    sys.stderr.write(f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
-                     "writes the checkpoints; it fails if a ps task it needs is gone).\n")
+    sys.stderr.write(
+        f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
+        "writes the checkpoints; it fails if a ps task it needs is gone).\n"
+    )
     process_exit.exit_now(exit_codes.STOPPED_BY[signum])

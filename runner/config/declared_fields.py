@@ -24,8 +24,10 @@ from strategies.errors import ConfigError
 
 _ATTRIBUTE = "_tf_runner_config_fields"
 _TYPES = (bool, int, float, str, tuple)
-_VALID = ("a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
-          "(TYPE one of those) for an optional field that is None until set")
+_VALID = (
+    "a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
+    "(TYPE one of those) for an optional field that is None until set"
+)
 
 
 def config_fields(**fields) -> Callable[[Callable], Callable]:
@@ -47,6 +49,7 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
       know), a list or a dict; or an object that cannot hold an attribute,
       such as a builtin.
   """
+
   def declare(fn):
     where = f"@runner.config_fields on {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
     if "name" in fields:
@@ -56,9 +59,11 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
     try:
       setattr(fn, _ATTRIBUTE, dict(fields))
     except AttributeError:
-      raise ConfigError(f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python "
-                        "function (def).") from None
+      raise ConfigError(
+          f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python function (def)."
+      ) from None
     return fn
+
   return declare
 
 
@@ -71,8 +76,10 @@ def declared(fn) -> Optional[Mapping[str, Any]]:
   fields = getattr(fn, _ATTRIBUTE, None)
   if fields is None:
     return None
-  return {field: config_dict.placeholder(default.get_type()) if isinstance(default, config_dict.FieldReference)
-          else default for field, default in fields.items()}
+  return {
+      field: config_dict.placeholder(default.get_type()) if isinstance(default, config_dict.FieldReference) else default
+      for field, default in fields.items()
+  }
 
 
 def _check_default(where, field, default):
@@ -81,11 +88,14 @@ def _check_default(where, field, default):
     if default.get() is not None or default.get_type() not in _TYPES:
       raise ConfigError(
           f"{where}: the default of {field!r} is a reference to {default.get()!r} of type "
-          f"{default.get_type().__name__}; a default is {_VALID}.")
+          f"{default.get_type().__name__}; a default is {_VALID}."
+      )
   elif default is None:
     raise ConfigError(
         f"{where}: the default of {field!r} is None, whose type the config cannot know; for an optional "
-        f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple).")
+        f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple)."
+    )
   elif not isinstance(default, _TYPES):
-    raise ConfigError(f"{where}: the default of {field!r} is {default!r} ({type(default).__name__}); "
-                      f"a default is {_VALID}.")
+    raise ConfigError(
+        f"{where}: the default of {field!r} is {default!r} ({type(default).__name__}); a default is {_VALID}."
+    )

@@ -23,6 +23,7 @@ from runner.data import builtin_datasets
 from runner import models as builtin_models
 from runner.config import declared_fields
 
+
 @dataclasses.dataclass(frozen=True)
 class Builtin:
   """A built-in model, dataset or task.
@@ -33,6 +34,7 @@ class Builtin:
     check: `check(section)` raises ConfigError for values that cannot work;
       it runs before any TensorFlow device work.
   """
+
   fn: Callable
   fields: Mapping[str, Any]
   check: Callable = lambda section: None
@@ -40,12 +42,14 @@ class Builtin:
 
 def _classification(config):
   from runner import tasks  # noqa: PLC0415
+
   return tasks.Classification(from_logits=config.from_logits)
 
 
 def _regression(config):
   del config  # Regression has no fields.
   from runner import tasks  # noqa: PLC0415
+
   return tasks.Regression()
 
 
@@ -85,7 +89,8 @@ def builtin(kind, name) -> Optional[Builtin]:
   if name not in _BUILTINS[kind]:
     raise ConfigError(
         f"Unknown {kind} {name!r}.{did_you_mean(name, _BUILTINS[kind])} Built-in {kind}s: "
-        f"{', '.join(names(kind))}; or give an import path 'package.module:function'.")
+        f"{', '.join(names(kind))}; or give an import path 'package.module:function'."
+    )
   return _BUILTINS[kind][name]
 
 
@@ -111,13 +116,15 @@ def resolve(kind, name) -> Callable:
   except ImportError as e:
     raise ConfigError(
         f"The {kind} {name!r} does not import: {type(e).__name__}: {e}. "
-        "Check the module path and that its package is on PYTHONPATH.") from e
+        "Check the module path and that its package is on PYTHONPATH."
+    ) from e
   fn = getattr(module, attribute, None)
   if fn is None:
     public = [a for a in dir(module) if not a.startswith("_")]
     raise ConfigError(
         f"The {kind} {name!r}: module {module_name!r} has no attribute {attribute!r}."
-        f"{did_you_mean(attribute, public)}")
+        f"{did_you_mean(attribute, public)}"
+    )
   if not callable(fn):
     raise ConfigError(f"The {kind} {name!r} is a {type(fn).__name__}, not a function.")
   return fn

@@ -39,34 +39,40 @@ def _common_config():
   config = ml_collections.ConfigDict()
   config.mode = "train_and_eval"
   config.strategy = strategy_schema.default_config()
-  config.data = ml_collections.ConfigDict({
-      "name": "synthetic",
-      "global_batch_size": 64,
-      "eval_global_batch_size": config_dict.placeholder(int),
-      "sharding": "auto",
-  })
+  config.data = ml_collections.ConfigDict(
+      {
+          "name": "synthetic",
+          "global_batch_size": 64,
+          "eval_global_batch_size": config_dict.placeholder(int),
+          "sharding": "auto",
+      }
+  )
   config.model = ml_collections.ConfigDict({"name": "mlp"})
   config.task = ml_collections.ConfigDict({"name": "classification"})
-  config.optimizer = ml_collections.ConfigDict({
-      "name": "adam",
-      "learning_rate": 1e-3,
-      "schedule": "constant",
-      "warmup_steps": 0,
-      "weight_decay": 0.0,
-      "clipnorm": config_dict.placeholder(float),
-  })
-  config.trainer = ml_collections.ConfigDict({
-      "train_steps": 1000,
-      "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.training.steps_per_loop.
-      "eval_every": config_dict.placeholder(int),
-      "eval_steps": config_dict.placeholder(int),
-      "checkpoint_every": config_dict.placeholder(int),
-      "max_to_keep": 3,
-      "jit_compile": False,
-      "precision": "float32",
-      "seed": 0,
-      "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
-  })
+  config.optimizer = ml_collections.ConfigDict(
+      {
+          "name": "adam",
+          "learning_rate": 1e-3,
+          "schedule": "constant",
+          "warmup_steps": 0,
+          "weight_decay": 0.0,
+          "clipnorm": config_dict.placeholder(float),
+      }
+  )
+  config.trainer = ml_collections.ConfigDict(
+      {
+          "train_steps": 1000,
+          "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.training.steps_per_loop.
+          "eval_every": config_dict.placeholder(int),
+          "eval_steps": config_dict.placeholder(int),
+          "checkpoint_every": config_dict.placeholder(int),
+          "max_to_keep": 3,
+          "jit_compile": False,
+          "precision": "float32",
+          "seed": 0,
+          "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
+      }
+  )
   return config
 
 
@@ -111,8 +117,11 @@ def _complete(config, previous_names=None):
     if not hasattr(given, "items"):
       raise ConfigError(f"config.{section} must be a section (a ConfigDict), got {given!r}.")
     previous = (previous_names or {}).get(section)
-    _merge(result[section], _with_own_fields(result[section], given, f"config.{section}", kind, previous),
-           f"config.{section}")
+    _merge(
+        result[section],
+        _with_own_fields(result[section], given, f"config.{section}", kind, previous),
+        f"config.{section}",
+    )
   return result
 
 
@@ -140,7 +149,8 @@ def _with_own_fields(section, given, where, kind, previous=None):
   if common:
     raise ConfigError(
         f"The {kind} {name!r} declares the field(s) {', '.join(common)}, which {where} has for every {kind}; "
-        f"give its own fields other names.")
+        f"give its own fields other names."
+    )
   for field, default in fields.items():
     section[field] = default
   replaced = _defaults(kind, previous) if previous not in (None, name) else {}
@@ -158,15 +168,18 @@ def _with_own_fields(section, given, where, kind, previous=None):
       hint = f" (a field of another {kind}, set to {value!r})" if field in others or field in replaced else ""
       raise ConfigError(
           f"{where}.{field} is not a field of {kind} {name!r}{hint}.{checks.did_you_mean(field, section)} "
-          f"Fields of {where} for {kind} {name!r}: {', '.join(section)}.")
+          f"Fields of {where} for {kind} {name!r}: {', '.join(section)}."
+      )
   return kept
 
 
 def _defaults(kind, name):
   """Returns {field: default value} of the own fields of `name` ({} for a function that declares none)."""
   fields = registry.own_fields(kind, name) or {}
-  return {field: default.get() if isinstance(default, config_dict.FieldReference) else default
-          for field, default in fields.items()}
+  return {
+      field: default.get() if isinstance(default, config_dict.FieldReference) else default
+      for field, default in fields.items()
+  }
 
 
 def _typed(given, field):
@@ -183,7 +196,8 @@ def _merge(schema, given, where):
     if field not in schema:
       raise ConfigError(
           f"{where} has no field {field!r}.{checks.did_you_mean(field, schema)} "
-          f"Fields of {where}: {', '.join(schema)}.")
+          f"Fields of {where}: {', '.join(schema)}."
+      )
     default = schema[field]
     if isinstance(default, ml_collections.ConfigDict):
       if not hasattr(given[field], "items"):
@@ -265,13 +279,15 @@ def validate(config):
       raise ConfigError(
           f"config.trainer.{field}={trainer[field]} is not a multiple of config.trainer.steps_per_loop="
           f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
-          f"steps_per_loop steps. Use a multiple such as {multiple}.")
+          f"steps_per_loop steps. Use a multiple such as {multiple}."
+      )
   checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
   profile_steps = profiling.check_steps(trainer.profile_steps, "config.trainer.profile_steps")
   if profile_steps is not None and profile_steps[1] > trainer.train_steps:
     raise ConfigError(
         f"config.trainer.profile_steps={profile_steps} goes past config.trainer.train_steps={trainer.train_steps}; "
-        "choose steps the run trains.")
+        "choose steps the run trains."
+    )
   checks.one_of(trainer.precision, scoped_settings.PRECISIONS, "config.trainer.precision")
   optimizers.check(config.optimizer, trainer.train_steps)
   config.lock()
@@ -316,7 +332,8 @@ def load_config(path, overrides=()):
   if not hasattr(config, "items"):
     raise ConfigError(
         f"Config file {file_path!r}: {call} returned {_short_repr(config)} ({type(config).__name__}); "
-        "it must return an ml_collections.ConfigDict.")
+        "it must return an ml_collections.ConfigDict."
+    )
   config = _complete(config)
   if isinstance(overrides, str):
     raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")
@@ -354,10 +371,12 @@ def _failures_named(file_path, during):
   except SystemExit as e:  # sys.exit() or exit() in the file: it would end the run with no word of why.
     raise ConfigError(
         f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with "
-        f"{e!r}; a config file must return its config (raise an exception to report a problem).") from e
+        f"{e!r}; a config file must return its config (raise an exception to report a problem)."
+    ) from e
   except Exception as e:
     raise ConfigError(
-        f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}") from e
+        f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}"
+    ) from e
 
 
 def _where(error, file_path):
@@ -366,8 +385,11 @@ def _where(error, file_path):
     if os.path.abspath(error.filename) == os.path.abspath(file_path):
       return f", line {error.lineno}"
     return f", in {error.filename!r}, line {error.lineno}"
-  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
-           if os.path.abspath(frame.filename) == os.path.abspath(file_path)]
+  lines = [
+      frame.lineno
+      for frame in traceback.extract_tb(error.__traceback__)
+      if os.path.abspath(frame.filename) == os.path.abspath(file_path)
+  ]
   return f", line {lines[-1]}" if lines else ""
 
 
@@ -380,7 +402,7 @@ def _described(error):
 
 def _short_repr(value, limit=80):
   text = repr(value)
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
@@ -426,7 +448,8 @@ def _parse_overrides(config, overrides):
       holder, field = _field(config, field_path, given[-1])
       raise ConfigError(
           f"Override {given[-1]!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
-          f"got {given[-1].partition('=')[2]!r}.") from None
+          f"got {given[-1].partition('=')[2]!r}."
+      ) from None
 
 
 def _field(config, field_path, override):
@@ -442,7 +465,8 @@ def _field(config, field_path, override):
     if part not in holder:
       raise ConfigError(
           f"Override {override!r}: {where} has no field {part!r}.{checks.did_you_mean(part, holder)} "
-          f"Fields of {where}: {', '.join(holder)}.")
+          f"Fields of {where}: {', '.join(holder)}."
+      )
     is_section = isinstance(holder[part], ml_collections.ConfigDict)
     if i < len(parts) - 1 and not is_section:
       raise ConfigError(f"Override {override!r}: {where}.{part} is a value, not a section.")
@@ -460,5 +484,5 @@ def _set(config, field_path, value, override):
     holder[field] = value
   except TypeError:
     raise ConfigError(
-        f"Override {override!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
-        f"got {value!r}.") from None
+        f"Override {override!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, got {value!r}."
+    ) from None

@@ -13,8 +13,10 @@ import numpy as np
 from strategies import checks
 from strategies.errors import ConfigError
 
-_NO_SKLEARN = ("Dataset 'digits' needs scikit-learn, which is not installed: "
-               "pip install 'tf-runner[examples]' (or pip install scikit-learn).")
+_NO_SKLEARN = (
+    "Dataset 'digits' needs scikit-learn, which is not installed: "
+    "pip install 'tf-runner[examples]' (or pip install scikit-learn)."
+)
 
 
 def _sklearn_datasets():
@@ -48,6 +50,7 @@ def digits(config, split):
   num_eval = math.ceil(len(labels) * config.test_fraction)
   chosen = order[num_eval:] if split == "train" else order[:num_eval]
   from runner.data import providers as data  # noqa: PLC0415
+
   return data.InMemory(features[chosen], labels[chosen], shuffle=split == "train", seed=config.seed)
 
 
@@ -86,6 +89,7 @@ def synthetic(config, split):
     scores = features @ teacher + config.noise * rng.normal(size=(count, config.num_classes))
     labels = scores.argmax(axis=1).astype(np.int32)
   from runner.data import providers as data  # noqa: PLC0415
+
   return data.InMemory(features, labels, shuffle=training and config.shuffle, seed=config.seed)
 
 
@@ -100,7 +104,18 @@ def check_synthetic(config):
 # Name -> (function, its own config fields with their defaults, its check).
 BUILTINS = {
     "digits": (digits, {"test_fraction": 0.2, "seed": 0}, check_digits),
-    "synthetic": (synthetic, {"num_examples": 2048, "num_eval_examples": 512, "num_features": 16,
-                              "num_classes": 10, "noise": 0.1, "regression": False, "shuffle": True, "seed": 0},
-                  check_synthetic),
+    "synthetic": (
+        synthetic,
+        {
+            "num_examples": 2048,
+            "num_eval_examples": 512,
+            "num_features": 16,
+            "num_classes": 10,
+            "noise": 0.1,
+            "regression": False,
+            "shuffle": True,
+            "seed": 0,
+        },
+        check_synthetic,
+    ),
 }

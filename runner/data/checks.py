@@ -49,6 +49,8 @@ class LabelsOutOfRange(DataError):
     where = "an evaluation batch" if step is None else f"the batch of step {step}"
     super().__init__(f"A label outside the valid range in {where}.")
     self.step = step
+
+
 _RECORDS_PER_READ = 4096
 _LABELS_PER_READ = 4096
 _LABELS_READ = 1_000_000
@@ -109,48 +111,61 @@ def check_features(element_spec, expected, *, purpose):
     raise DataError(
         f"{where} looks batched: every part of its elements has a first dimension of unknown size (element spec "
         f"{_spec(element_spec)}). The Trainer batches the data itself; return an unbatched dataset of one example "
-        "per element (drop the .batch(...)).")
+        "per element (drop the .batch(...))."
+    )
   for path, spec in leaves(features):
     if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
       kind = "ragged" if isinstance(spec, tf.RaggedTensorSpec) else "sparse"
       raise DataError(
           f"{where}'s features{path} are {kind} ({_spec(spec)}), but the Trainer batches dense tensors of one "
           "shape. Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
-          "tf.sparse.to_dense).")
+          "tf.sparse.to_dense)."
+      )
   if expected is None:
     for path, spec in leaves(features):
       if not spec.shape.is_fully_defined():
         raise DataError(
             f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, and the "
             "model builds from its first batch, so it needs one fixed shape. Give every example the same shape "
-            "in the dataset (pad or cut, then tf.ensure_shape), or declare the model's input with keras.Input.")
+            "in the dataset (pad or cut, then tf.ensure_shape), or declare the model's input with keras.Input."
+        )
     return
   try:
     tf.nest.assert_same_structure(features, expected, check_types=False)
   except (ValueError, TypeError):
     raise DataError(
         f"{where}'s features are {_spec(features)} per example, but the model takes {_spec(expected)}: their "
-        "structures differ.") from None
+        "structures differ."
+    ) from None
   for (path, spec), want in zip(leaves(features), tf.nest.flatten(expected)):
     if spec.shape.rank == want.shape.rank + 1 and want.shape.is_compatible_with(spec.shape[1:]):
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example, one dimension more than the "
           f"model's input {_shape(want.shape)}: the dataset looks batched. The Trainer batches the data itself; "
-          "return an unbatched dataset of one example per element (drop the .batch(...)).")
+          "return an unbatched dataset of one example per element (drop the .batch(...))."
+      )
     if not want.shape.is_compatible_with(spec.shape):
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example (element spec "
-          f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}.")
+          f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}."
+      )
     varying = [i for i, (got, need) in enumerate(zip(spec.shape, want.shape)) if got is None and need is not None]
     if varying:
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, but the "
           f"model's input takes the fixed shape {_shape(want.shape)}. Pad or cut every example to that shape in "
-          "the dataset (then tf.ensure_shape).")
+          "the dataset (then tf.ensure_shape)."
+      )
 
 
-_ONE_TENSOR_LAYERS = (keras.layers.Flatten, keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
-                      keras.layers.Conv3D, keras.layers.Embedding)
+_ONE_TENSOR_LAYERS = (
+    keras.layers.Flatten,
+    keras.layers.Dense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Embedding,
+)
 
 
 def check_one_tensor_for_sequential(element_spec, model, *, purpose):
@@ -167,8 +182,12 @@ def check_one_tensor_for_sequential(element_spec, model, *, purpose):
       message names the model, the dict's keys (or the parts) and what to do.
   """
   features = element_spec[0]
-  if not (isinstance(model, keras.Sequential) and model.layers and isinstance(model.layers[0], _ONE_TENSOR_LAYERS)
-          and tf.nest.is_nested(features)):
+  if not (
+      isinstance(model, keras.Sequential)
+      and model.layers
+      and isinstance(model.layers[0], _ONE_TENSOR_LAYERS)
+      and tf.nest.is_nested(features)
+  ):
     return
   if isinstance(features, dict):
     got = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}"
@@ -180,7 +199,8 @@ def check_one_tensor_for_sequential(element_spec, model, *, purpose):
       f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
       f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset ({combine}), "
       "or use a model with one keras.Input per part (a functional keras.Model, as an import path in "
-      "config.model.name).")
+      "config.model.name)."
+  )
 
 
 def label_range(element_spec, outputs_spec, task, *, purpose):
@@ -242,10 +262,14 @@ def labels_out_of_range_error(found, valid_labels, *, step, purpose):
     purpose: what the data is for, e.g. "training".
   """
   where = f"The {purpose} data's batch of step {step}" if step is not None else f"The {purpose} data"
-  example = (f"example {found[0]} of the data (counting from 0) has label {found[1]}" if found
-             else f"the first {_LABELS_READ:,} examples of the data have none, so it is further on")
+  example = (
+      f"example {found[0]} of the data (counting from 0) has label {found[1]}"
+      if found
+      else f"the first {_LABELS_READ:,} examples of the data have none, so it is further on"
+  )
   return DataError(
-      f"{where} holds a label outside the task's range: {example}, but labels must be {valid_labels.describe()}.")
+      f"{where} holds a label outside the task's range: {example}, but labels must be {valid_labels.describe()}."
+  )
 
 
 def first_label_outside(data, valid_labels):
@@ -289,10 +313,12 @@ def read_error(error, data, *, step, purpose):
     path, record, detail = found
     return DataError(
         f"The {purpose} data cannot be read{at}: {path} is damaged at record {record} (counting from 0; "
-        f"{detail}). Replace or re-write that file, or leave it out of the data.")
+        f"{detail}). Replace or re-write that file, or leave it out of the data."
+    )
   return DataError(
       f"The {purpose} data cannot be read{at}: {_reason(getattr(error, 'message', str(error)))}. A file it reads "
-      "is damaged or truncated; rewrite it or leave it out.")
+      "is damaged or truncated; rewrite it or leave it out."
+  )
 
 
 def parse_error(error, data, *, step, purpose):
@@ -320,7 +346,8 @@ def parse_error(error, data, *, step, purpose):
     path, record_number, record, reason = found
     return DataError(
         f"{where}: {path}, record {record_number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
-        "Write the files with the features parse_fn reads, or change the features it reads.")
+        "Write the files with the features parse_fn reads, or change the features it reads."
+    )
   found = _PARSER_REASON.search(getattr(error, "message", str(error)))
   if found is None:
     return None
@@ -329,11 +356,14 @@ def parse_error(error, data, *, step, purpose):
   in_files = f" in a record of {', '.join(files)}" if files else ""
   return DataError(
       f"{where}: TensorFlow's Example parser says{in_files}: {reason}. Write the files with the features the "
-      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record).")
+      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record)."
+  )
 
 
-_PARSER_REASON = re.compile(r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
-                            r"Can't parse serialized Example|values != expected)[^\n]*")  # Example parser's reasons.
+_PARSER_REASON = re.compile(
+    r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
+    r"Can't parse serialized Example|values != expected)[^\n]*"
+)  # Example parser's reasons.
 
 
 def _first_record_not_parsed(data):
@@ -361,8 +391,14 @@ def _parse_mismatch(parse_fn, record, reason):
   cannot be told (e.g. a parse function that is not `tf.io.parse_*example`).
   """
   wanted = _features_read(parse_fn)
-  name = next((key for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
-               if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
+  name = next(
+      (
+          key
+          for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
+          if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)
+      ),
+      None,
+  )
   try:
     features = tf.train.Example.FromString(record).features.feature
   except Exception:  # noqa: BLE001  # Not an Example: a DecodeError of the protobuf.
@@ -431,7 +467,8 @@ def _tfrecord_files(dataset):
   compression = [value for value in strings if value in ("GZIP", "ZLIB")]
   paths = [value for value in dict.fromkeys(strings) if "/" in value or "." in value]
   return [path for path in paths if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)], (
-      compression[0] if compression else "")
+      compression[0] if compression else ""
+  )
 
 
 def _first_bad_record(files, compression_type):

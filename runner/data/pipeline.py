@@ -24,7 +24,8 @@ def check_global_batch_size(strategy, global_batch_size):
     nearest = [size for size in (lower, lower + replicas) if size > 0]
     raise ConfigError(
         f"global_batch_size={global_batch_size} does not split over the {replicas} replicas of the strategy; "
-        f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}.")
+        f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}."
+    )
 
 
 def for_training(strategy, data, global_batch_size, *, start_step=0):
@@ -101,7 +102,8 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
     if not bounded and batches.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
           "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
-          "pass evaluate(..., steps=N) or give data that does not repeat.")
+          "pass evaluate(..., steps=N) or give data that does not repeat."
+      )
     pipelines.append(input_context.num_input_pipelines)
     batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
     return without_autotune_model(batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE))
@@ -133,12 +135,13 @@ def _checked(dataset, purpose):
   spec = dataset.element_spec
   if not isinstance(spec, tuple) or len(spec) not in (2, 3):
     raise ConfigError(
-        f"The {purpose} data must be an unbatched dataset of {ELEMENT_CONTRACT}; "
-        f"its elements are {spec}.")
+        f"The {purpose} data must be an unbatched dataset of {ELEMENT_CONTRACT}; its elements are {spec}."
+    )
   if len(spec) == 3 and (not isinstance(spec[2], tf.TensorSpec) or spec[2].shape.rank != 0):
     raise ConfigError(
         f"The sample_weight of the {purpose} data must be one scalar per example, got {spec[2]}; "
-        f"elements must be {ELEMENT_CONTRACT} and unbatched.")
+        f"elements must be {ELEMENT_CONTRACT} and unbatched."
+    )
   return dataset
 
 

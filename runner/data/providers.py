@@ -56,7 +56,8 @@ def as_provider(data, *, source="data") -> DatasetProvider:
     return DatasetShards(data)
   raise ConfigError(
       f"{source} must be an unbatched tf.data.Dataset of (features, labels[, sample_weight]) "
-      f"or a runner.data.DatasetProvider, got {type(data).__name__}.")
+      f"or a runner.data.DatasetProvider, got {type(data).__name__}."
+  )
 
 
 def known_num_examples(data):
@@ -105,7 +106,8 @@ class InMemory(DatasetProvider):
     if len(counts) != 1 or 0 in counts:
       raise ConfigError(
           "InMemory needs arrays with the same, non-zero number of examples on their first axis, got "
-          f"{sorted(counts)}.")
+          f"{sorted(counts)}."
+      )
     self.elements = elements
     self.num_examples = counts.pop()
     self.shuffle = shuffle
@@ -145,13 +147,18 @@ class FromFunction(DatasetProvider):
   def get_dataset(self, input_context):
     if self.sharding in ("file", "data"):
       self._say_once(
-          logging.warning, "FromFunction: sharding=%r does not apply; the function %r decides how each input "
-          "pipeline's data is sharded.", self.sharding, getattr(self.dataset_fn, "__name__", self.dataset_fn))
+          logging.warning,
+          "FromFunction: sharding=%r does not apply; the function %r decides how each input "
+          "pipeline's data is sharded.",
+          self.sharding,
+          getattr(self.dataset_fn, "__name__", self.dataset_fn),
+      )
     dataset = self.dataset_fn(input_context)
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
           f"The dataset function {getattr(self.dataset_fn, '__name__', self.dataset_fn)!r} must return a "
-          f"tf.data.Dataset, returned {type(dataset).__name__}.")
+          f"tf.data.Dataset, returned {type(dataset).__name__}."
+      )
     return dataset
 
 
@@ -192,8 +199,7 @@ class TFRecordFiles(DatasetProvider):
   FILES_READ_AT_ONCE = 8
   RECORDS_PER_TURN = 32
 
-  def __init__(self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None,
-               sharding=None):
+  def __init__(self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None, sharding=None):
     """Lists the files now, so a pattern that matches nothing fails here.
 
     Args:
@@ -250,7 +256,12 @@ class TFRecordFiles(DatasetProvider):
         logging.warning if self.sharding == "file" else logging.info,
         "TFRecordFiles: %d file(s) match %r for %d input pipelines, too few to shard by file; sharding by "
         "example (sharding=%r): every pipeline reads every file and keeps one record in %d.",
-        len(self.files), self.file_pattern, num_pipelines, self.sharding or "auto", num_pipelines)
+        len(self.files),
+        self.file_pattern,
+        num_pipelines,
+        self.sharding or "auto",
+        num_pipelines,
+    )
     return False
 
   def _turns(self, input_context):
@@ -262,10 +273,11 @@ class TFRecordFiles(DatasetProvider):
     if by_file and self.shuffle_buffer_size:
       files = files.shuffle(len(chosen), seed=self.seed, reshuffle_each_iteration=True)
     turns = files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(
-            self.RECORDS_PER_TURN),
-        cycle_length=min(len(chosen), self.FILES_READ_AT_ONCE), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True)
+        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(self.RECORDS_PER_TURN),
+        cycle_length=min(len(chosen), self.FILES_READ_AT_ONCE),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return turns, by_file
 
   def _records(self, input_context, *, repeated=False, start=0):
@@ -319,8 +331,11 @@ class TFRecordFiles(DatasetProvider):
           return parsed
         why_not = f"vectorized, it gives {parsed.element_spec}"  # e.g. a list where one record gives a tuple
     self._say_once(
-        logging.info, "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
-        getattr(self.parse_fn, "__name__", self.parse_fn), why_not)
+        logging.info,
+        "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
+        getattr(self.parse_fn, "__name__", self.parse_fn),
+        why_not,
+    )
     return one_by_one.batch(batch_size, drop_remainder=repeated)
 
   def _parse_batch(self, records):

@@ -58,6 +58,7 @@ class CheckpointList:
       (UnicodeDecodeError: ...)", "names checkpoints outside its directory:
       ...").
   """
+
   directory: str
   paths: Tuple[str, ...]
   listed: Tuple[str, ...]
@@ -76,8 +77,10 @@ class CheckpointList:
     path = os.path.join(self.directory, LIST_FILE)
     if not self.paths:
       return f"The checkpoint list {path} {self.problem}; its directory holds no checkpoint of its own."
-    return (f"The checkpoint list {path} {self.problem}; rebuilt it from the checkpoint files: "
-            f"{', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is rewritten at the next save.")
+    return (
+        f"The checkpoint list {path} {self.problem}; rebuilt it from the checkpoint files: "
+        f"{', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is rewritten at the next save."
+    )
 
 
 def read(directory):
@@ -89,8 +92,10 @@ def read(directory):
   unlisted = [path for _, path in _on_disk(directory) if path not in kept]
   problems = [] if problem is None or (problem == "is missing" and not unlisted) else [problem]
   if outside:  # A copied workdir's list naming the original's, say: never this directory's to restore or delete.
-    problems.append(f"names checkpoints outside its directory: {', '.join(outside)} (left out: they are neither "
-                    "restored from nor deleted)")
+    problems.append(
+        f"names checkpoints outside its directory: {', '.join(outside)} (left out: they are neither "
+        "restored from nor deleted)"
+    )
   if twice:
     problems.append(f"names {_basenames(twice)} more than once")
   if without_files:
@@ -98,8 +103,9 @@ def read(directory):
   if unlisted and problem is None:
     problems.append(f"does not name {_basenames(unlisted)}")
   paths = sorted(kept + tuple(unlisted), key=_step_or_oldest) if unlisted else kept
-  return CheckpointList(directory=directory, paths=tuple(paths), listed=listed, outside=outside,
-                        problem=", and ".join(problems) or None)
+  return CheckpointList(
+      directory=directory, paths=tuple(paths), listed=listed, outside=outside, problem=", and ".join(problems) or None
+  )
 
 
 def write(checkpoints):
@@ -120,16 +126,21 @@ def write(checkpoints):
     return
   names = [_relative(p, checkpoints.directory) for p in checkpoints.paths]
   state = checkpoint_state_pb2.CheckpointState(
-      model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
-      all_model_checkpoint_timestamps=[_modified(p) for p in checkpoints.paths])
+      model_checkpoint_path=names[-1],
+      all_model_checkpoint_paths=names,
+      all_model_checkpoint_timestamps=[_modified(p) for p in checkpoints.paths],
+  )
   atomic_files.replace(path, text_format.MessageToString(state))
 
 
 def interrupted_saves(directory):
   """Returns the `ckpt-N_temp` directories in `directory`: what saves whose process died left, never read again."""
   pattern = os.path.join(directory, f"{PREFIX}-*{INTERRUPTED_SAVE_SUFFIX}")
-  return sorted(path for path in tf.io.gfile.glob(pattern)
-                if _step(path[:-len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path))
+  return sorted(
+      path
+      for path in tf.io.gfile.glob(pattern)
+      if _step(path[: -len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path)
+  )
 
 
 def _listed(directory):
@@ -148,8 +159,7 @@ def _listed(directory):
   names = list(state.all_model_checkpoint_paths)
   if state.model_checkpoint_path not in names:
     names.append(state.model_checkpoint_path)
-  return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name)
-               for name in names), None
+  return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name) for name in names), None
 
 
 def _sorted_out(names, directory):
@@ -186,7 +196,7 @@ def _on_disk(directory):
   """Returns `[(step, path prefix)]` of the `ckpt-N` with an `.index` file in `directory`, by step."""
   found = []
   for index in tf.io.gfile.glob(os.path.join(directory, f"{PREFIX}-*.index")):
-    prefix = index[:-len(".index")]
+    prefix = index[: -len(".index")]
     if _step(prefix) is not None:
       found.append((_step(prefix), prefix))
   return sorted(found)

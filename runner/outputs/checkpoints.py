@@ -76,10 +76,10 @@ class Checkpoints:
 
   def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep):
     """Args:
-      strategy: the `tf.distribute.Strategy` of the variables.
-      model_dir: the run's directory; checkpoints go to its DIRECTORY.
-      model, optimizer, step: what a checkpoint holds.
-      max_to_keep: how many recent checkpoints the chief keeps (None: all).
+    strategy: the `tf.distribute.Strategy` of the variables.
+    model_dir: the run's directory; checkpoints go to its DIRECTORY.
+    model, optimizer, step: what a checkpoint holds.
+    max_to_keep: how many recent checkpoints the chief keeps (None: all).
     """
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
@@ -109,7 +109,8 @@ class Checkpoints:
           f"The checkpoint list {os.path.join(self.directory, checkpoint_list.LIST_FILE)} names only checkpoints "
           f"outside its directory: {', '.join(checkpoints.outside)}. A run restores from and rotates only the "
           f"checkpoints in {self.directory}: copy them there to resume from them, or remove the list to train from "
-          "scratch.")
+          "scratch."
+      )
     rebuilt = checkpoints.rebuilt_warning()
     if rebuilt:
       logging.warning("%s", rebuilt)
@@ -123,14 +124,19 @@ class Checkpoints:
       if unreadable:
         logging.warning(
             "Skipped the newest checkpoint(s) of %s, which cannot be read: %s. Resumed from %s instead; the next "
-            "save replaces them.", self.directory, "; ".join(unreadable), os.path.basename(path))
+            "save replaces them.",
+            self.directory,
+            "; ".join(unreadable),
+            os.path.basename(path),
+        )
       logging.info("Restored %s.", path)
       self.saved_step = int(self._step.numpy())
       return path
     if unreadable:
       raise ConfigError(
           f"No checkpoint in {self.directory} can be read: {'; '.join(unreadable)}. Restore them from a copy, or "
-          f"move them away to train from scratch.")
+          f"move them away to train from scratch."
+      )
     return None
 
   def save(self, step):
@@ -143,7 +149,8 @@ class Checkpoints:
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
-          f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values.")
+          f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values."
+      )
     with worker_files.destination(self._strategy, self.directory) as directory:
       try:
         if directory == self.directory:
@@ -158,8 +165,13 @@ class Checkpoints:
         reason = first_line(getattr(error, "message", None) or str(error))
         raise CheckpointWriteError(
             f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
-            + (f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
-               f"again to resume from it." if previous else "There is no earlier checkpoint.")) from None
+            + (
+                f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
+                f"again to resume from it."
+                if previous
+                else "There is no earlier checkpoint."
+            )
+        ) from None
     if directory == self.directory:
       logging.info("Saved checkpoint %s.", path)
     self.saved_step = step
@@ -183,11 +195,15 @@ class Checkpoints:
       try:
         tf.io.gfile.rmtree(leftover)
       except (tf.errors.OpError, OSError) as error:
-        logging.warning("Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
-                        leftover, first_line(error))
+        logging.warning(
+            "Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
+            leftover,
+            first_line(error),
+        )
         continue
-      logging.info("Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).",
-                   leftover)
+      logging.info(
+          "Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).", leftover
+      )
 
   def _new_manager(self):
     """The chief's `tf.train.CheckpointManager`, after the checkpoint list is rewritten if it had to be rebuilt.
@@ -218,7 +234,8 @@ class Checkpoints:
         raise UnreadableCheckpoint(damage) from None
       raise ConfigError(
           f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
-          f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
+          f"Use a new model_dir, or the model, optimizer and precision that wrote it."
+      ) from None
 
   def _put_back(self, values):
     with self._strategy.scope():
@@ -242,8 +259,7 @@ class Checkpoints:
     if self._weights_finite is None:
       variables = [v.value if isinstance(v, keras.Variable) else v for v in self._model.weights]
       floating = [v for v in variables if v.dtype.is_floating]
-      self._weights_finite = tf.function(
-          lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
+      self._weights_finite = tf.function(lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
     return bool(self._weights_finite())
 
 

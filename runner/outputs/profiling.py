@@ -26,11 +26,17 @@ def check_steps(steps, what="profile_steps"):
   """
   if steps is None:
     return None
-  if (isinstance(steps, (str, bytes)) or not hasattr(steps, "__len__") or len(steps) != 2
-      or not all(checks.is_int(step) for step in steps) or not 1 <= steps[0] <= steps[1]):
+  if (
+      isinstance(steps, (str, bytes))
+      or not hasattr(steps, "__len__")
+      or len(steps) != 2
+      or not all(checks.is_int(step) for step in steps)
+      or not 1 <= steps[0] <= steps[1]
+  ):
     raise ConfigError(
         f"{what} must be None or a pair of steps (first, last) with 1 <= first <= last, e.g. (5, 10), "
-        f"got {steps!r}.")
+        f"got {steps!r}."
+    )
   return (int(steps[0]), int(steps[1]))
 
 
@@ -44,8 +50,8 @@ class ProfileWindow:
 
   def __init__(self, *, first: int, last: int, logdir: str):
     """Args:
-      first, last: the first and last global step to profile (1-based).
-      logdir: where the profiler writes its `plugins/profile` directory.
+    first, last: the first and last global step to profile (1-based).
+    logdir: where the profiler writes its `plugins/profile` directory.
     """
     self._first, self._last = check_steps((first, last))
     self._logdir = logdir
@@ -70,11 +76,19 @@ class ProfileWindow:
     if self._done or self._active:
       return
     if step >= self._first:
-      logging.warning("profile_steps=(%d, %d): training resumed at step %d, past step %d; no profile is taken. "
-                      "Choose steps after %d to profile this run.", self._first, self._last, step, self._first, step)
+      logging.warning(
+          "profile_steps=(%d, %d): training resumed at step %d, past step %d; no profile is taken. "
+          "Choose steps after %d to profile this run.",
+          self._first,
+          self._last,
+          step,
+          self._first,
+          step,
+      )
       self._done = True
     elif step == self._first - 1:
       import tensorflow as tf  # noqa: PLC0415
+
       tf.profiler.experimental.start(self._logdir)
       self._active = True
 
@@ -90,7 +104,13 @@ class ProfileWindow:
 
   def _stop(self, step):
     import tensorflow as tf  # noqa: PLC0415
+
     tf.profiler.experimental.stop()
     self._active, self._done = False, True
-    logging.info("Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "
-                 "(pip install 'tf-runner[tensorboard]').", self._first, min(step, self._last), self._logdir)
+    logging.info(
+        "Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "
+        "(pip install 'tf-runner[tensorboard]').",
+        self._first,
+        min(step, self._last),
+        self._logdir,
+    )

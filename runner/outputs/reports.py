@@ -10,10 +10,10 @@ import tensorflow as tf
 
 from runner.workdir import atomic_files
 
-
 # What tf.summary.scalar (from the tensorboard package, not a dependency) attaches: TensorBoard shows these as scalars.
 _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
-    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=1).SerializeToString()
+    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=1
+).SerializeToString()
 
 
 def summary_dir(model_dir, split):
@@ -71,8 +71,8 @@ class Reporter:
 
   def __init__(self, model_dir, *, is_chief):
     """Args:
-      model_dir: the run's directory, or None to only log.
-      is_chief: whether this worker writes files.
+    model_dir: the run's directory, or None to only log.
+    is_chief: whether this worker writes files.
     """
     self._dir = model_dir if is_chief else None
     self._jsonl = None
@@ -92,8 +92,9 @@ class Reporter:
     if self._dir is not None and not self._resumed:
       self._resumed, self._replayed_after = True, step
 
-  def train_loop(self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec,
-                 tracing_seconds=None):
+  def train_loop(
+      self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec, tracing_seconds=None
+  ):
     """Reports one train loop.
 
     Args:
@@ -107,14 +108,37 @@ class Reporter:
     """
     eta = datetime.timedelta(seconds=round((total_steps - step) / steps_per_sec)) if steps_per_sec > 0 else "?"
     traced = "" if tracing_seconds is None else f"traced in {tracing_seconds:.1f} s, then "
-    logging.info("step %d/%d: %s | %s%.1f steps/s, %.0f examples/s, ETA %s",
-                 step, total_steps, _Formatted(results), traced, steps_per_sec, examples_per_sec, eta)
+    logging.info(
+        "step %d/%d: %s | %s%.1f steps/s, %.0f examples/s, ETA %s",
+        step,
+        total_steps,
+        _Formatted(results),
+        traced,
+        steps_per_sec,
+        examples_per_sec,
+        eta,
+    )
     if self._dir is None:
       return
-    self._write_row({"split": "train", "step": step, **results,
-                     "steps_per_sec": steps_per_sec, "examples_per_sec": examples_per_sec})
-    self._write_scalars("train", step, {**results, "learning_rate": learning_rate, "steps_per_sec": steps_per_sec,
-                                        "examples_per_sec": examples_per_sec})
+    self._write_row(
+        {
+            "split": "train",
+            "step": step,
+            **results,
+            "steps_per_sec": steps_per_sec,
+            "examples_per_sec": examples_per_sec,
+        }
+    )
+    self._write_scalars(
+        "train",
+        step,
+        {
+            **results,
+            "learning_rate": learning_rate,
+            "steps_per_sec": steps_per_sec,
+            "examples_per_sec": examples_per_sec,
+        },
+    )
 
   def evaluation(self, *, step, results, seconds):
     """Reports one evaluation: `results` holds `loss`, every metric and `num_examples`."""
@@ -142,8 +166,7 @@ class Reporter:
       tf.io.gfile.makedirs(self._dir)
       path = os.path.join(self._dir, "metrics.jsonl")
       # A local file is line-buffered (each row on disk at once); a remote one (gs://...) is written on flush.
-      self._jsonl = (tf.io.gfile.GFile(path, "a") if "://" in path
-                     else open(path, "a", buffering=1, encoding="utf-8"))
+      self._jsonl = tf.io.gfile.GFile(path, "a") if "://" in path else open(path, "a", buffering=1, encoding="utf-8")
     self._jsonl.write(json.dumps(row) + "\n")
 
   def _write_scalars(self, split, step, scalars):
@@ -173,8 +196,13 @@ def _drop_rows_past(path, step):
   if kept == lines:
     return
   atomic_files.replace(path, b"".join(kept))
-  logging.info("Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
-               "this run trains those steps again.", len(lines) - len(kept), path, step)
+  logging.info(
+      "Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
+      "this run trains those steps again.",
+      len(lines) - len(kept),
+      path,
+      step,
+  )
 
 
 def _lines(path):
@@ -250,5 +278,7 @@ class _Formatted:
     self._results = results
 
   def __str__(self):
-    return ", ".join(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
-                     for name, value in self._results.items())
+    return ", ".join(
+        f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+        for name, value in self._results.items()
+    )

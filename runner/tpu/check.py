@@ -46,8 +46,10 @@ DEFAULT_NUM_REPLICAS = 8
 MAX_LOGICAL_CPUS = 8
 TRAIN_STEPS = 2
 EVAL_STEPS = 2
-NOT_PROVEN = ("that the model, optimizer state and batches fit in TPU memory (HBM), and that every op XLA "
-              "compiled for the CPU has a TPU kernel")
+NOT_PROVEN = (
+    "that the model, optimizer state and batches fit in TPU memory (HBM), and that every op XLA "
+    "compiled for the CPU has a TPU kernel"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +69,7 @@ class TPUCheckResult:
     eval_examples: the evaluation examples run through the padded evaluation
       step (0 when it failed before).
   """
+
   passed: bool
   problem: Optional[str]
   num_replicas: int
@@ -80,11 +83,13 @@ class TPUCheckResult:
     """One line: `PASS: ...` (what was proven, and what a CPU cannot prove) or `FAIL: <problem>`."""
     if not self.passed:
       return f"FAIL: {self.problem}"
-    return (f"PASS: {self.train_steps} training steps (steps_per_loop={self.steps_per_loop}) and "
-            f"{self.eval_examples} evaluation examples in padded batches compiled with XLA and ran on "
-            f"{len(self.devices)} mirrored logical CPUs; both batch sizes split over {self.num_replicas} TPU "
-            "replicas; every tensor reaching the device is dense, of static shape and a TPU dtype; no op runs "
-            f"Python, has a data-dependent shape or a non-TPU dtype. Not provable on a CPU: {NOT_PROVEN}.")
+    return (
+        f"PASS: {self.train_steps} training steps (steps_per_loop={self.steps_per_loop}) and "
+        f"{self.eval_examples} evaluation examples in padded batches compiled with XLA and ran on "
+        f"{len(self.devices)} mirrored logical CPUs; both batch sizes split over {self.num_replicas} TPU "
+        "replicas; every tensor reaching the device is dense, of static shape and a TPU dtype; no op runs "
+        f"Python, has a data-dependent shape or a non-TPU dtype. Not provable on a CPU: {NOT_PROVEN}."
+    )
 
 
 class RecordingMirroredStrategy(strategies.MirroredStrategy):
@@ -97,7 +102,7 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
 
   def __init__(self, devices):
     """Args:
-      devices: local device names, one replica each.
+    devices: local device names, one replica each.
     """
     super().__init__(devices)
     self._traced = []
@@ -146,14 +151,17 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
   num_replicas = num_replicas or config.strategy.num_replicas or DEFAULT_NUM_REPLICAS
   devices = _logical_cpus(max(n for n in range(1, MAX_LOGICAL_CPUS + 1) if num_replicas % n == 0))
   config = _as_on_tpu(config)
-  verdict = functools.partial(_verdict, num_replicas=num_replicas, devices=tuple(devices),
-                              steps_per_loop=config.trainer.steps_per_loop)
+  verdict = functools.partial(
+      _verdict, num_replicas=num_replicas, devices=tuple(devices), steps_per_loop=config.trainer.steps_per_loop
+  )
   for field in ("global_batch_size", "eval_global_batch_size"):
     size = config.data[field]
     if size % num_replicas:
       nearest = [n for n in (size // num_replicas * num_replicas, (size // num_replicas + 1) * num_replicas) if n]
-      return verdict(f"config.data.{field}={size} does not split over the {num_replicas} replicas of the TPU; "
-                     f"use a multiple of {num_replicas}, e.g. {' or '.join(map(str, nearest))}.")
+      return verdict(
+          f"config.data.{field}={size} does not split over the {num_replicas} replicas of the TPU; "
+          f"use a multiple of {num_replicas}, e.g. {' or '.join(map(str, nearest))}."
+      )
   strategy = RecordingMirroredStrategy(devices)
   for field in ("global_batch_size", "eval_global_batch_size"):
     input_pipeline.check_global_batch_size(strategy, config.data[field])  # The CPUs may be fewer than the replicas.
@@ -163,13 +171,23 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
     if problem:
       return verdict(problem)
   trainer = from_config.create_trainer(config, strategy, None)
-  problem = _run_step(strategy, trainer, "the train step", lambda: trainer.train(
-      train_data, global_batch_size=config.data.global_batch_size, steps=TRAIN_STEPS))
+  problem = _run_step(
+      strategy,
+      trainer,
+      "the train step",
+      lambda: trainer.train(train_data, global_batch_size=config.data.global_batch_size, steps=TRAIN_STEPS),
+  )
   if problem:
     return verdict(problem, train_steps=trainer.global_step)
   evaluated = {}
-  problem = _run_step(strategy, trainer, "the evaluation step", lambda: evaluated.update(trainer.evaluate(
-      eval_data, global_batch_size=config.data.eval_global_batch_size, steps=EVAL_STEPS)))
+  problem = _run_step(
+      strategy,
+      trainer,
+      "the evaluation step",
+      lambda: evaluated.update(
+          trainer.evaluate(eval_data, global_batch_size=config.data.eval_global_batch_size, steps=EVAL_STEPS)
+      ),
+  )
   return verdict(problem, train_steps=trainer.global_step, eval_examples=evaluated.get("num_examples", 0))
 
 
@@ -202,8 +220,15 @@ class _WithoutAutotune(interfaces.DatasetProvider):
 
 
 def _verdict(problem, *, num_replicas, devices, steps_per_loop, train_steps=0, eval_examples=0):
-  return TPUCheckResult(passed=problem is None, problem=problem, num_replicas=num_replicas, devices=devices,
-                        steps_per_loop=steps_per_loop, train_steps=train_steps, eval_examples=eval_examples)
+  return TPUCheckResult(
+      passed=problem is None,
+      problem=problem,
+      num_replicas=num_replicas,
+      devices=devices,
+      steps_per_loop=steps_per_loop,
+      train_steps=train_steps,
+      eval_examples=eval_examples,
+  )
 
 
 def _logical_cpus(n):
@@ -212,8 +237,7 @@ def _logical_cpus(n):
     return [device.name for device in strategies.virtual_cpus(n)]
   except RuntimeError:
     existing = [device.name for device in tf.config.list_logical_devices("CPU")]
-    logging.info("TensorFlow already initialized its devices; checking on the %d logical CPU(s) it has.",
-                 len(existing))
+    logging.info("TensorFlow already initialized its devices; checking on the %d logical CPU(s) it has.", len(existing))
     return existing
 
 
@@ -223,7 +247,8 @@ def _as_on_tpu(config):
   config.trainer.jit_compile = True
   if config.trainer.steps_per_loop is None:
     config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
-        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True)
+        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True
+    )
   return config
 
 

@@ -20,24 +20,31 @@ class Controller:
   between calls, outside the compiled loop.
   """
 
-  def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[interfaces.Action],
-               steps_per_loop: Union[steps_per_loop_lib.FixedStepsPerLoop, steps_per_loop_lib.MeasuredStepsPerLoop],
-               global_batch_size: int, is_chief: bool, single_worker: bool,
-               profile: Optional[profiling.ProfileWindow] = None):
+  def __init__(
+      self,
+      *,
+      train_loop: loops.TrainLoop,
+      actions: Sequence[interfaces.Action],
+      steps_per_loop: Union[steps_per_loop_lib.FixedStepsPerLoop, steps_per_loop_lib.MeasuredStepsPerLoop],
+      global_batch_size: int,
+      is_chief: bool,
+      single_worker: bool,
+      profile: Optional[profiling.ProfileWindow] = None,
+  ):
     """Args:
-      train_loop: the inner loop.
-      actions: run after every call, in order, when due.
-      steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
-        chosen from the times this controller records (the loop's function
-        must loop then: it is called for zero steps to time a call's own
-        cost).
-      global_batch_size: examples per step, for the throughput.
-      is_chief: this worker writes the run's files (passed on to actions).
-      single_worker: no other worker takes part, so a signal noted during a
-        call stops training after that call; with several workers it stops
-        after the next call, which tells every worker.
-      profile: None, or the steps to profile: loops end around them, and the
-        profiler runs for exactly their loops.
+    train_loop: the inner loop.
+    actions: run after every call, in order, when due.
+    steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
+      chosen from the times this controller records (the loop's function
+      must loop then: it is called for zero steps to time a call's own
+      cost).
+    global_batch_size: examples per step, for the throughput.
+    is_chief: this worker writes the run's files (passed on to actions).
+    single_worker: no other worker takes part, so a signal noted during a
+      call stops training after that call; with several workers it stops
+      after the next call, which tells every worker.
+    profile: None, or the steps to profile: loops end around them, and the
+      profiler runs for exactly their loops.
     """
     self._train_loop = train_loop
     self._actions = tuple(actions)
@@ -47,8 +54,15 @@ class Controller:
     self._single_worker = single_worker
     self._profile = profile
 
-  def run(self, iterator, *, step: int, total_steps: int, stop_signal: Callable[[], Optional[int]],
-          advance: Callable[[int, dict], None]) -> None:
+  def run(
+      self,
+      iterator,
+      *,
+      step: int,
+      total_steps: int,
+      stop_signal: Callable[[], Optional[int]],
+      advance: Callable[[int, dict], None],
+  ) -> None:
     """Trains from global step `step` until `total_steps`, or until an action stops training.
 
     Args:
@@ -75,8 +89,11 @@ class Controller:
         loop_start = time.perf_counter()
         result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
         seconds = time.perf_counter() - loop_start
-        self._steps_per_loop.record_loop(steps=result.steps_run, seconds=seconds,
-                                         host_seconds=None if previous_end is None else loop_start - previous_end)
+        self._steps_per_loop.record_loop(
+            steps=result.steps_run,
+            seconds=seconds,
+            host_seconds=None if previous_end is None else loop_start - previous_end,
+        )
         previous_end = loop_start + seconds
         step += result.steps_run
         advance(step, result.results)
@@ -84,12 +101,16 @@ class Controller:
           self._profile.after_loop(step)
         result.raise_problems(step=step)
         loop = interfaces.LoopEnd(
-            step=step, total_steps=total_steps, train_results=result.results,
+            step=step,
+            total_steps=total_steps,
+            train_results=result.results,
             steps_per_sec=result.steps_run / seconds,
             examples_per_sec=result.steps_run * self._global_batch_size / seconds,
             learning_rate=result.learning_rate,
             stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
-            is_chief=self._is_chief, tracing_seconds=tracing_seconds)
+            is_chief=self._is_chief,
+            tracing_seconds=tracing_seconds,
+        )
         tracing_seconds = None
         stop_at = self._run_actions(loop)
         if stop_at is not None:

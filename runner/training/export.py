@@ -25,11 +25,13 @@ def export_saved_model(strategy, model, features_spec, path):
     `path` on the chief, else the deleted temporary directory.
   """
   if isinstance(features_spec, dict):
-    signature = {key: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name=key)
-                 for key, spec in features_spec.items()}
+    signature = {
+        key: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name=key) for key, spec in features_spec.items()
+    }
   else:
     signature = tf.nest.map_structure(
-        lambda spec: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name="features"), features_spec)
+        lambda spec: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name="features"), features_spec
+    )
 
   @tf.function(input_signature=[signature])
   def serve(features):

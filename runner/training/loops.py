@@ -44,6 +44,7 @@ class TrainLoopResult:
     labels_out_of_range: the last step's batch held a label outside the
       loop's `valid_labels`.
   """
+
   steps_run: int
   loss: float
   learning_rate: float
@@ -75,12 +76,14 @@ class TrainLoopResult:
       raise data_checks.DataError(
           f"The training data's {' and '.join(self.non_finite_data)} hold NaN or inf values in the batch of step "
           f"{step}; training stopped there, and no checkpoint holds weights from that step on. Find them with "
-          "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
+          "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter)."
+      )
     if self.non_finite:
       raise FloatingPointError(
           f"Training stopped at step {step}: {self.non_finite}. No checkpoint holds weights from that step on. "
           "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-          "(config.optimizer.clipnorm), or use float32 precision.")
+          "(config.optimizer.clipnorm), or use float32 precision."
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +97,7 @@ class EvalLoopResult:
     labels_out_of_range: a real example's label lay outside the loop's
       `valid_labels`.
   """
+
   results: Dict[str, float]
   labels_out_of_range: bool = False
 
@@ -149,27 +153,42 @@ class TrainLoop:
   each call, so they describe that call's steps.
   """
 
-  def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, looping,
-               xla, clipnorm, loss_scale, valid_labels=None, multi_worker=False):
+  def __init__(
+      self,
+      *,
+      strategy,
+      model,
+      optimizer,
+      task_loss,
+      metrics,
+      step,
+      global_batch_size,
+      looping,
+      xla,
+      clipnorm,
+      loss_scale,
+      valid_labels=None,
+      multi_worker=False,
+  ):
     """Args:
-      strategy: the `tf.distribute.Strategy` the variables were made under.
-      model, optimizer: built Keras objects, made in `strategy.scope()`.
-      task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
-      metrics: Keras metrics made in scope, updated per replica.
-      step: the global step variable, advanced by the steps run.
-      global_batch_size: examples per step over all replicas.
-      looping: build the function that runs `num_steps` steps per call;
-        False builds the loop-free function of one step.
-      xla: compile with XLA each replica's whole step when there is one
-        replica, else each replica's forward and backward pass.
-      clipnorm: None, or the bound on the global norm of the summed gradient.
-      loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
-        (which skips steps with non-finite gradients by itself, so those do
-        not stop training).
-      valid_labels: None, or the `runner.tasks.LabelRange` every label must
-        lie in; a step whose batch holds another stops training.
-      multi_worker: other workers take part, so stop requests are summed
-        over workers in the steps.
+    strategy: the `tf.distribute.Strategy` the variables were made under.
+    model, optimizer: built Keras objects, made in `strategy.scope()`.
+    task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
+    metrics: Keras metrics made in scope, updated per replica.
+    step: the global step variable, advanced by the steps run.
+    global_batch_size: examples per step over all replicas.
+    looping: build the function that runs `num_steps` steps per call;
+      False builds the loop-free function of one step.
+    xla: compile with XLA each replica's whole step when there is one
+      replica, else each replica's forward and backward pass.
+    clipnorm: None, or the bound on the global norm of the summed gradient.
+    loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
+      (which skips steps with non-finite gradients by itself, so those do
+      not stop training).
+    valid_labels: None, or the `runner.tasks.LabelRange` every label must
+      lie in; a step whose batch holds another stops training.
+    multi_worker: other workers take part, so stop requests are summed
+      over workers in the steps.
     """
     self._strategy = strategy
     self._model = model
@@ -188,8 +207,11 @@ class TrainLoop:
     self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
     self._looping = looping
     self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
-    self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
-                         signal.SIGINT: tf.constant([0.0, 1.0])}
+    self._stop_values = {
+        None: tf.constant([0.0, 0.0]),
+        signal.SIGTERM: tf.constant([1.0, 0.0]),
+        signal.SIGINT: tf.constant([0.0, 1.0]),
+    }
     if self._looping:
       with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
         self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
@@ -251,16 +273,20 @@ class TrainLoop:
   def _decoded(self, vector):
     size = len(self._names)
     totals = dict(zip(self._names, vector[:size].tolist()))
-    last = dict(zip(self._names, vector[size:2 * size].tolist()))
+    last = dict(zip(self._names, vector[size : 2 * size].tolist()))
     steps_run = self._steps_in(vector)
     return TrainLoopResult(
-        steps_run=steps_run, loss=totals["loss"] / steps_run if steps_run else math.nan,
+        steps_run=steps_run,
+        loss=totals["loss"] / steps_run if steps_run else math.nan,
         learning_rate=float(vector[2 * size]),
-        metrics={metric.name: value for metric, value in zip(self._metrics, vector[2 * size + 1:].tolist())},
-        stop_signal=(signal.SIGINT if totals.get("sigint", 0) > 0 else
-                     signal.SIGTERM if totals.get("sigterm", 0) > 0 else None),
-        non_finite=non_finite_cause(last), non_finite_data=non_finite_data(last),
-        labels_out_of_range=not math.isfinite(last["label_range"]))
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[2 * size + 1 :].tolist())},
+        stop_signal=(
+            signal.SIGINT if totals.get("sigint", 0) > 0 else signal.SIGTERM if totals.get("sigterm", 0) > 0 else None
+        ),
+        non_finite=non_finite_cause(last),
+        non_finite_data=non_finite_data(last),
+        labels_out_of_range=not math.isfinite(last["label_range"]),
+    )
 
   def _one_step(self, iterator, stop):
     for metric in self._metrics:
@@ -275,8 +301,9 @@ class TrainLoop:
     self._totals.assign(tf.zeros_like(self._totals))
 
     def step(i):
-      values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)),
-                                     axis=None)  # One step, summed over replicas.
+      values = self._strategy.reduce(
+          SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None
+      )  # One step, summed over replicas.
       self._totals.assign_add(values)
       self._last.assign(values)
       return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
@@ -307,8 +334,11 @@ class TrainLoop:
     # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
     gradient_check = tf.constant(0.0) if self._loss_scale else _finite_sum([g for g in gradients if g is not None])
     label_range_check = tf.math.log(tf.cast(_labels_in(labels, self._valid_labels), tf.float32))
-    return loss, outputs, (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]),
-                           label_range_check)
+    return (
+        loss,
+        outputs,
+        (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]), label_range_check),
+    )
 
   def _loss_and_gradients(self, features, labels, sample_weight):
     with tf.GradientTape() as tape:
@@ -317,7 +347,8 @@ class TrainLoop:
       if sample_weight is not None:
         sample_weight = tf.cast(sample_weight, per_example_loss.dtype)
       loss = tf.nn.compute_average_loss(
-          per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size)
+          per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size
+      )
       if self._model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in self._model.losses]))
       objective = self._optimizer.scale_loss(loss) if self._loss_scale else loss
@@ -367,10 +398,10 @@ class EvalLoop:
 
   def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None):
     """Args:
-      strategy, model, task_loss, metrics, valid_labels: as for `TrainLoop`.
-      num_input_pipelines: the dataset's input pipelines; with one, the first
-        step that sees padding is the last one.
-      xla: compile each replica's forward pass with XLA.
+    strategy, model, task_loss, metrics, valid_labels: as for `TrainLoop`.
+    num_input_pipelines: the dataset's input pipelines; with one, the first
+      step that sees padding is the last one.
+    xla: compile each replica's forward pass with XLA.
     """
     self._strategy = strategy
     self._model = model
@@ -383,8 +414,11 @@ class EvalLoop:
 
   def __call__(self, iterator, max_steps):
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
-    results = {"loss": float(values[0]), **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
-               "num_examples": int(values[1])}
+    results = {
+        "loss": float(values[0]),
+        **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
+        "num_examples": int(values[1]),
+    }
     return EvalLoopResult(results=results, labels_out_of_range=bool(values[2] > 0))
 
   def _evaluate(self, iterator, max_steps):
@@ -399,16 +433,29 @@ class EvalLoop:
       done = sums[3] == 0.0
       if self._single_pipeline:
         done |= sums[2] < replicas
-      return (steps + 1, done, loss_sum + tf.cast(sums[0], tf.float64), count + tf.cast(sums[1], tf.int64),
-              bad_labels + sums[4])
+      return (
+          steps + 1,
+          done,
+          loss_sum + tf.cast(sums[0], tf.float64),
+          count + tf.cast(sums[1], tf.int64),
+          bad_labels + sums[4],
+      )
 
     _, _, loss_sum, count, bad_labels = tf.while_loop(
-        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps), step,
-        [tf.constant(0, tf.int64), tf.constant(False), tf.constant(0.0, tf.float64), tf.constant(0, tf.int64),
-         tf.constant(0.0)])
+        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps),
+        step,
+        [
+            tf.constant(0, tf.int64),
+            tf.constant(False),
+            tf.constant(0.0, tf.float64),
+            tf.constant(0, tf.int64),
+            tf.constant(0.0),
+        ],
+    )
     loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
     results = [loss, tf.cast(count, tf.float64), tf.cast(bad_labels, tf.float64)] + [
-        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics]
+        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics
+    ]
     return tf.stack(results)
 
   def _replica_step(self, batch):
@@ -418,13 +465,15 @@ class EvalLoop:
     for metric in self._metrics:
       metric.update_state(labels, outputs, sample_weight=weight)
     real = tf.reduce_sum(mask)
-    return tf.stack([
-        tf.reduce_sum(tf.cast(per_example_loss, tf.float32) * weight),
-        real,
-        tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
-        tf.cast(real > 0.0, tf.float32),
-        1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
-    ])
+    return tf.stack(
+        [
+            tf.reduce_sum(tf.cast(per_example_loss, tf.float32) * weight),
+            real,
+            tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
+            tf.cast(real > 0.0, tf.float32),
+            1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
+        ]
+    )
 
 
 def _finite_sum(tensors):
@@ -480,8 +529,11 @@ def non_finite_cause(values):
   """
   if non_finite_data(values) or (math.isfinite(values["loss"]) and math.isfinite(values["gradients"])):
     return None
-  what = (f"the loss became {values['loss']}" if not math.isfinite(values["loss"])
-          else f"the gradients became non-finite (the loss was {values['loss']:.4g})")
+  what = (
+      f"the loss became {values['loss']}"
+      if not math.isfinite(values["loss"])
+      else f"the gradients became non-finite (the loss was {values['loss']:.4g})"
+  )
   return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 
@@ -490,5 +542,6 @@ def _scalar(metric):
   if result.shape.rank != 0:
     raise ConfigError(
         f"Metric {metric.name!r} gives a result of shape {result.shape}; the Trainer reports scalar metrics "
-        "only. Return metrics with scalar results from Task.metrics().")
+        "only. Return metrics with scalar results from Task.metrics()."
+    )
   return tf.cast(result, tf.float32)

@@ -22,6 +22,7 @@ class ModelParts:
     metrics: the task's metrics.
     step: the global step, an int64 variable read from the first replica.
   """
+
   model: keras.Model
   optimizer: keras.optimizers.Optimizer
   metrics: List[keras.metrics.Metric]
@@ -63,13 +64,18 @@ def make(strategy, *, model_fn, optimizer_fn, task, precision, seed) -> ModelPar
     with scoped_settings.dtype_policy(precision):
       model = trainer_options.made(model_fn(), keras.Model, role="model_fn", fn=model_fn, expected="a keras.Model")
     optimizer = trainer_options.made(
-        optimizer_fn(), keras.optimizers.Optimizer, role="optimizer_fn", fn=optimizer_fn,
-        expected="a keras.optimizers.Optimizer")
+        optimizer_fn(),
+        keras.optimizers.Optimizer,
+        role="optimizer_fn",
+        fn=optimizer_fn,
+        expected="a keras.optimizers.Optimizer",
+    )
     if precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
       optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     metrics = list(task.metrics())
-    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    step = tf.Variable(
+        0, dtype=tf.int64, trainable=False, name="global_step", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+    )
   trainer_options.metric_names(metrics)
   return ModelParts(model=model, optimizer=optimizer, metrics=metrics, step=step)
 
@@ -94,7 +100,9 @@ def _warn_if_float16_on_cpu(strategy):
     logging.warning(
         "precision='mixed_float16' without a GPU: the replicas train on %s, where float16 math is emulated on most "
         "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on "
-        "a TPU or a CPU with AVX512_BF16 or AMX.", ", ".join(sorted(device_types)))
+        "a TPU or a CPU with AVX512_BF16 or AMX.",
+        ", ".join(sorted(device_types)),
+    )
 
 
 def _zeros(spec):

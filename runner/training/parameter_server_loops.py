@@ -60,7 +60,8 @@ def coordinator_for(strategy, *, jit_compile):
     raise ConfigError(
         "jit_compile=True does not work under parameter_server: a step compiled with XLA on a worker cannot "
         "read the variables, which live on the ps tasks (TensorFlow's XLA known issue "
-        "'tf.Variable on a different device'). Set jit_compile=False.")
+        "'tf.Variable on a different device'). Set jit_compile=False."
+    )
   sharded_variables.enable(strategy)
   return tf.distribute.coordinator.ClusterCoordinator(strategy)
 
@@ -93,13 +94,15 @@ class _StepNumbered(interfaces.DatasetProvider):
     """The provider's own batches (e.g. TFRecordFiles' parsed at once), their examples numbered as one by one."""
     batches = self._provider.get_repeated_batches(input_context, batch_size, start)
     return tf.data.Dataset.zip((tf.data.Dataset.counter(start, batch_size), batches)).map(
-        lambda first, batch: ((first + tf.range(batch_size, dtype=tf.int64), batch[0]),) + tuple(batch[1:]))
+        lambda first, batch: ((first + tf.range(batch_size, dtype=tf.int64), batch[0]),) + tuple(batch[1:])
+    )
 
 
 def _numbered(dataset, start):
   """`dataset`'s elements `(features, labels[, weight])` as `((number, features), labels[, weight])`, from `start`."""
   return tf.data.Dataset.zip((tf.data.Dataset.counter(start), dataset)).map(
-      lambda number, element: ((number, element[0]),) + tuple(element[1:]))
+      lambda number, element: ((number, element[0]),) + tuple(element[1:])
+  )
 
 
 def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
@@ -143,8 +146,8 @@ class ScheduledTrainLoop(loops.TrainLoop):
 
   def __init__(self, *, coordinator, **kwargs):
     """Args:
-      coordinator: the `ClusterCoordinator` of the strategy.
-      **kwargs: as for `loops.TrainLoop` (`looping` excluded).
+    coordinator: the `ClusterCoordinator` of the strategy.
+    **kwargs: as for `loops.TrainLoop` (`looping` excluded).
     """
     super().__init__(looping=False, multi_worker=True, **kwargs)
     self._coordinator = coordinator
@@ -161,8 +164,11 @@ class ScheduledTrainLoop(loops.TrainLoop):
     first = int(self._step.numpy())
     scheduled, start = [], first
     for size in function_sizes(num_steps, self._num_workers):
-      scheduled.append(self._coordinator.schedule(self.function, args=(
-          iterator, tf.constant(start, tf.int64), tf.constant(size, tf.int32))))
+      scheduled.append(
+          self._coordinator.schedule(
+              self.function, args=(iterator, tf.constant(start, tf.int64), tf.constant(size, tf.int32))
+          )
+      )
       start += size
     self._coordinator.join()
     outputs = [remote.fetch() for remote in scheduled]
@@ -173,11 +179,15 @@ class ScheduledTrainLoop(loops.TrainLoop):
     steps_run = sum(v["steps_run"] for v in values)
     bad = [v for v in values if not all(math.isfinite(v[name]) for name in _RESULT[2:])]
     return loops.TrainLoopResult(
-        steps_run=step - first, loss=sum(v["loss_sum"] for v in values) / max(steps_run, 1),
-        learning_rate=learning_rate, metrics=self._metric_results([states for _, states in outputs]),
-        stop_signal=stop_signal, non_finite=loops.non_finite_cause(bad[0]) if bad else None,
+        steps_run=step - first,
+        loss=sum(v["loss_sum"] for v in values) / max(steps_run, 1),
+        learning_rate=learning_rate,
+        metrics=self._metric_results([states for _, states in outputs]),
+        stop_signal=stop_signal,
+        non_finite=loops.non_finite_cause(bad[0]) if bad else None,
         non_finite_data=loops.non_finite_data(bad[0]) if bad else (),
-        labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]))
+        labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]),
+    )
 
   def trace(self, iterator):
     """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
@@ -193,8 +203,9 @@ class ScheduledTrainLoop(loops.TrainLoop):
     for i, metric in enumerate(self._metrics):
       initial = [v.numpy() for v in metric.stateless_reset_state()]
       changes = [states[i] for states in per_function_states]
-      results[metric.name] = float(metric.stateless_result(
-          [start + sum(change[j] for change in changes) for j, start in enumerate(initial)]))
+      results[metric.name] = float(
+          metric.stateless_result([start + sum(change[j] for change in changes) for j, start in enumerate(initial)])
+      )
     return results
 
   def _scheduled_steps(self, iterator, first_step, num_steps):
@@ -207,7 +218,8 @@ class ScheduledTrainLoop(loops.TrainLoop):
       batch = self._batch_of_step(iterator, first_step + tf.cast(i, tf.int64))
       per_replica = self._strategy.run(self._replica_step_with_metric_changes, args=(batch,))
       sums, step_changes = tf.nest.map_structure(
-          lambda value: self._strategy.reduce(SUM, value, axis=None), per_replica)
+          lambda value: self._strategy.reduce(SUM, value, axis=None), per_replica
+      )
       with tf.control_dependencies([sums]):
         self._step.assign_add(1)
       changes = tf.nest.map_structure(tf.add, changes, step_changes)
@@ -272,4 +284,5 @@ def lost_ps(error, strategy, *, step, saved_step):
   resume = f"from its last checkpoint, at step {saved_step}" if saved_step else "from step 0 (no checkpoint yet)"
   return ClusterError(
       f"The coordinator lost {named} after step {step} ({type(error).__name__}); the variables it held are gone, "
-      f"so training cannot go on. Restart every task with the same command; the run resumes {resume}.")
+      f"so training cannot go on. Restart every task with the same command; the run resumes {resume}."
+  )

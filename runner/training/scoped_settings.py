@@ -30,6 +30,7 @@ def dtype_policy(precision):
   block keeps it afterwards.
   """
   import keras  # noqa: PLC0415
+
   previous = keras.mixed_precision.global_policy()
   keras.mixed_precision.set_global_policy(precision)
   try:

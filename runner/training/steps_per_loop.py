@@ -105,7 +105,7 @@ class FixedStepsPerLoop:
 
   def __init__(self, size):
     """Args:
-      size: the steps per loop, a positive int.
+    size: the steps per loop, a positive int.
     """
     self.size = size
     self.most = size
@@ -136,11 +136,11 @@ class MeasuredStepsPerLoop:
 
   def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS):
     """Args:
-      cadences: the every-N-steps at which evaluations or checkpoints are due
-        (None: not set); loop sizes divide their greatest common divisor.
-      most: the most steps per loop.
-      overhead_share: the largest share of a loop the host's cost may take.
-      report_seconds: the most seconds of steps per loop.
+    cadences: the every-N-steps at which evaluations or checkpoints are due
+      (None: not set); loop sizes divide their greatest common divisor.
+    most: the most steps per loop.
+    overhead_share: the largest share of a loop the host's cost may take.
+    report_seconds: the most seconds of steps per loop.
     """
     cadences = [cadence for cadence in cadences if cadence is not None]
     self._cadence = math.gcd(*cadences) if cadences else None

@@ -30,18 +30,21 @@ class FlatCall:
 
   def __init__(self, function, fixed, *example_tensors):
     """Args:
-      function: a `tf.function`.
-      fixed: its first argument, the same in every call.
-      *example_tensors: tensors shaped and typed like the other arguments of
-        every call.
+    function: a `tf.function`.
+    fixed: its first argument, the same in every call.
+    *example_tensors: tensors shaped and typed like the other arguments of
+      every call.
     """
     self._function = function
     self._fixed = fixed
     self._concrete = function.get_concrete_function(fixed, *example_tensors)
     self._spec = getattr(fixed, "_type_spec", None)
-    self._flat = (hasattr(self._concrete, "_call_flat") and hasattr(self._spec, "_to_components") and
-                  len(self._concrete.inputs) == (len(self._fixed_components()) + len(example_tensors) +
-                                                 len(self._concrete.captured_inputs)))
+    self._flat = (
+        hasattr(self._concrete, "_call_flat")
+        and hasattr(self._spec, "_to_components")
+        and len(self._concrete.inputs)
+        == (len(self._fixed_components()) + len(example_tensors) + len(self._concrete.captured_inputs))
+    )
 
   @property
   def fixed(self):
@@ -53,7 +56,8 @@ class FlatCall:
     if not self._flat:
       return self._function(self._fixed, *tensors)
     return self._concrete._call_flat(  # noqa: SLF001
-        self._fixed_components() + list(tensors), self._concrete.captured_inputs)
+        self._fixed_components() + list(tensors), self._concrete.captured_inputs
+    )
 
   def _fixed_components(self):
     return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # noqa: SLF001

@@ -28,11 +28,19 @@ def training_iterator(strategy, provider, global_batch_size, *, start_step, coor
   """
   _warn_if_batch_exceeds_data(provider, global_batch_size)
   if start_step and coordinator is not None:
-    logging.info("Resuming at step %d: every worker's stream starts at the batch of step %d, as an uninterrupted "
-                 "run's steps would.", start_step, start_step)
+    logging.info(
+        "Resuming at step %d: every worker's stream starts at the batch of step %d, as an uninterrupted "
+        "run's steps would.",
+        start_step,
+        start_step,
+    )
   elif start_step:
-    logging.info("Resuming at step %d: each input pipeline first skips the examples it gave to the first %d steps, "
-                 "so this run sees the batches of an uninterrupted one.", start_step, start_step)
+    logging.info(
+        "Resuming at step %d: each input pipeline first skips the examples it gave to the first %d steps, "
+        "so this run sees the batches of an uninterrupted one.",
+        start_step,
+        start_step,
+    )
   if coordinator is not None:
     return parameter_server_loops.per_worker_iterator(coordinator, provider, global_batch_size, start_step=start_step)
   return iter(input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step))
@@ -49,4 +57,8 @@ def _warn_if_batch_exceeds_data(provider, global_batch_size):
     logging.warning(
         "The global batch of %d examples is larger than the whole training data (%d examples): every step "
         "repeats examples within its batch. Use a global batch of at most %d (config.data.global_batch_size), "
-        "or more data.", global_batch_size, num_examples, num_examples)
+        "or more data.",
+        global_batch_size,
+        num_examples,
+        num_examples,
+    )

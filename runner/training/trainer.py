@@ -65,9 +65,25 @@ class Trainer:
   row per report in `model_dir/metrics.jsonl`.
   """
 
-  def __init__(self, strategy, *, model_fn, optimizer_fn, task, model_dir=None, steps_per_loop=1,
-               checkpoint_every=None, max_to_keep=3, jit_compile=False, precision="float32", clipnorm=None,
-               seed=None, actions=(), profile_steps=None, quiet=False):
+  def __init__(
+      self,
+      strategy,
+      *,
+      model_fn,
+      optimizer_fn,
+      task,
+      model_dir=None,
+      steps_per_loop=1,
+      checkpoint_every=None,
+      max_to_keep=3,
+      jit_compile=False,
+      precision="float32",
+      clipnorm=None,
+      seed=None,
+      actions=(),
+      profile_steps=None,
+      quiet=False,
+  ):
     """Makes the model, optimizer and metrics in `strategy.scope()`.
 
     Args:
@@ -96,28 +112,41 @@ class Trainer:
     trainer_options.check_components(strategy=strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task)
     self._quiet = checks.boolean(quiet, "quiet")
     self._options = trainer_options.TrainerOptions(
-        model_dir=model_dir, steps_per_loop=steps_per_loop, checkpoint_every=checkpoint_every,
-        max_to_keep=max_to_keep, jit_compile=jit_compile, precision=precision, clipnorm=clipnorm, seed=seed,
-        actions=actions, profile_steps=profile_steps)
+        model_dir=model_dir,
+        steps_per_loop=steps_per_loop,
+        checkpoint_every=checkpoint_every,
+        max_to_keep=max_to_keep,
+        jit_compile=jit_compile,
+        precision=precision,
+        clipnorm=clipnorm,
+        seed=seed,
+        actions=actions,
+        profile_steps=profile_steps,
+    )
     self._strategy = strategy
     self._coordinator = parameter_server_loops.coordinator_for(strategy, jit_compile=jit_compile)
     self._task = task
     self._xla = jit_compile and not model_parts.is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
-    self._parts = model_parts.make(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task,
-                                   precision=precision, seed=seed)
+    self._parts = model_parts.make(
+        strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, precision=precision, seed=seed
+    )
     self._model = self._parts.model
     self._step = self._parts.step
     self._checkpoints = None
     if model_dir is not None:
       self._checkpoints = checkpoints.Checkpoints(
-          strategy, model_dir, model=self._model, optimizer=self._parts.optimizer, step=self._step,
-          max_to_keep=max_to_keep)
+          strategy,
+          model_dir,
+          model=self._model,
+          optimizer=self._parts.optimizer,
+          step=self._step,
+          max_to_keep=max_to_keep,
+      )
     self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
     if profile_steps is not None and strategy.extended.should_checkpoint:
       first, last = self._options.profile_steps
-      self._profile = profiling.ProfileWindow(
-          first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
+      self._profile = profiling.ProfileWindow(first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
     self._features_spec = None
     self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.
     self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
@@ -155,8 +184,17 @@ class Trainer:
     return self._global_step
 
   @_showing_progress
-  def train(self, data, *, global_batch_size, steps, eval_data=None, eval_every=None,
-            eval_global_batch_size=None, eval_steps=None):
+  def train(
+      self,
+      data,
+      *,
+      global_batch_size,
+      steps,
+      eval_data=None,
+      eval_every=None,
+      eval_global_batch_size=None,
+      eval_steps=None,
+  ):
     """Trains until the global step reaches `steps`.
 
     `steps` is a total, so calling `train` again with the same arguments (in
@@ -222,7 +260,8 @@ class Trainer:
       return self._nothing_to_train(steps)
     iterator = self._train_iterator(data, provider, global_batch_size)
     evaluate = functools.partial(
-        self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
+        self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps
+    )
     controller = self._controller(global_batch_size, evaluate, eval_every, label_range)
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
@@ -230,8 +269,13 @@ class Trainer:
     with stop_signals.StopSignals() as signals:
       try:
         with self._user_errors(provider, label_range, steps=steps, global_batch_size=global_batch_size):
-          controller.run(iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
-                         advance=self._advance)
+          controller.run(
+              iterator,
+              step=self._global_step,
+              total_steps=steps,
+              stop_signal=lambda: signals.received,
+              advance=self._advance,
+          )
         self._save_unless_saved()  # Before the final evaluation: one that fails or is stopped loses no step.
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
@@ -273,11 +317,21 @@ class Trainer:
     provider = data_lib.as_provider(data)
     label_range = self._prepare_for(data, provider, "evaluation")
     dataset, num_pipelines = input_pipeline.for_evaluation(
-        strategy, provider, global_batch_size, bounded=steps is not None)
+        strategy, provider, global_batch_size, bounded=steps is not None
+    )
     if self._eval_loop is None or self._eval_loop[0] != label_range:
-      self._eval_loop = (label_range, loops.EvalLoop(
-          strategy=strategy, model=self._model, task_loss=self._task.loss, metrics=self._parts.metrics,
-          num_input_pipelines=num_pipelines, xla=self._xla, valid_labels=label_range))
+      self._eval_loop = (
+          label_range,
+          loops.EvalLoop(
+              strategy=strategy,
+              model=self._model,
+              task_loss=self._task.loss,
+              metrics=self._parts.metrics,
+              num_input_pipelines=num_pipelines,
+              xla=self._xla,
+              valid_labels=label_range,
+          ),
+      )
     start = time.perf_counter()
     try:
       evaluated = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
@@ -314,7 +368,8 @@ class Trainer:
     if not self._ready:
       raise ConfigError(
           "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
-          "or give the model an input in model_fn (keras.Input).")
+          "or give the model an input in model_fn (keras.Input)."
+      )
     return self._global_step
 
   @_showing_progress
@@ -340,7 +395,8 @@ class Trainer:
     if not self._ready or features_spec is None:
       raise ConfigError(
           "export needs the model's input shape, which this model does not know yet: call train or evaluate "
-          "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input).")
+          "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input)."
+      )
     export.export_saved_model(self._strategy, self._model, features_spec, path)
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
@@ -363,7 +419,8 @@ class Trainer:
       return checked[1]
     element_spec = input_pipeline.element_spec(provider, purpose)
     data_checks.check_features(
-        element_spec, data_checks.features_expected(self._model, self._features_spec), purpose=purpose)
+        element_spec, data_checks.features_expected(self._model, self._features_spec), purpose=purpose
+    )
     data_checks.check_one_tensor_for_sequential(element_spec, self._model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
@@ -395,8 +452,9 @@ class Trainer:
     """
     key = (id(data), global_batch_size)
     if self._train_input is None or self._train_input[0] != key:
-      iterator = train_input.training_iterator(self._strategy, provider, global_batch_size,
-                                               start_step=self._global_step, coordinator=self._coordinator)
+      iterator = train_input.training_iterator(
+          self._strategy, provider, global_batch_size, start_step=self._global_step, coordinator=self._coordinator
+      )
       self._train_input = (key, data, iterator)
     return self._train_input[2]
 
@@ -424,12 +482,12 @@ class Trainer:
     except peers.PEER_ERRORS as e:
       saved_step = self._checkpoints and self._checkpoints.saved_step
       if self._coordinator is not None:
-        raise parameter_server_loops.lost_ps(
-            e, self._strategy, step=self._global_step, saved_step=saved_step) from None
+        raise parameter_server_loops.lost_ps(e, self._strategy, step=self._global_step, saved_step=saved_step) from None
       if description.is_single_worker(self._strategy):
         raise
-      raise peers.lost(e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step,
-                       saved_step=saved_step) from None
+      raise peers.lost(
+          e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step, saved_step=saved_step
+      ) from None
 
   def _controller(self, global_batch_size, evaluate, eval_every, label_range):
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
@@ -445,30 +503,47 @@ class Trainer:
     builtin_after = []
     if self._options.checkpoint_every is not None:
       builtin_after.append(
-          actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every))
+          actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every)
+      )
     steps_per_loop = steps_per_loop_lib.resolve(
-        self._options.steps_per_loop, strategy=self._strategy, cadences=(eval_every, self._options.checkpoint_every),
-        measured=self._measured_steps_per_loop)
+        self._options.steps_per_loop,
+        strategy=self._strategy,
+        cadences=(eval_every, self._options.checkpoint_every),
+        measured=self._measured_steps_per_loop,
+    )
     return controller_lib.Controller(
-        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop), steps_per_loop=steps_per_loop,
+        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop),
+        steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
-        global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
-        single_worker=description.is_single_worker(self._strategy), profile=self._profile)
+        global_batch_size=global_batch_size,
+        is_chief=self._strategy.extended.should_checkpoint,
+        single_worker=description.is_single_worker(self._strategy),
+        profile=self._profile,
+    )
 
   def _train_loop(self, global_batch_size, label_range, steps_per_loop):
     """The inner loop for this batch size, label range and loop sizes, made once and kept (its traces with it)."""
     key = (global_batch_size, label_range, steps_per_loop.looping)
     if key not in self._train_loops:
       arguments = dict(
-          strategy=self._strategy, model=self._model, optimizer=self._parts.optimizer, task_loss=self._task.loss,
-          metrics=self._parts.metrics, step=self._step, global_batch_size=global_batch_size, xla=self._xla,
-          clipnorm=self._options.clipnorm, loss_scale=self._parts.loss_scaled,
-          valid_labels=label_range)
+          strategy=self._strategy,
+          model=self._model,
+          optimizer=self._parts.optimizer,
+          task_loss=self._task.loss,
+          metrics=self._parts.metrics,
+          step=self._step,
+          global_batch_size=global_batch_size,
+          xla=self._xla,
+          clipnorm=self._options.clipnorm,
+          loss_scale=self._parts.loss_scaled,
+          valid_labels=label_range,
+      )
       if self._coordinator is not None:
         self._train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
       else:
         self._train_loops[key] = loops.TrainLoop(
-            looping=steps_per_loop.looping, multi_worker=not description.is_single_worker(self._strategy), **arguments)
+            looping=steps_per_loop.looping, multi_worker=not description.is_single_worker(self._strategy), **arguments
+        )
     return self._train_loops[key]
 
   def _advance(self, step, train_results):
@@ -497,7 +572,8 @@ class Trainer:
         f"The training data ran out at step {self._global_step} of {steps} "
         f"({self._global_step - first_step} step(s) in this call): it gave no further full batch of "
         f"{global_batch_size} examples although the Trainer repeats it. It is empty, or it cannot be iterated "
-        f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}")
+        f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}"
+    )
 
   def _save_unless_saved(self):
     """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet."""
@@ -509,5 +585,3 @@ class Trainer:
     self._save_unless_saved()
     self._reporter.flush()
     return None if self._checkpoints is None else checkpoints.latest(self._checkpoints.model_dir)
-
-

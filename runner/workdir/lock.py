@@ -71,6 +71,7 @@ class Holder:
     mode: its `config.mode`.
     command: its command line (shortened).
   """
+
   host: str
   pid: int
   process_start: str
@@ -89,8 +90,8 @@ class WorkdirLock:
 
   def __init__(self, *, path, text):
     """Args:
-      path: the lock file, already created with `text` by this process.
-      text: its contents, which tell this lock from another run's.
+    path: the lock file, already created with `text` by this process.
+    text: its contents, which tell this lock from another run's.
     """
     self.path = path
     self._text = text
@@ -141,9 +142,19 @@ def acquire(workdir, *, mode):
     OSError, tf.errors.OpError: the lock file cannot be written.
   """
   path = os.path.join(workdir, FILE_NAME)
-  text = json.dumps(dataclasses.asdict(Holder(
-      host=socket.gethostname(), pid=os.getpid(), process_start=_process_start(os.getpid()) or "",
-      since=time.time(), mode=mode, command=" ".join(sys.argv)[:_COMMAND_CHARACTERS])), sort_keys=True)
+  text = json.dumps(
+      dataclasses.asdict(
+          Holder(
+              host=socket.gethostname(),
+              pid=os.getpid(),
+              process_start=_process_start(os.getpid()) or "",
+              since=time.time(),
+              mode=mode,
+              command=" ".join(sys.argv)[:_COMMAND_CHARACTERS],
+          )
+      ),
+      sort_keys=True,
+  )
   create = _create_remote if _is_remote(path) else _create_local
   for _ in range(3):  # A stale lock taken over, then created, unless another run was quicker.
     if create(path, text):
@@ -154,24 +165,35 @@ def acquire(workdir, *, mode):
     age = time.time() - found.modified
     if not _is_stale(found):
       if found.holder is None:
-        named = (f"a run starting now (the lock {path}, written {age:.0f} s ago, {found.unreadable}; one that still "
-                 f"{found.unreadable} {UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over)")
+        named = (
+            f"a run starting now (the lock {path}, written {age:.0f} s ago, {found.unreadable}; one that still "
+            f"{found.unreadable} {UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over)"
+        )
       else:
         named = found.holder.describe()
         if found.holder.host != socket.gethostname():
-          named += (f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
-                    "taken over")
+          named += (
+              f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
+              "taken over"
+          )
       raise WorkdirInUseError(
           f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
-          f"--workdir (a killed run's lock {path} is taken over by the next run).")
+          f"--workdir (a killed run's lock {path} is taken over by the next run)."
+      )
     if found.holder is None:
-      logging.warning("Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
-                      "run holds it).", path, found.unreadable, age)
+      logging.warning(
+          "Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
+          "run holds it).",
+          path,
+          found.unreadable,
+          age,
+      )
     else:
       logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path, found.holder.describe())
     _remove_stale(path, found)
-  raise WorkdirInUseError(f"The workdir {workdir} is being taken by other runs at once; run again, or use another "
-                          "--workdir.")
+  raise WorkdirInUseError(
+      f"The workdir {workdir} is being taken by other runs at once; run again, or use another --workdir."
+  )
 
 
 def is_held(workdir):
@@ -224,6 +246,7 @@ class _Found:
     unreadable: None if it names a holder; else why not, a phrase after
       "it" ("is empty", "cannot be read (UnicodeDecodeError: ...)").
   """
+
   holder: Optional[Holder]
   modified: float
   unreadable: Optional[str]
@@ -245,8 +268,11 @@ def _read_or_none(path):
   try:
     return _Found(holder=_holder(json.loads(data.decode("utf-8"))), modified=modified, unreadable=None)
   except (ValueError, TypeError) as error:  # Being written, or its writer died while writing, or damaged.
-    return _Found(holder=None, modified=modified,
-                  unreadable=f"cannot be read ({type(error).__name__}: {first_line(error, limit=120)})")
+    return _Found(
+        holder=None,
+        modified=modified,
+        unreadable=f"cannot be read ({type(error).__name__}: {first_line(error, limit=120)})",
+    )
 
 
 def _holder(fields):
@@ -257,8 +283,11 @@ def _holder(fields):
   """
   holder = Holder(**fields)
   texts = (holder.host, holder.process_start, holder.mode, holder.command)
-  if not (isinstance(holder.pid, int) and isinstance(holder.since, (int, float))
-          and all(isinstance(text, str) for text in texts)):
+  if not (
+      isinstance(holder.pid, int)
+      and isinstance(holder.since, (int, float))
+      and all(isinstance(text, str) for text in texts)
+  ):
     raise TypeError(f"not a holder's fields: {fields!r}")
   return holder
 

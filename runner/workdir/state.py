@@ -28,6 +28,7 @@ class WorkdirState:
     outputs: `{path: size in bytes}` of every file of `_OUTPUTS` (metrics.jsonl
       and the files under checkpoints/ and summaries/).
   """
+
   workdir: str
   created: bool
   entries: FrozenSet[str]
