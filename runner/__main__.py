@@ -56,18 +56,18 @@ import dataclasses
 import re
 import sys
 import traceback
-from typing import List
 
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
-import strategies
-from strategies.errors import ClusterError, ConfigError, print_error_line
-
 from runner import exit_codes
-from runner.config.run_config import run_config as config_lib
 from runner.cluster import process_exit
+from runner.config import run_config as config_lib
+import strategies
+from strategies.errors import ClusterError
+from strategies.errors import ConfigError
+from strategies.errors import print_error_line
 
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
 
@@ -110,8 +110,8 @@ _VERBOSE = flags.DEFINE_bool(
 class CommandLine:
   """The parsed command line: absl's leftover arguments and the config overrides."""
 
-  arguments: List[str]
-  overrides: List[str]
+  arguments: list[str]
+  overrides: list[str]
 
 
 def parse_flags(argv):
@@ -155,7 +155,7 @@ def format_metrics(metrics):
 
 
 def main(command_line):
-  """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes one `error:` line and its status."""
+  """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes an `error:` line and a status."""
   with _exit_statuses():
     config = _config(command_line)
     # The config holds; what follows needs TensorFlow's devices.

@@ -6,14 +6,15 @@ signal (SIGTERM, Ctrl-C), evaluate when due (at the last step after a
 checkpoint), the user's own actions, checkpoint when due.
 """
 
+from collections.abc import Callable, Mapping
 import math
-from typing import Callable, Mapping, Optional
 
 from absl import logging
 
 from runner import exit_codes
 from runner.cluster import stop_signals
-from runner.interfaces import Action, LoopEnd  # noqa: F401  (public here too)
+from runner.interfaces import Action  # noqa: F401  (public here too)
+from runner.interfaces import LoopEnd  # noqa: F401  (public here too)
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -30,6 +31,7 @@ class ReportProgress(Action):
     self._reporter = reporter
 
   def __call__(self, loop):
+    """Reports the loop that ended: its step, results and throughput."""
     self._reporter.train_loop(
         step=loop.step,
         total_steps=loop.total_steps,
@@ -49,14 +51,17 @@ class ExitOnStopSignal(Action):
   (143 for SIGTERM, 130 for SIGINT).
   """
 
-  def __init__(self, *, save: Callable[[], Optional[str]]):
-    """Args:
-    save: writes a checkpoint at the current step (if there is a model_dir),
-      flushes the reports, and returns the latest checkpoint's path or None.
+  def __init__(self, *, save: Callable[[], str | None]):
+    """Initializes the `ExitOnStopSignal`.
+
+    Args:
+      save: writes a checkpoint at the current step (if there is a model_dir),
+        flushes the reports, and returns the latest checkpoint's path or None.
     """
     self._save = save
 
   def __call__(self, loop):
+    """Exits (see `exit`) when a stop signal arrived during the loop."""
     if loop.stop_signal is not None:
       self.exit(loop.stop_signal, step=loop.step)
 
@@ -88,16 +93,19 @@ class Evaluate(Action):
   """
 
   def __init__(self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int, save: Callable[[], None]):
-    """Args:
-    evaluate: evaluates at the current step and reports it; returns the results.
-    every_steps: the evaluations' cadence in steps.
-    save: writes a checkpoint at the current step unless there is one.
+    """Initializes the `Evaluate`.
+
+    Args:
+      evaluate: evaluates at the current step and reports it; returns the results.
+      every_steps: the evaluations' cadence in steps.
+      save: writes a checkpoint at the current step unless there is one.
     """
     self._evaluate = evaluate
     self._save = save
     self.every_steps = every_steps
 
   def __call__(self, loop):
+    """Evaluates (saving first at the last step); returns `loop` with the results."""
     if loop.step >= loop.total_steps:
       self._save()
     return loop.with_eval_results(self._evaluate())
@@ -107,15 +115,18 @@ class SaveCheckpoint(Action):
   """Writes a checkpoint every `every_steps` steps."""
 
   def __init__(self, save: Callable[[], None], *, every_steps: int):
-    """Args:
-    save: writes a checkpoint at the current step unless there is one
-      (the final evaluation's may have written it).
-    every_steps: the checkpoints' cadence in steps.
+    """Initializes the `SaveCheckpoint`.
+
+    Args:
+      save: writes a checkpoint at the current step unless there is one
+        (the final evaluation's may have written it).
+      every_steps: the checkpoints' cadence in steps.
     """
     self._save = save
     self.every_steps = every_steps
 
   def __call__(self, loop):
+    """Writes a checkpoint at the current step unless there is one."""
     self._save()
 
 
@@ -129,7 +140,9 @@ class EarlyStopping(Action):
   """
 
   def __init__(self, *, metric="loss", mode="min", patience=3, min_delta=0.0):
-    """Args:
+    """Initializes the `EarlyStopping`.
+
+    Args:
       metric: the name of an evaluation result: 'loss' or a task metric.
       mode: 'min' (lower is better) or 'max'.
       patience: evaluations without improvement before stopping.
@@ -146,6 +159,7 @@ class EarlyStopping(Action):
     self.evaluations_without_improvement = 0
 
   def __call__(self, loop):
+    """Asks training to stop once the metric has not improved for `patience` evaluations."""
     if loop.eval_results is None:
       return
     if self.metric not in loop.eval_results:

@@ -1,36 +1,35 @@
 """`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
+from collections.abc import Mapping
 import contextlib
 import dataclasses
 import functools
 import os
 import tempfile
-from typing import Mapping, Optional
 
 from absl import logging
 import keras
 import ml_collections
 import tensorflow as tf
 
+from runner.config import optimizers
+from runner.config import registry
+from runner.config import run_config as config_lib
+from runner.data import pipeline as input_pipeline
+from runner.data import providers as data_lib
+from runner.outputs import checkpoints
+from runner.outputs import progress_output
+from runner.outputs import reports
+from runner.tasks import Task
+from runner.training import options as trainer_options
+from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training.trainer import Trainer
+from runner.workdir import config_history
+from runner.workdir import lock as workdir_lock
+from runner.workdir import state as workdir_state
 from strategies import checks
 from strategies import factory as strategy_factory
 from strategies.errors import ConfigError
-
-from runner.outputs import checkpoints
-from runner.config import run_config as config_lib
-from runner.workdir import config_history
-from runner.data import providers as data_lib
-from runner.data import pipeline as input_pipeline
-from runner.config import optimizers
-from runner.outputs import progress_output
-from runner.config import registry
-from runner.outputs import reports
-from runner.training import steps_per_loop as steps_per_loop_lib
-from runner.training import options as trainer_options
-from runner.workdir import lock as workdir_lock
-from runner.workdir import state as workdir_state
-from runner.tasks import Task
-from runner.training.trainer import Trainer
 
 EXPORT_DIR = "export"
 TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
@@ -66,10 +65,10 @@ class RunResult:
   strategy: tf.distribute.Strategy
   num_replicas: int
   global_step: int
-  train_metrics: Optional[Mapping[str, float]]
-  eval_metrics: Optional[Mapping[str, float]]
-  checkpoint_path: Optional[str]
-  export_path: Optional[str]
+  train_metrics: Mapping[str, float] | None
+  eval_metrics: Mapping[str, float] | None
+  checkpoint_path: str | None
+  export_path: str | None
   model: keras.Model
 
 

@@ -1,12 +1,14 @@
-"""The interfaces a user implements: what the model is trained to do (`Task`), its input (`DatasetProvider`), and
-periodic work after train loops (`Action`, which sees a `LoopEnd`).
+"""The interfaces a user implements: the task, the input and periodic work after train loops.
+
+What the model is trained to do is a `Task`, its input a `DatasetProvider`,
+and the work after train loops an `Action` (which sees a `LoopEnd`).
 
 The built-in implementations live beside their users: `runner.tasks`, `runner.data` and `runner.actions`.
 """
 
 import abc
+from collections.abc import Mapping
 import dataclasses
-from typing import List, Mapping, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -63,7 +65,7 @@ class Task(abc.ABC):
     """
     return []
 
-  def check_labels(self, labels_spec, outputs_spec) -> Optional[LabelRange]:
+  def check_labels(self, labels_spec, outputs_spec) -> LabelRange | None:
     """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.
 
     The Trainer calls it once per dataset, before the first step, and checks
@@ -213,18 +215,19 @@ class LoopEnd:
   steps_per_sec: float
   examples_per_sec: float
   learning_rate: float
-  stop_signal: Optional[int]
+  stop_signal: int | None
   is_chief: bool
-  tracing_seconds: Optional[float] = None
-  eval_results: Optional[Mapping[str, float]] = None
+  tracing_seconds: float | None = None
+  eval_results: Mapping[str, float] | None = None
   # The steps asked by `stop`; shared by the copies `with_eval_results` makes, so every request of the loop counts.
-  _stop_requests: List[int] = dataclasses.field(default_factory=list, repr=False, compare=False)
+  _stop_requests: list[int] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
   @property
-  def stop_at(self) -> Optional[int]:
+  def stop_at(self) -> int | None:
+    """The earliest step an action asked training to stop at (`stop`), or None."""
     return min(self._stop_requests, default=None)
 
-  def stop(self, at_step: Optional[int] = None) -> None:
+  def stop(self, at_step: int | None = None) -> None:
     """Asks training to end once the global step reaches `at_step` (None: now, after this loop).
 
     The end is a normal one: the final evaluation and checkpoint still
@@ -246,10 +249,10 @@ class Action(abc.ABC):
       N makes loops end at multiples of N and runs the action only there.
   """
 
-  every_steps: Optional[int] = None
+  every_steps: int | None = None
 
   @abc.abstractmethod
-  def __call__(self, loop: LoopEnd) -> Optional[LoopEnd]:
+  def __call__(self, loop: LoopEnd) -> LoopEnd | None:
     """Does the work for the loop that just ended; may call `loop.stop(...)`.
 
     Runs on every worker. Write files only where `loop.is_chief`.

@@ -3,7 +3,8 @@
 import keras
 import tensorflow as tf
 
-from runner.interfaces import LabelRange, Task  # noqa: F401  (public here too)
+from runner.interfaces import LabelRange  # noqa: F401  (public here too)
+from runner.interfaces import Task  # noqa: F401  (public here too)
 from strategies.errors import ConfigError
 
 
@@ -14,15 +15,19 @@ class Classification(Task):
   """
 
   def __init__(self, *, from_logits=True):
-    """Args:
-    from_logits: the model outputs logits (True) or probabilities (False).
+    """Initializes the `Classification`.
+
+    Args:
+      from_logits: the model outputs logits (True) or probabilities (False).
     """
     self.from_logits = from_logits
 
   def loss(self, labels, outputs):
+    """The per-example sparse categorical cross-entropy."""
     return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=self.from_logits)
 
   def metrics(self):
+    """The accuracy."""
     return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
   def check_labels(self, labels_spec, outputs_spec):
@@ -65,11 +70,13 @@ class Regression(Task):
   """
 
   def loss(self, labels, outputs):
+    """The per-example mean squared error."""
     labels = tf.reshape(tf.cast(labels, outputs.dtype), tf.shape(outputs))
     squared = tf.reshape(tf.square(outputs - labels), [tf.shape(outputs)[0], -1])
     return tf.reduce_mean(squared, axis=1)
 
   def metrics(self):
+    """The mean absolute error."""
     return [keras.metrics.MeanAbsoluteError(name="mae")]
 
   def check_labels(self, labels_spec, outputs_spec):

@@ -115,7 +115,7 @@ class Task:
 
 
 def job_sizes(*, workers, ps):
-  """Returns {job: number of tasks}: `{"worker": workers}`, or with `ps` >= 1 `{"chief": 1, "worker": workers, "ps": ps}`.
+  """Returns {job: number of tasks}: `{"worker": workers}`, or with ps >= 1 `{"chief": 1, "worker": workers, "ps": ps}`.
 
   Raises:
     ValueError: `workers` < 1 or `ps` < 0.
@@ -348,8 +348,10 @@ class _Job:
         thread.start()
 
   def stop(self, *, grace_seconds, abort):
-    """Stops the tasks still running: SIGTERM (every `SIGTERM_REPEAT_SECONDS`), then SIGKILL to those left after
-    `grace_seconds` or once `abort()`.
+    """Stops the tasks still running: SIGTERM, then SIGKILL to those left.
+
+    SIGTERM goes again every `SIGTERM_REPEAT_SECONDS`; SIGKILL goes to the
+    tasks left after `grace_seconds`, or once `abort()`.
 
     Under parameter servers the chief goes first: the workers and ps tasks
     keep serving until it has saved and exited (or been killed), then they

@@ -41,13 +41,15 @@ class StopSignals:
   """
 
   def __init__(self, *, in_training=True):
-    """Args:
-    in_training: True around training loops: the signal is said at once,
-      a Ctrl-C after it ends the process at once with exit status 130 and
-      one line on stderr, also while the main thread is inside a loop's call
-      (see `_SignalWatch`), and a stop a cluster task noted before the loop
-      (`handle_outside_training`) is taken as received. False (the
-      launcher): the signals are only noted, and the caller acts on them.
+    """Initializes the `StopSignals`.
+
+    Args:
+      in_training: True around training loops: the signal is said at once,
+        a Ctrl-C after it ends the process at once with exit status 130 and
+        one line on stderr, also while the main thread is inside a loop's call
+        (see `_SignalWatch`), and a stop a cluster task noted before the loop
+        (`handle_outside_training`) is taken as received. False (the
+        launcher): the signals are only noted, and the caller acts on them.
     """
     self.in_training = in_training
     self.received = None
@@ -96,8 +98,10 @@ class _SignalWatch:
   """
 
   def __init__(self, *, stops=0):
-    """Args:
-    stops: the stop signals received before (a SIGINT after one aborts).
+    """Initializes the `_SignalWatch`.
+
+    Args:
+      stops: the stop signals received before (a SIGINT after one aborts).
     """
     self._stops = stops
     self._read, self._write = os.pipe()
@@ -145,8 +149,10 @@ class Stopped(BaseException):
   """
 
   def __init__(self, signum):
-    """Args:
-    signum: `signal.SIGTERM` or `signal.SIGINT`.
+    """Initializes the `Stopped`.
+
+    Args:
+      signum: `signal.SIGTERM` or `signal.SIGINT`.
     """
     self.exit_code = exit_codes.STOPPED_BY[signum]
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"

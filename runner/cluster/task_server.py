@@ -34,11 +34,12 @@ from absl import logging
 import tensorflow as tf
 
 from runner import exit_codes
-from runner.cluster import stop_signals
 from runner.cluster import process_exit
+from runner.cluster import stop_signals
 from strategies import cluster
 from strategies import peers
-from strategies.errors import ClusterError, ConfigError
+from strategies.errors import ClusterError
+from strategies.errors import ConfigError
 
 POLL_SECONDS = 2.0
 SERVING_JOBS = ("worker", "ps")

@@ -16,7 +16,8 @@ gets whatever fields its config section has.
 Imports no TensorFlow, so a module may declare its fields before it does.
 """
 
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ml_collections import config_dict
 
@@ -67,7 +68,7 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
   return declare
 
 
-def declared(fn) -> Optional[Mapping[str, Any]]:
+def declared(fn) -> Mapping[str, Any] | None:
   """Returns the fields `fn` declares with `config_fields` and their defaults, or None if it declares none.
 
   Each call returns new placeholders: a ConfigDict that holds one writes

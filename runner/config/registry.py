@@ -12,16 +12,16 @@ fields its config section has. A model function is called as
 `fn(config.task)` and returns a `runner.Task` (docs/config.md).
 """
 
+from collections.abc import Callable, Mapping
 import dataclasses
 import importlib
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
-from strategies.checks import did_you_mean
-from strategies.errors import ConfigError
-
-from runner.data import builtin_datasets
 from runner import models as builtin_models
 from runner.config import declared_fields
+from runner.data import builtin_datasets
+from strategies.checks import did_you_mean
+from strategies.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ def is_import_path(name):
   return ":" in name
 
 
-def builtin(kind, name) -> Optional[Builtin]:
+def builtin(kind, name) -> Builtin | None:
   """Returns the built-in `name` of `kind`, or None for an import path.
 
   Raises:
@@ -130,7 +130,7 @@ def resolve(kind, name) -> Callable:
   return fn
 
 
-def own_fields(kind, name) -> Optional[Mapping[str, Any]]:
+def own_fields(kind, name) -> Mapping[str, Any] | None:
   """Returns {field: default} of the own config fields of `name`, or None for a function that declares none.
 
   A built-in's fields; for an import path, the fields its function declares

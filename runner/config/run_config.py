@@ -17,15 +17,14 @@ import ml_collections
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from runner.config import optimizers
+from runner.config import registry
+from runner.data import sharding_policies
+from runner.outputs import profiling
+from runner.training import scoped_settings
 from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
-
-from runner.training import scoped_settings
-from runner.config import optimizers
-from runner.outputs import profiling
-from runner.config import registry
-from runner.data import sharding_policies
 
 MODES = ("train", "eval", "train_and_eval", "export")
 # The sections that name a model, dataset or task; besides their common fields

@@ -34,7 +34,7 @@ from strategies.errors import ConfigError
 DataError = data_lib.DataError
 
 
-class LabelsOutOfRange(DataError):
+class LabelsOutOfRangeError(DataError):
   """A batch held a label outside the range the task gave (`label_range`), found inside a compiled loop.
 
   The loop can tell only that some label was outside, and at which step; the
@@ -219,8 +219,11 @@ def label_range(element_spec, outputs_spec, task, *, purpose):
 
 
 def features_expected(model, features_spec):
-  """The per-example features `model` takes: declared (`declared_features_spec`), or those of `features_spec` (a
-  batch's) once it was built from them; None before it is built."""
+  """The per-example features `model` takes, or None before it is built.
+
+  They are the declared ones (`declared_features_spec`), or those of
+  `features_spec` (a batch's) once the model was built from them.
+  """
   declared = declared_features_spec(model)
   if declared is None and features_spec is not None and model.built:
     declared = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), features_spec)
@@ -233,7 +236,7 @@ def step_error(error, data, valid_labels, *, step, purpose):
   Args:
     error: a `tf.errors.DataLossError` (a file cannot be read), a
       `tf.errors.InvalidArgumentError` (a record cannot be parsed, or an op
-      met a label outside the range), or a `LabelsOutOfRange`.
+      met a label outside the range), or a `LabelsOutOfRangeError`.
     data: the `runner.data.DatasetProvider` that was read.
     valid_labels: the `LabelRange` of the labels, or None.
     step: the step that met it (for evaluation: None).
@@ -246,7 +249,7 @@ def step_error(error, data, valid_labels, *, step, purpose):
     if not_parsed is not None:
       return not_parsed
   found = first_label_outside(data, valid_labels)
-  if found is None and not isinstance(error, LabelsOutOfRange):
+  if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
   return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)
 

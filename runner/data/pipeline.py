@@ -146,7 +146,7 @@ def _checked(dataset, purpose):
 
 
 def _checked_batches(batches, purpose):
-  """Returns a provider's `batches` if they are batches of elements that follow the contract, else raises ConfigError."""
+  """Returns a provider's `batches` if they are batches of elements that keep the contract, else raises ConfigError."""
   if not isinstance(batches, tf.data.Dataset):
     raise ConfigError(f"The {purpose} DatasetProvider returned {type(batches).__name__}, not a tf.data.Dataset.")
   _checked(batches.unbatch(), purpose)
@@ -177,7 +177,7 @@ def _padding(batches):
     zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
     return tf.data.Dataset.from_tensors(zeros).repeat()
   # Shapes known only from the data: copy the first batch, with weights and mask 0.
-  return batches.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
+  return batches.take(1).map(lambda x, y, w, m: (x, y, tf.zeros_like(w), tf.zeros_like(m))).repeat()
 
 
 def element_spec(data, purpose):

@@ -12,9 +12,8 @@ import re
 from absl import logging
 import tensorflow as tf
 
-from strategies.errors import ConfigError
-
 from runner.interfaces import DatasetProvider
+from strategies.errors import ConfigError
 
 
 class DataError(ConfigError):
@@ -36,6 +35,7 @@ class DatasetShards(DatasetProvider):
     self.dataset = dataset
 
   def get_dataset(self, input_context):
+    """As `DatasetProvider.get_dataset`: this input pipeline's share of `dataset`."""
     return self._by_example(self.dataset, input_context)
 
 
@@ -114,6 +114,7 @@ class InMemory(DatasetProvider):
     self.seed = seed
 
   def get_dataset(self, input_context):
+    """As `DatasetProvider.get_dataset`: this input pipeline's share of the elements, shuffled if asked."""
     dataset = self._by_example(tf.data.Dataset.from_tensor_slices(self.elements), input_context)
     if self.shuffle:
       dataset = dataset.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
@@ -145,6 +146,7 @@ class FromFunction(DatasetProvider):
     self.dataset_fn = dataset_fn
 
   def get_dataset(self, input_context):
+    """As `DatasetProvider.get_dataset`: what the function returns for `input_context`."""
     if self.sharding in ("file", "data"):
       self._say_once(
           logging.warning,
@@ -232,6 +234,7 @@ class TFRecordFiles(DatasetProvider):
     self.compression_type = compression_type
 
   def get_dataset(self, input_context):
+    """As `DatasetProvider.get_dataset`: this input pipeline's records, parsed."""
     return self._parsed(self._records(input_context))
 
   def get_repeated_dataset(self, input_context, start):
@@ -239,7 +242,7 @@ class TFRecordFiles(DatasetProvider):
     return self._parsed(self._records(input_context, repeated=True, start=start))
 
   def get_batches(self, input_context, batch_size):
-    """As `DatasetProvider.get_batches`, a batch of records parsed at once where `parse_fn` vectorizes (see the class)."""
+    """As `DatasetProvider.get_batches`; a batch of records is parsed at once where `parse_fn` vectorizes."""
     return self._parsed_batches(input_context, batch_size, repeated=False, start=0)
 
   def get_repeated_batches(self, input_context, batch_size, start):
@@ -310,7 +313,7 @@ class TFRecordFiles(DatasetProvider):
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
 
   def _parsed_batches(self, input_context, batch_size, *, repeated, start):
-    """Parsed batches of records (repeated: full ones, from record `start`): by a vectorized `parse_fn` where it vectorizes."""
+    """Parsed batches of records (repeated: full ones, from record `start`), by a vectorized `parse_fn` if it can."""
     turns, by_file = self._turns(input_context)
     records = self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
     one_by_one = self._parsed(records)

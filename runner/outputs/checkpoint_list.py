@@ -21,15 +21,13 @@ named once. A listed checkpoint with no file left is left out too.
 import dataclasses
 import os
 import re
-from typing import Optional, Tuple
 
 from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2  # noqa: TID251
 
-from strategies.errors import first_line
-
 from runner.workdir import atomic_files
+from strategies.errors import first_line
 
 PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
 LIST_FILE = "checkpoint"
@@ -60,10 +58,10 @@ class CheckpointList:
   """
 
   directory: str
-  paths: Tuple[str, ...]
-  listed: Tuple[str, ...]
-  outside: Tuple[str, ...]
-  problem: Optional[str]
+  paths: tuple[str, ...]
+  listed: tuple[str, ...]
+  outside: tuple[str, ...]
+  problem: str | None
 
   @property
   def newest(self):

@@ -8,7 +8,8 @@ import tensorflow as tf
 
 from runner.outputs import checkpoint_list
 from runner.outputs import worker_files
-from strategies.errors import ConfigError, first_line
+from strategies.errors import ConfigError
+from strategies.errors import first_line
 
 DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.
 
@@ -75,11 +76,15 @@ class Checkpoints:
   """
 
   def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep):
-    """Args:
-    strategy: the `tf.distribute.Strategy` of the variables.
-    model_dir: the run's directory; checkpoints go to its DIRECTORY.
-    model, optimizer, step: what a checkpoint holds.
-    max_to_keep: how many recent checkpoints the chief keeps (None: all).
+    """Initializes the `Checkpoints`.
+
+    Args:
+      strategy: the `tf.distribute.Strategy` of the variables.
+      model_dir: the run's directory; checkpoints go to its DIRECTORY.
+      model: the Keras model a checkpoint holds.
+      optimizer: the optimizer a checkpoint holds.
+      step: the global step variable a checkpoint holds.
+      max_to_keep: how many recent checkpoints the chief keeps (None: all).
     """
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
@@ -118,7 +123,7 @@ class Checkpoints:
     for path in reversed(checkpoints.paths):
       try:
         self._restore_all_or_nothing(path)
-      except UnreadableCheckpoint as damage:
+      except UnreadableCheckpointError as damage:
         unreadable.append(f"{os.path.basename(path)} ({damage})")
         continue
       if unreadable:
@@ -221,7 +226,7 @@ class Checkpoints:
 
     Raises:
       ConfigError: `path` can be read but does not match the model and optimizer.
-      UnreadableCheckpoint: `path` cannot be read (truncated, corrupt, missing files).
+      UnreadableCheckpointError: `path` cannot be read (truncated, corrupt, missing files).
     """
     variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
     before = [(v, v.numpy()) for v in variables]
@@ -231,7 +236,7 @@ class Checkpoints:
       self._put_back(before)
       damage = _damage(path)
       if damage:
-        raise UnreadableCheckpoint(damage) from None
+        raise UnreadableCheckpointError(damage) from None
       raise ConfigError(
           f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
           f"Use a new model_dir, or the model, optimizer and precision that wrote it."
@@ -263,7 +268,7 @@ class Checkpoints:
     return bool(self._weights_finite())
 
 
-class UnreadableCheckpoint(Exception):
+class UnreadableCheckpointError(Exception):
   """A checkpoint's files cannot be read; the message says how."""
 
 

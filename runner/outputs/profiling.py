@@ -10,8 +10,6 @@ run's summary directory (`model_dir/summaries/train`), `tensorboard
 `check_steps` imports no TensorFlow (config checks use it before it loads).
 """
 
-from typing import Optional
-
 from absl import logging
 
 from strategies import checks
@@ -49,9 +47,12 @@ class ProfileWindow:
   """
 
   def __init__(self, *, first: int, last: int, logdir: str):
-    """Args:
-    first, last: the first and last global step to profile (1-based).
-    logdir: where the profiler writes its `plugins/profile` directory.
+    """Initializes the `ProfileWindow`.
+
+    Args:
+      first: the first global step to profile (1-based).
+      last: the last global step to profile.
+      logdir: where the profiler writes its `plugins/profile` directory.
     """
     self._first, self._last = check_steps((first, last))
     self._logdir = logdir
@@ -97,7 +98,7 @@ class ProfileWindow:
     if self._active and step >= self._last:
       self._stop(step)
 
-  def close(self, step: Optional[int]) -> None:
+  def close(self, step: int | None) -> None:
     """Stops a running trace (training ended at global step `step` before `last`)."""
     if self._active:
       self._stop(step)

@@ -70,9 +70,11 @@ class Reporter:
   """
 
   def __init__(self, model_dir, *, is_chief):
-    """Args:
-    model_dir: the run's directory, or None to only log.
-    is_chief: whether this worker writes files.
+    """Initializes the `Reporter`.
+
+    Args:
+      model_dir: the run's directory, or None to only log.
+      is_chief: whether this worker writes files.
     """
     self._dir = model_dir if is_chief else None
     self._jsonl = None
@@ -102,7 +104,8 @@ class Reporter:
       total_steps: the step training runs to.
       results: `loss` and every metric, floats.
       learning_rate: the optimizer's learning rate after the loop.
-      steps_per_sec, examples_per_sec: the loop's throughput (tracing excluded).
+      steps_per_sec: the loop's steps per second (tracing excluded).
+      examples_per_sec: the loop's examples per second (tracing excluded).
       tracing_seconds: None, or the time tracing the loop took before it
         (shown apart: the ETA counts steps only).
     """
@@ -166,7 +169,10 @@ class Reporter:
       tf.io.gfile.makedirs(self._dir)
       path = os.path.join(self._dir, "metrics.jsonl")
       # A local file is line-buffered (each row on disk at once); a remote one (gs://...) is written on flush.
-      self._jsonl = tf.io.gfile.GFile(path, "a") if "://" in path else open(path, "a", buffering=1, encoding="utf-8")
+      # Kept open across rows (closed before a replay drops rows); a `with` would reopen it for every row.
+      self._jsonl = (
+          tf.io.gfile.GFile(path, "a") if "://" in path else open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+      )
     self._jsonl.write(json.dumps(row) + "\n")
 
   def _write_scalars(self, split, step, scalars):

@@ -25,20 +25,18 @@ state but the logical CPU split. What a CPU cannot prove is in `NOT_PROVEN`.
 import copy
 import dataclasses
 import functools
-from typing import Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
-import strategies
-from strategies import checks
-
+from runner import from_config
 from runner import interfaces
 from runner.config import run_config as config_lib
 from runner.data import pipeline as input_pipeline
-from runner import from_config
-from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.tpu import rules as tpu_rules
+from runner.training import steps_per_loop as steps_per_loop_lib
+import strategies
+from strategies import checks
 
 # A TPU v2-8 or v3-8 (8 cores), a v5e-8 or v6e-8 (8 chips); a multiple of a v4-8's or v5p-8's 4 chips.
 DEFAULT_NUM_REPLICAS = 8
@@ -71,9 +69,9 @@ class TPUCheckResult:
   """
 
   passed: bool
-  problem: Optional[str]
+  problem: str | None
   num_replicas: int
-  devices: Tuple[str, ...]
+  devices: tuple[str, ...]
   steps_per_loop: int
   train_steps: int
   eval_examples: int
@@ -101,13 +99,16 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
   """
 
   def __init__(self, devices):
-    """Args:
-    devices: local device names, one replica each.
+    """Initializes the `RecordingMirroredStrategy`.
+
+    Args:
+      devices: local device names, one replica each.
     """
     super().__init__(devices)
     self._traced = []
 
   def run(self, fn, args=(), kwargs=None, options=None):
+    """As `tf.distribute.Strategy.run`; inside a trace, it also records the ops the call added."""
     if tf.executing_eagerly():
       return super().run(fn, args, kwargs, options)
     graph = tf.compat.v1.get_default_graph()

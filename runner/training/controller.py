@@ -1,12 +1,12 @@
 """The outer loop: calls the inner train loop until the target step, and runs the actions after each call."""
 
+from collections.abc import Callable, Sequence
 import time
-from typing import Callable, Optional, Sequence, Union
 
-from runner import interfaces
 from runner import actions as actions_lib
-from runner.training import loops
+from runner import interfaces
 from runner.outputs import profiling
+from runner.training import loops
 from runner.training import steps_per_loop as steps_per_loop_lib
 
 
@@ -25,26 +25,28 @@ class Controller:
       *,
       train_loop: loops.TrainLoop,
       actions: Sequence[interfaces.Action],
-      steps_per_loop: Union[steps_per_loop_lib.FixedStepsPerLoop, steps_per_loop_lib.MeasuredStepsPerLoop],
+      steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop,
       global_batch_size: int,
       is_chief: bool,
       single_worker: bool,
-      profile: Optional[profiling.ProfileWindow] = None,
+      profile: profiling.ProfileWindow | None = None,
   ):
-    """Args:
-    train_loop: the inner loop.
-    actions: run after every call, in order, when due.
-    steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
-      chosen from the times this controller records (the loop's function
-      must loop then: it is called for zero steps to time a call's own
-      cost).
-    global_batch_size: examples per step, for the throughput.
-    is_chief: this worker writes the run's files (passed on to actions).
-    single_worker: no other worker takes part, so a signal noted during a
-      call stops training after that call; with several workers it stops
-      after the next call, which tells every worker.
-    profile: None, or the steps to profile: loops end around them, and the
-      profiler runs for exactly their loops.
+    """Initializes the `Controller`.
+
+    Args:
+      train_loop: the inner loop.
+      actions: run after every call, in order, when due.
+      steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
+        chosen from the times this controller records (the loop's function
+        must loop then: it is called for zero steps to time a call's own
+        cost).
+      global_batch_size: examples per step, for the throughput.
+      is_chief: this worker writes the run's files (passed on to actions).
+      single_worker: no other worker takes part, so a signal noted during a
+        call stops training after that call; with several workers it stops
+        after the next call, which tells every worker.
+      profile: None, or the steps to profile: loops end around them, and the
+        profiler runs for exactly their loops.
     """
     self._train_loop = train_loop
     self._actions = tuple(actions)
@@ -60,7 +62,7 @@ class Controller:
       *,
       step: int,
       total_steps: int,
-      stop_signal: Callable[[], Optional[int]],
+      stop_signal: Callable[[], int | None],
       advance: Callable[[int, dict], None],
   ) -> None:
     """Trains from global step `step` until `total_steps`, or until an action stops training.
@@ -120,8 +122,10 @@ class Controller:
         self._profile.close(step)
 
   def _ready(self, iterator):
-    """Traces the loop's function (and times a call's own cost for measured loop sizes); returns the seconds tracing
-    took, or None when it was traced before."""
+    """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.
+
+    For measured loop sizes, it also times a call's own cost.
+    """
     trace_start = time.perf_counter()
     tracing_seconds = time.perf_counter() - trace_start if self._train_loop.trace(iterator) else None
     if self._steps_per_loop.needs_call_overhead:
@@ -129,8 +133,10 @@ class Controller:
     return tracing_seconds
 
   def _run_actions(self, loop):
-    """Runs the actions due at `loop.step`, each seeing the `LoopEnd` the one before returned; returns the step the
-    actions asked training to stop at, or None."""
+    """Runs the actions due at `loop.step`; returns the step they asked training to stop at, or None.
+
+    Each action sees the `LoopEnd` the one before returned.
+    """
     for action in self._actions:
       if actions_lib.is_due(action, loop.step):
         loop = action(loop) or loop

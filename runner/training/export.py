@@ -2,8 +2,8 @@
 
 import tensorflow as tf
 
-from runner.training import loops
 from runner.outputs import worker_files
+from runner.training import loops
 
 
 def export_saved_model(strategy, model, features_spec, path):

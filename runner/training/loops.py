@@ -7,7 +7,6 @@ defined, and decoded into a named result, here and nowhere else.
 import dataclasses
 import math
 import signal
-from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
@@ -48,10 +47,10 @@ class TrainLoopResult:
   steps_run: int
   loss: float
   learning_rate: float
-  metrics: Dict[str, float]
-  stop_signal: Optional[int] = None
-  non_finite: Optional[str] = None
-  non_finite_data: Tuple[str, ...] = ()
+  metrics: dict[str, float]
+  stop_signal: int | None = None
+  non_finite: str | None = None
+  non_finite_data: tuple[str, ...] = ()
   labels_out_of_range: bool = False
 
   @property
@@ -63,7 +62,7 @@ class TrainLoopResult:
     """Raises what the loop found wrong at its last step, the global step being `step`; returns when it was fine.
 
     Raises:
-      data_checks.LabelsOutOfRange: the batch held a label outside the
+      data_checks.LabelsOutOfRangeError: the batch held a label outside the
         loop's `valid_labels` (the Trainer names it).
       DataError: the batch held NaN or inf values; the message names the
         step and whether the features or the labels held them.
@@ -71,7 +70,7 @@ class TrainLoopResult:
         being finite (the training diverged); the message names the step.
     """
     if self.labels_out_of_range:
-      raise data_checks.LabelsOutOfRange(step)
+      raise data_checks.LabelsOutOfRangeError(step)
     if self.non_finite_data:
       raise data_checks.DataError(
           f"The training data's {' and '.join(self.non_finite_data)} hold NaN or inf values in the batch of step "
@@ -98,13 +97,13 @@ class EvalLoopResult:
       `valid_labels`.
   """
 
-  results: Dict[str, float]
+  results: dict[str, float]
   labels_out_of_range: bool = False
 
   def raise_problems(self):
-    """Raises `data_checks.LabelsOutOfRange` (the Trainer names the label) when a label was out of range."""
+    """Raises `data_checks.LabelsOutOfRangeError` (the Trainer names the label) when a label was out of range."""
     if self.labels_out_of_range:
-      raise data_checks.LabelsOutOfRange(None)
+      raise data_checks.LabelsOutOfRangeError(None)
 
 
 # What one step gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
@@ -170,25 +169,28 @@ class TrainLoop:
       valid_labels=None,
       multi_worker=False,
   ):
-    """Args:
-    strategy: the `tf.distribute.Strategy` the variables were made under.
-    model, optimizer: built Keras objects, made in `strategy.scope()`.
-    task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
-    metrics: Keras metrics made in scope, updated per replica.
-    step: the global step variable, advanced by the steps run.
-    global_batch_size: examples per step over all replicas.
-    looping: build the function that runs `num_steps` steps per call;
-      False builds the loop-free function of one step.
-    xla: compile with XLA each replica's whole step when there is one
-      replica, else each replica's forward and backward pass.
-    clipnorm: None, or the bound on the global norm of the summed gradient.
-    loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
-      (which skips steps with non-finite gradients by itself, so those do
-      not stop training).
-    valid_labels: None, or the `runner.tasks.LabelRange` every label must
-      lie in; a step whose batch holds another stops training.
-    multi_worker: other workers take part, so stop requests are summed
-      over workers in the steps.
+    """Initializes the `TrainLoop`.
+
+    Args:
+      strategy: the `tf.distribute.Strategy` the variables were made under.
+      model: a built Keras model, made in `strategy.scope()`.
+      optimizer: a built Keras optimizer, made in `strategy.scope()`.
+      task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
+      metrics: Keras metrics made in scope, updated per replica.
+      step: the global step variable, advanced by the steps run.
+      global_batch_size: examples per step over all replicas.
+      looping: build the function that runs `num_steps` steps per call;
+        False builds the loop-free function of one step.
+      xla: compile with XLA each replica's whole step when there is one
+        replica, else each replica's forward and backward pass.
+      clipnorm: None, or the bound on the global norm of the summed gradient.
+      loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
+        (which skips steps with non-finite gradients by itself, so those do
+        not stop training).
+      valid_labels: None, or the `runner.tasks.LabelRange` every label must
+        lie in; a step whose batch holds another stops training.
+      multi_worker: other workers take part, so stop requests are summed
+        over workers in the steps.
     """
     self._strategy = strategy
     self._model = model
@@ -318,10 +320,13 @@ class TrainLoop:
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
   def _replica_step(self, batch, stop):
-    """One replica's forward and backward pass, optimizer update and metrics (with `xla` and one replica, the update
-    is one XLA program); returns its values (`self._names`): its share of the global loss, 1, and the checks, each
-    finite exactly when its part was fine: the gradients, the batch's features and its labels hold only finite
-    values, and the labels lie in `valid_labels`."""
+    """One replica's forward and backward pass, optimizer update and metrics; returns its values (`self._names`).
+
+    With `xla` and one replica, the update is one XLA program. The values are
+    its share of the global loss, 1, and the checks, each finite exactly when
+    its part was fine: the gradients, the batch's features and its labels
+    hold only finite values, and the labels lie in `valid_labels`.
+    """
     loss, outputs, checks = self._update(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
     for metric in self._metrics:
       metric.update_state(batch[1], outputs, sample_weight=batch[2] if len(batch) == 3 else None)
@@ -350,7 +355,7 @@ class TrainLoop:
           per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size
       )
       if self._model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in self._model.losses]))
+        loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(extra, tf.float32) for extra in self._model.losses]))
       objective = self._optimizer.scale_loss(loss) if self._loss_scale else loss
     return loss, sharded_variables.gradients(tape, objective, self._model.trainable_variables), outputs
 
@@ -397,11 +402,17 @@ class EvalLoop:
   """
 
   def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None):
-    """Args:
-    strategy, model, task_loss, metrics, valid_labels: as for `TrainLoop`.
-    num_input_pipelines: the dataset's input pipelines; with one, the first
-      step that sees padding is the last one.
-    xla: compile each replica's forward pass with XLA.
+    """Initializes the `EvalLoop`.
+
+    Args:
+      strategy: as for `TrainLoop`.
+      model: as for `TrainLoop`.
+      task_loss: as for `TrainLoop`.
+      metrics: as for `TrainLoop`.
+      num_input_pipelines: the dataset's input pipelines; with one, the first
+        step that sees padding is the last one.
+      xla: compile each replica's forward pass with XLA.
+      valid_labels: as for `TrainLoop`.
     """
     self._strategy = strategy
     self._model = model
@@ -413,6 +424,7 @@ class EvalLoop:
     self.function = tf.function(self._evaluate, autograph=False)
 
   def __call__(self, iterator, max_steps):
+    """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
     results = {
         "loss": float(values[0]),

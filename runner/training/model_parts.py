@@ -1,7 +1,6 @@
-"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy's scope."""
+"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy scope."""
 
 import dataclasses
-from typing import List
 
 from absl import logging
 import keras
@@ -25,7 +24,7 @@ class ModelParts:
 
   model: keras.Model
   optimizer: keras.optimizers.Optimizer
-  metrics: List[keras.metrics.Metric]
+  metrics: list[keras.metrics.Metric]
   step: tf.Variable
 
   @property

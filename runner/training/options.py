@@ -1,16 +1,16 @@
 """The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
 
+from collections.abc import Sequence
 import dataclasses
-from typing import Optional, Sequence, Tuple, Union
 
 import keras
 import tensorflow as tf
 
 from runner import interfaces
-from runner.training import scoped_settings
 from runner.outputs import profiling
-from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.tasks import Task
+from runner.training import scoped_settings
+from runner.training import steps_per_loop as steps_per_loop_lib
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -45,16 +45,16 @@ class TrainerOptions:
     ConfigError: from the constructor, naming the first invalid option.
   """
 
-  model_dir: Optional[str] = None
-  steps_per_loop: Union[int, str] = 1
-  checkpoint_every: Optional[int] = None
-  max_to_keep: Optional[int] = 3
+  model_dir: str | None = None
+  steps_per_loop: int | str = 1
+  checkpoint_every: int | None = None
+  max_to_keep: int | None = 3
   jit_compile: bool = False
   precision: str = "float32"
-  clipnorm: Optional[float] = None
-  seed: Optional[int] = None
+  clipnorm: float | None = None
+  seed: int | None = None
   actions: Sequence[interfaces.Action] = ()
-  profile_steps: Optional[Tuple[int, int]] = None
+  profile_steps: tuple[int, int] | None = None
 
   def __post_init__(self):
     if self.steps_per_loop != steps_per_loop_lib.AUTO:

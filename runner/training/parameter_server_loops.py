@@ -32,7 +32,8 @@ from runner.data import pipeline as input_pipeline
 from runner.training import loops
 from strategies import peers
 from strategies import sharded_variables
-from strategies.errors import ClusterError, ConfigError
+from strategies.errors import ClusterError
+from strategies.errors import ConfigError
 
 SUM = tf.distribute.ReduceOp.SUM
 # What a scheduled function returns, besides the metric states: its steps and loss sum, then its last step's loss
@@ -145,9 +146,11 @@ class ScheduledTrainLoop(loops.TrainLoop):
   """
 
   def __init__(self, *, coordinator, **kwargs):
-    """Args:
-    coordinator: the `ClusterCoordinator` of the strategy.
-    **kwargs: as for `loops.TrainLoop` (`looping` excluded).
+    """Initializes the `ScheduledTrainLoop`.
+
+    Args:
+      coordinator: the `ClusterCoordinator` of the strategy.
+      **kwargs: as for `loops.TrainLoop` (`looping` excluded).
     """
     super().__init__(looping=False, multi_worker=True, **kwargs)
     self._coordinator = coordinator

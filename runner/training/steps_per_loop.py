@@ -104,17 +104,21 @@ class FixedStepsPerLoop:
   needs_call_overhead = False
 
   def __init__(self, size):
-    """Args:
-    size: the steps per loop, a positive int.
+    """Initializes the `FixedStepsPerLoop`.
+
+    Args:
+      size: the steps per loop, a positive int.
     """
     self.size = size
     self.most = size
     self.looping = size > 1  # The loop function runs many steps per call (one builds the loop-free function).
 
   def record_call_overhead(self, seconds):
+    """Ignores the measurement: the size is fixed."""
     del seconds
 
   def record_loop(self, *, steps, seconds, host_seconds=None):
+    """Ignores the measurement: the size is fixed."""
     del steps, seconds, host_seconds
 
   def next_size(self, step, end):
@@ -135,12 +139,14 @@ class MeasuredStepsPerLoop:
   looping = True
 
   def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS):
-    """Args:
-    cadences: the every-N-steps at which evaluations or checkpoints are due
-      (None: not set); loop sizes divide their greatest common divisor.
-    most: the most steps per loop.
-    overhead_share: the largest share of a loop the host's cost may take.
-    report_seconds: the most seconds of steps per loop.
+    """Initializes the `MeasuredStepsPerLoop`.
+
+    Args:
+      cadences: the every-N-steps at which evaluations or checkpoints are due
+        (None: not set); loop sizes divide their greatest common divisor.
+      most: the most steps per loop.
+      overhead_share: the largest share of a loop the host's cost may take.
+      report_seconds: the most seconds of steps per loop.
     """
     cadences = [cadence for cadence in cadences if cadence is not None]
     self._cadence = math.gcd(*cadences) if cadences else None
@@ -155,8 +161,11 @@ class MeasuredStepsPerLoop:
     self.size = min(FIRST, self.most)
 
   def next_size(self, step, end):
-    """The steps of the loop that starts at global step `step` of a call that ends at `end`: to the next multiple of
-    `size`, as fixed sizes end loops from step 0."""
+    """The steps of the loop that starts at global step `step` of a call that ends at `end`.
+
+    A loop goes to the next multiple of `size`, as fixed sizes end loops from
+    step 0.
+    """
     return min(self.size - step % self.size, end - step)
 
   @property

@@ -29,11 +29,13 @@ class FlatCall:
   """
 
   def __init__(self, function, fixed, *example_tensors):
-    """Args:
-    function: a `tf.function`.
-    fixed: its first argument, the same in every call.
-    *example_tensors: tensors shaped and typed like the other arguments of
-      every call.
+    """Initializes the `FlatCall`.
+
+    Args:
+      function: a `tf.function`.
+      fixed: its first argument, the same in every call.
+      *example_tensors: tensors shaped and typed like the other arguments of
+        every call.
     """
     self._function = function
     self._fixed = fixed

@@ -86,6 +86,9 @@ class Trainer:
   ):
     """Makes the model, optimizer and metrics in `strategy.scope()`.
 
+    The options from `model_dir` to `profile_steps` are documented in full in
+    `runner.training.options.TrainerOptions`.
+
     Args:
       strategy: any `tf.distribute.Strategy`. Under a ParameterServerStrategy
         this process is the coordinator: the steps are scheduled onto the
@@ -94,11 +97,21 @@ class Trainer:
         dtype policy. The model may build lazily on its first batch.
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
-      model_dir, steps_per_loop, checkpoint_every, max_to_keep, jit_compile,
-        precision, clipnorm, seed, actions, profile_steps: the options, documented in
-        `runner.training.options.TrainerOptions`. With `jit_compile`,
-        evaluation pads to full batches (static shapes); 'mixed_float16' adds
-        dynamic loss scaling; `seed` works as `scoped_settings.random_seed`.
+      model_dir: where checkpoints, summaries and metrics.jsonl go; None keeps
+        nothing on disk.
+      steps_per_loop: steps per `tf.function` call (and per report), or "auto".
+      checkpoint_every: save every this many steps (needs `model_dir`).
+      max_to_keep: how many recent checkpoints to keep (None: all).
+      jit_compile: compile with XLA; evaluation then pads to full batches
+        (static shapes).
+      precision: 'float32', 'mixed_bfloat16' or 'mixed_float16' (which adds
+        dynamic loss scaling).
+      clipnorm: None, or the bound on the global norm of the summed gradient.
+      seed: None, or an int that fixes the initial weights; it works as
+        `scoped_settings.random_seed`.
+      actions: `runner.actions.Action`s run after every train loop.
+      profile_steps: None, or `(first, last)`: the global steps to trace with
+        TensorFlow's profiler (needs `model_dir`).
       quiet: False (the default) shows the progress lines of `train`,
         `evaluate` and `export` on stderr as `python -m runner` does, also in
         a plain Python program (see `progress_output`); True shows only
@@ -336,7 +349,7 @@ class Trainer:
     try:
       evaluated = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
       evaluated.raise_problems()
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRange) as e:
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRangeError) as e:
       raise data_checks.step_error(e, provider, label_range, step=None, purpose="evaluation") from None
     results = evaluated.results
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
@@ -474,7 +487,7 @@ class Trainer:
       yield
     except tf.errors.OutOfRangeError:
       raise self._data_ran_out(global_batch_size, steps, first_step) from None
-    except data_checks.LabelsOutOfRange as e:
+    except data_checks.LabelsOutOfRangeError as e:
       raise data_checks.step_error(e, provider, label_range, step=e.step, purpose="training") from None
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
       step = int(self._step.numpy()) + 1

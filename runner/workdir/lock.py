@@ -35,14 +35,13 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
 
 from absl import logging
 import tensorflow as tf
 
-from strategies.errors import ConfigError, first_line
-
 from runner.cluster import process_exit
+from strategies.errors import ConfigError
+from strategies.errors import first_line
 
 FILE_NAME = ".tf-runner.lock"
 HEARTBEAT_SECONDS = 30
@@ -89,9 +88,11 @@ class WorkdirLock:
   """A held workdir lock: refreshed in a thread while held, removed by `release` (also at `exit_now`)."""
 
   def __init__(self, *, path, text):
-    """Args:
-    path: the lock file, already created with `text` by this process.
-    text: its contents, which tell this lock from another run's.
+    """Initializes the `WorkdirLock`.
+
+    Args:
+      path: the lock file, already created with `text` by this process.
+      text: its contents, which tell this lock from another run's.
     """
     self.path = path
     self._text = text
@@ -247,9 +248,9 @@ class _Found:
       "it" ("is empty", "cannot be read (UnicodeDecodeError: ...)").
   """
 
-  holder: Optional[Holder]
+  holder: Holder | None
   modified: float
-  unreadable: Optional[str]
+  unreadable: str | None
 
 
 def _read_or_none(path):
@@ -329,7 +330,7 @@ def _remove_stale(path, found):
   os.remove(aside)
 
 
-def _process_start(pid) -> Optional[str]:
+def _process_start(pid) -> str | None:
   """'<boot id>:<start ticks>' of process `pid`; '' where there is no /proc but it runs; None if it is gone."""
   try:
     with open(f"/proc/{pid}/stat", encoding="utf-8") as f:

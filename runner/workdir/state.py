@@ -1,8 +1,8 @@
 """What a workdir held before a run, so that a run that fails before it trains leaves it as it was."""
 
+from collections.abc import Mapping
 import dataclasses
 import os
-from typing import FrozenSet, Mapping
 
 from absl import logging
 import tensorflow as tf
@@ -31,7 +31,7 @@ class WorkdirState:
 
   workdir: str
   created: bool
-  entries: FrozenSet[str]
+  entries: frozenset[str]
   contents: Mapping[str, str]
   outputs: Mapping[str, int]
 
