@@ -139,7 +139,7 @@ def parse_flags(argv):
   return CommandLine(arguments=arguments, overrides=overrides)
 
 
-def exit_with_user_error(error, status=exit_codes.USER_ERROR):
+def exit_with_user_error(error, status=exit_codes.USER_ERROR) -> None:
   """Prints `error` as one line `error: ...` on stderr (after its traceback with --verbose) and exits with `status`."""
   if isinstance(error, BaseException) and flags.FLAGS.is_parsed() and _VERBOSE.value:
     traceback.print_exception(type(error), error, error.__traceback__)
@@ -154,7 +154,7 @@ def format_metrics(metrics):
   )
 
 
-def main(command_line):
+def main(command_line) -> None:
   """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes an `error:` line and a status."""
   with _exit_statuses():
     config = _config(command_line)
@@ -211,7 +211,7 @@ def _check_tpu(config):
   print(verdict.summary)
 
 
-def _serve(config):
+def _serve(config) -> None:
   from runner.cluster import task_server
 
   if _DRY_RUN.value:
@@ -221,7 +221,7 @@ def _serve(config):
     task_server.serve(config.strategy.timeout_seconds)
 
 
-def _dry_run(config):
+def _dry_run(config) -> None:
   from runner import from_config
   from runner.outputs import checkpoints
 
@@ -237,7 +237,7 @@ def _dry_run(config):
   print("dry run: nothing trained or written.")
 
 
-def _print_result(result):
+def _print_result(result) -> None:
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")
@@ -249,7 +249,7 @@ def _print_result(result):
     print(f"export: {result.export_path}")
 
 
-def run_main():
+def run_main() -> None:
   """The `tf-runner` console script and `python -m runner`: every way out ends the process at once.
 
   Logs and output are flushed, then the process exits with

@@ -27,10 +27,10 @@ def is_due(action, step):
 class ReportProgress(Action):
   """The progress line, TensorBoard scalars and metrics.jsonl row of every loop (see `reports.Reporter`)."""
 
-  def __init__(self, reporter):
+  def __init__(self, reporter) -> None:
     self._reporter = reporter
 
-  def __call__(self, loop):
+  def __call__(self, loop) -> None:
     """Reports the loop that ended: its step, results and throughput."""
     self._reporter.train_loop(
         step=loop.step,
@@ -51,7 +51,7 @@ class ExitOnStopSignal(Action):
   (143 for SIGTERM, 130 for SIGINT).
   """
 
-  def __init__(self, *, save: Callable[[], str | None]):
+  def __init__(self, *, save: Callable[[], str | None]) -> None:
     """Initializes the `ExitOnStopSignal`.
 
     Args:
@@ -60,7 +60,7 @@ class ExitOnStopSignal(Action):
     """
     self._save = save
 
-  def __call__(self, loop):
+  def __call__(self, loop) -> None:
     """Exits (see `exit`) when a stop signal arrived during the loop."""
     if loop.stop_signal is not None:
       self.exit(loop.stop_signal, step=loop.step)
@@ -92,7 +92,9 @@ class Evaluate(Action):
   evaluation that fails or is stopped loses none of them.
   """
 
-  def __init__(self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int, save: Callable[[], None]):
+  def __init__(
+      self, evaluate: Callable[[], Mapping[str, float]], *, every_steps: int, save: Callable[[], None]
+  ) -> None:
     """Initializes the `Evaluate`.
 
     Args:
@@ -114,7 +116,7 @@ class Evaluate(Action):
 class SaveCheckpoint(Action):
   """Writes a checkpoint every `every_steps` steps."""
 
-  def __init__(self, save: Callable[[], None], *, every_steps: int):
+  def __init__(self, save: Callable[[], None], *, every_steps: int) -> None:
     """Initializes the `SaveCheckpoint`.
 
     Args:
@@ -125,7 +127,7 @@ class SaveCheckpoint(Action):
     self._save = save
     self.every_steps = every_steps
 
-  def __call__(self, loop):
+  def __call__(self, loop) -> None:
     """Writes a checkpoint at the current step unless there is one."""
     self._save()
 
@@ -139,7 +141,7 @@ class EarlyStopping(Action):
   Loops without an evaluation are ignored.
   """
 
-  def __init__(self, *, metric="loss", mode="min", patience=3, min_delta=0.0):
+  def __init__(self, *, metric="loss", mode="min", patience=3, min_delta=0.0) -> None:
     """Initializes the `EarlyStopping`.
 
     Args:
@@ -155,7 +157,7 @@ class EarlyStopping(Action):
     self.mode = checks.one_of(mode, ("min", "max"), "mode")
     self.patience = checks.positive_int(patience, "patience")
     self.min_delta = float(checks.positive_number(min_delta, "min_delta", allow_zero=True))
-    self.best = None
+    self.best: float | None = None
     self.evaluations_without_improvement = 0
 
   def __call__(self, loop):

@@ -72,7 +72,7 @@ class RunResult:
   model: keras.Model
 
 
-def run(config, workdir=None, *, quiet=False) -> RunResult:
+def run(config, workdir=None, *, quiet: bool = False) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
 
   The config is validated before any TensorFlow device work; then the
@@ -282,7 +282,7 @@ def per_replica_batch_sizes(config, num_replicas):
   }
 
 
-def describe_workdir(workdir, step):
+def describe_workdir(workdir, step) -> str:
   """Returns one line on what `workdir` holds for a run: nothing yet, or a run to resume from `step`."""
   if workdir is None:
     return "none given: a new temporary directory, a new run"

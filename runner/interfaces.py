@@ -34,7 +34,7 @@ class LabelRange:
   integer: bool
   meaning: str
 
-  def describe(self):
+  def describe(self) -> str:
     """E.g. "integers in [0, 10) (class ids of a model with 10 outputs (classes))"."""
     kind = "integers" if self.integer else "values"
     return f"{kind} in [{self.low:g}, {self.high:g}) ({self.meaning})"
@@ -111,12 +111,12 @@ class DatasetProvider(abc.ABC):
     return self._sharding
 
   @sharding.setter
-  def sharding(self, sharding):
+  def sharding(self, sharding) -> None:
     if sharding is not None:
       checks.one_of(sharding, SHARDING, f"{type(self).__name__} sharding")
     self._sharding = sharding
 
-  def _say_once(self, log, message, *args):
+  def _say_once(self, log, message, *args) -> None:
     """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says it."""
     said = self.__dict__.setdefault("_said", set())
     if message not in said:

@@ -8,6 +8,9 @@ Their checks import no TensorFlow (Keras imports it), so a config's mistakes
 are found before it loads; building a model imports Keras.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -84,13 +87,13 @@ def linear(config):
   )
 
 
-def check_linear(config):
+def check_linear(config) -> None:
   """Raises ConfigError for a `linear` config that cannot build."""
   checks.positive_int(config.num_outputs, "config.model.num_outputs")
 
 
 # Name -> (function, its own config fields with their defaults, its check).
-BUILTINS = {
+BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None]]] = {
     "mlp": (mlp, {"num_outputs": 10, "hidden_units": (128,), "activation": "relu", "dropout": 0.0}, check_mlp),
     "linear": (linear, {"num_outputs": 10}, check_linear),
 }

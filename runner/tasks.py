@@ -14,7 +14,7 @@ class Classification(Task):
   The loss is the sparse categorical cross-entropy; the metric is `accuracy`.
   """
 
-  def __init__(self, *, from_logits=True):
+  def __init__(self, *, from_logits: bool = True) -> None:
     """Initializes the `Classification`.
 
     Args:

@@ -229,7 +229,7 @@ def latest_checkpoint(workdir):
   return (f"ckpt-{max(steps)}", max(steps)) if steps else None
 
 
-def stop_outcome(workdir, before):
+def stop_outcome(workdir, before) -> str:
   """The launcher's last words after a stop: whether the job saved a checkpoint in `workdir`.
 
   Args:
@@ -262,7 +262,7 @@ def free_ports(count):
       s.close()
 
 
-def describe_exit(returncode):
+def describe_exit(returncode) -> str:
   """`exited with status N`, or `was killed by SIGNAME` for a negative (signal) returncode."""
   if returncode >= 0:
     return f"exited with status {returncode}"
@@ -280,18 +280,18 @@ def exit_status(returncode):
 class _Output:
   """Writes whole lines to this process's stdout or stderr from several threads, flushing each."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self._lock = threading.Lock()
 
-  def line(self, stream, text):
+  def line(self, stream, text) -> None:
     with self._lock:
       stream.write(text + "\n")
       stream.flush()
 
-  def launcher(self, text):
+  def launcher(self, text) -> None:
     self.line(sys.stderr, f"[launch] {text}")
 
-  def relay(self, pipe, stream, prefix):
+  def relay(self, pipe, stream, prefix) -> None:
     """Prints every line read from `pipe` (bytes) on `stream` with `prefix`, until the pipe closes."""
     with pipe:
       for raw in pipe:
@@ -307,20 +307,20 @@ class _Job:
   it gets SIGTERM when the launcher dies (`_ends_with_the_launcher`).
   """
 
-  def __init__(self, *, workers, ps, arguments, output):
+  def __init__(self, *, workers, ps, arguments, output) -> None:
     ports = free_ports(sum(job_sizes(workers=workers, ps=ps).values()))
     self.cluster = cluster_spec(workers=workers, ps=ps, ports=ports)
     self.tasks = tasks(self.cluster)
     self.coordinators = {t for t in self.tasks if t.type == ("chief" if ps else "worker")}  # whose success ends it
     # Under parameter servers the ClusterCoordinator runs a lost worker's functions on the others: not a failure.
     self.dispensable = {t for t in self.tasks if ps and t.type == "worker"}
-    self.exits = queue.Queue()
+    self.exits: queue.Queue[tuple[Task, int]] = queue.Queue()  # (task, exit status) as each one ends
     self._arguments = arguments
     self._output = output
-    self._processes = {}
-    self._threads = []
+    self._processes: dict[Task, subprocess.Popen] = {}
+    self._threads: list[threading.Thread] = []
 
-  def start(self):
+  def start(self) -> None:
     preexec = _ends_with_the_launcher(os.getpid())
     for task in self.tasks:
       env = dict(
@@ -380,7 +380,7 @@ class _Job:
       thread.join(timeout=max(0, deadline - time.monotonic()))
     return killed
 
-  def wait(self, seconds, *, stop):
+  def wait(self, seconds, *, stop) -> None:
     """Waits up to `seconds` for every task to exit by itself, or until `stop()`."""
     deadline = time.monotonic() + seconds
     while self._running() and time.monotonic() < deadline and not stop():
@@ -389,7 +389,7 @@ class _Job:
   def _running(self):
     return [task for task, process in self._processes.items() if process.poll() is None]
 
-  def _signal(self, running, signum):
+  def _signal(self, running, signum) -> None:
     for task in running:
       try:
         self._processes[task].send_signal(signum)
@@ -412,7 +412,7 @@ def _ends_with_the_launcher(launcher_pid):
   except (OSError, AttributeError):
     prctl = None  # Not Linux.
 
-  def preexec():
+  def preexec() -> None:
     if prctl is not None:
       prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != launcher_pid:
@@ -567,6 +567,6 @@ def main(argv):
   return launch(**options)
 
 
-def run_main():
+def run_main() -> None:
   """The `tf-runner-launch` console script and `python -m runner.launch`."""
   sys.exit(main(sys.argv))

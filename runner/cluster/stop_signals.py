@@ -19,13 +19,14 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from absl import logging
 
 from runner import exit_codes
 from runner.cluster import process_exit
 
-NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
 
 
 class StopSignals:
@@ -40,7 +41,7 @@ class StopSignals:
       in training it ends the process instead).
   """
 
-  def __init__(self, *, in_training=True):
+  def __init__(self, *, in_training: bool = True) -> None:
     """Initializes the `StopSignals`.
 
     Args:
@@ -52,10 +53,10 @@ class StopSignals:
         launcher): the signals are only noted, and the caller acts on them.
     """
     self.in_training = in_training
-    self.received = None
+    self.received: int | None = None
     self.aborted = False
-    self._previous = {}
-    self._watch = None
+    self._previous: dict[int, Any] = {}
+    self._watch: _SignalWatch | None = None
 
   def __enter__(self):
     global _waiting_stop, _trained
@@ -68,7 +69,7 @@ class StopSignals:
         self._watch = _SignalWatch(stops=int(self.received is not None))
     return self
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, *exc_info) -> None:
     if self._watch is not None:
       self._watch.close()
       self._watch = None
@@ -76,7 +77,7 @@ class StopSignals:
       signal.signal(signum, handler)
     self._previous = {}
 
-  def _note(self, signum, frame):
+  def _note(self, signum, frame) -> None:
     del frame
     global _first_stop
     if self.received is None:
@@ -97,7 +98,7 @@ class _SignalWatch:
   gets one byte per signal as it arrives, in a thread of its own.
   """
 
-  def __init__(self, *, stops=0):
+  def __init__(self, *, stops=0) -> None:
     """Initializes the `_SignalWatch`.
 
     Args:
@@ -110,14 +111,14 @@ class _SignalWatch:
     self._thread = threading.Thread(target=self._watch, name="stop-signal-watch", daemon=True)
     self._thread.start()
 
-  def close(self):
+  def close(self) -> None:
     """Gives the wakeup descriptor back and ends the thread."""
     signal.set_wakeup_fd(self._previous_fd)
     os.close(self._write)  # The thread reads the end of the pipe and returns.
     self._thread.join()
     os.close(self._read)
 
-  def _watch(self):
+  def _watch(self) -> None:
     stops = self._stops
     while data := os.read(self._read, 64):
       for signum in data:
@@ -148,7 +149,7 @@ class Stopped(BaseException):
     line: what the process says as it ends.
   """
 
-  def __init__(self, signum):
+  def __init__(self, signum) -> None:
     """Initializes the `Stopped`.
 
     Args:
@@ -171,7 +172,7 @@ _trained = False  # A training loop ran in this process (StopSignals was entered
 _raised = None  # The `Stopped` that `raising_stops` raised, whatever a library turned it into on its way up.
 
 
-def handle_outside_training():
+def handle_outside_training() -> None:
   """Installs the handlers of SIGTERM and SIGINT for when no training loop runs; call it first thing in a process.
 
   `StopSignals` takes over inside training loops and puts these back after.

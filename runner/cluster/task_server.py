@@ -60,7 +60,7 @@ def is_serving_task(config):
     return False  # Not a serving task; creating the strategy reports a malformed TF_CONFIG.
 
 
-def describe():
+def describe() -> str:
   """One line on what this task does, e.g. 'serve as worker:0 of a parameter-server cluster (chief: host:port)'."""
   resolver = cluster.from_tf_config()
   return (
@@ -151,13 +151,13 @@ class _StopWhenTheCoordinatorIsDone:
   server.
   """
 
-  def __init__(self, me):
+  def __init__(self, me) -> None:
     self.received = None
     self._me = me
     for signum in exit_codes.STOPPED_BY:
       signal.signal(signum, self._note)
 
-  def _note(self, signum, frame):
+  def _note(self, signum, frame) -> None:
     del frame
     if signum == signal.SIGTERM:
       if self.received is None:

@@ -73,7 +73,7 @@ def names(kind):
   return sorted(_BUILTINS[kind])
 
 
-def is_import_path(name):
+def is_import_path(name) -> bool:
   """Returns whether `name` has the form 'package.module:function'."""
   return ":" in name
 

@@ -153,7 +153,7 @@ def _with_own_fields(section, given, where, kind, previous=None):
   for field, default in fields.items():
     section[field] = default
   replaced = _defaults(kind, previous) if previous not in (None, name) else {}
-  others = {}
+  others: dict[str, list[str]] = {}
   for other in registry.names(kind):
     for field, default in _defaults(kind, other).items():
       others.setdefault(field, []).append(default)
@@ -320,6 +320,7 @@ def load_config(path, overrides=()):
   if not os.path.isfile(file_path):
     raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
   spec = importlib.util.spec_from_file_location("runner_config_file", file_path)
+  assert spec is not None and spec.loader is not None  # A path to an existing file has a spec with a loader.
   module = importlib.util.module_from_spec(spec)
   with _failures_named(file_path, ""):
     spec.loader.exec_module(module)
@@ -412,7 +413,7 @@ def _path_of(item):
   return item.partition("=")[0] if isinstance(item, str) else item[0]
 
 
-def _apply_overrides(config, items):
+def _apply_overrides(config, items) -> None:
   """Sets overrides, 'path=value' strings or (path, value) pairs, on the locked `config`."""
   pairs = [item for item in items if not isinstance(item, str)]
   for field_path, value in pairs:
@@ -426,7 +427,7 @@ def _parse_overrides(config, overrides):
   The strings for one field are parsed together, so a tuple field may be
   given once per element, as on the command line.
   """
-  by_field = {}
+  by_field: dict[str, list[str]] = {}
   for override in overrides:
     field_path, equals, value = override.partition("=")
     holder, field = _field(config, field_path, override)

@@ -5,8 +5,10 @@ split shuffled (seeded; the Trainer repeats it), the eval split in order.
 Their checks import no TensorFlow; making the data does (`runner.data`).
 """
 
+from collections.abc import Callable
 import importlib.util
 import math
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +104,7 @@ def check_synthetic(config):
 
 
 # Name -> (function, its own config fields with their defaults, its check).
-BUILTINS = {
+BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None]]] = {
     "digits": (digits, {"test_fraction": 0.2, "seed": 0}, check_digits),
     "synthetic": (
         synthetic,

@@ -45,7 +45,7 @@ class LabelsOutOfRangeError(DataError):
     step: the training step whose batch held it (None: an evaluation's).
   """
 
-  def __init__(self, step):
+  def __init__(self, step) -> None:
     where = "an evaluation batch" if step is None else f"the batch of step {step}"
     super().__init__(f"A label outside the valid range in {where}.")
     self.step = step
@@ -387,7 +387,7 @@ def _first_record_not_parsed(data):
   return None
 
 
-def _parse_mismatch(parse_fn, record, reason):
+def _parse_mismatch(parse_fn, record, reason) -> str:
   """Says which feature of `record` `parse_fn` rejects: what the record holds and what parse_fn reads.
 
   Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
@@ -435,7 +435,7 @@ def _features_read(parse_fn):
   return wanted
 
 
-def _held(feature):
+def _held(feature) -> str:
   """'float_list of 8 values' for a `tf.train.Feature`."""
   kind = feature.WhichOneof("kind")
   if kind is None:
@@ -443,7 +443,7 @@ def _held(feature):
   return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}"
 
 
-def _values(shape):
+def _values(shape) -> str:
   """'16 values' for a fixed shape [16] ('1 value' for a scalar), 'any number of values' otherwise."""
   if not shape.is_fully_defined():
     return "any number of values"

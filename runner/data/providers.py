@@ -29,7 +29,7 @@ class DataError(ConfigError):
 class DatasetShards(DatasetProvider):
   """A plain unbatched `tf.data.Dataset`, sharded by example across pipelines."""
 
-  def __init__(self, dataset: tf.data.Dataset):
+  def __init__(self, dataset: tf.data.Dataset) -> None:
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(f"DatasetShards needs a tf.data.Dataset, got {type(dataset).__name__}.")
     self.dataset = dataset
@@ -87,7 +87,7 @@ class InMemory(DatasetProvider):
   repeats training data itself.
   """
 
-  def __init__(self, features, labels, sample_weight=None, *, shuffle=False, seed=None):
+  def __init__(self, features, labels, sample_weight=None, *, shuffle: bool = False, seed=None) -> None:
     """Keeps the arrays; they become a dataset in `get_dataset`.
 
     Args:
@@ -132,7 +132,7 @@ class FromFunction(DatasetProvider):
   'data' does not apply, and says so in one logged line.
   """
 
-  def __init__(self, dataset_fn):
+  def __init__(self, dataset_fn) -> None:
     """Keeps the function; it runs once per input pipeline in `get_dataset`.
 
     Args:
@@ -201,7 +201,9 @@ class TFRecordFiles(DatasetProvider):
   FILES_READ_AT_ONCE = 8
   RECORDS_PER_TURN = 32
 
-  def __init__(self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None, sharding=None):
+  def __init__(
+      self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None, sharding=None
+  ) -> None:
     """Lists the files now, so a pattern that matches nothing fails here.
 
     Args:
@@ -249,7 +251,7 @@ class TFRecordFiles(DatasetProvider):
     """As `DatasetProvider.get_repeated_batches`, skipping records before parsing and parsing a batch at once."""
     return self._parsed_batches(input_context, batch_size, repeated=True, start=start)
 
-  def _by_file(self, num_pipelines):
+  def _by_file(self, num_pipelines) -> bool:
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
     if self.sharding == "data":
       return False
@@ -283,7 +285,7 @@ class TFRecordFiles(DatasetProvider):
     )
     return turns, by_file
 
-  def _records(self, input_context, *, repeated=False, start=0):
+  def _records(self, input_context, *, repeated: bool = False, start=0):
     """This pipeline's serialized records (repeated: without end, from record `start`), shuffled if asked."""
     turns, by_file = self._turns(input_context)
     return self._records_of(turns, by_file, input_context, repeated=repeated, start=start)

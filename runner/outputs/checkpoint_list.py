@@ -106,7 +106,7 @@ def read(directory):
   )
 
 
-def write(checkpoints):
+def write(checkpoints) -> None:
   """Writes `checkpoints.paths` as the list file of its directory, replacing it whole (see `atomic_files`).
 
   Paths in the directory are written relative to it, as `tf.train.CheckpointManager`

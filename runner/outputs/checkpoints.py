@@ -1,6 +1,8 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
+from collections.abc import Callable
 import os
+from typing import Any
 
 from absl import logging
 import keras
@@ -75,7 +77,7 @@ class Checkpoints:
     saved_step: the step of the checkpoint restored or last saved, or None.
   """
 
-  def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep):
+  def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep) -> None:
     """Initializes the `Checkpoints`.
 
     Args:
@@ -94,9 +96,9 @@ class Checkpoints:
     self._strategy = strategy
     self._model = model
     self._max_to_keep = max_to_keep
-    self._manager = None  # The chief's, made at its first save (after any restore).
-    self._weights_finite = None
-    self.saved_step = None  # The step of the checkpoint restored or last saved by this object.
+    self._manager: tf.train.CheckpointManager | None = None  # The chief's, made at its first save (after any restore).
+    self._weights_finite: Callable[[], Any] | None = None
+    self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
 
   def restore_latest(self):
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
@@ -182,12 +184,12 @@ class Checkpoints:
     self.saved_step = step
     return path
 
-  def save_unless_saved(self, step):
+  def save_unless_saved(self, step) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise."""
     if self.saved_step != step:
       self.save(step)
 
-  def remove_interrupted_saves(self):
+  def remove_interrupted_saves(self) -> None:
     """On the chief, deletes the `ckpt-N_temp/` directories that saves killed part-way left.
 
     Call it after restoring and before this run saves: no save of this run
@@ -242,12 +244,12 @@ class Checkpoints:
           f"Use a new model_dir, or the model, optimizer and precision that wrote it."
       ) from None
 
-  def _put_back(self, values):
+  def _put_back(self, values) -> None:
     with self._strategy.scope():
       for variable, value in values:
         variable.assign(value)
 
-  def _remove_unlisted(self, prefix):
+  def _remove_unlisted(self, prefix) -> None:
     """Deletes what a failed save of `prefix` left, unless the state file lists it."""
     if prefix in checkpoint_list.read(os.path.dirname(prefix)).listed:
       return

@@ -46,7 +46,7 @@ class ProfileWindow:
   or by an exception: a started trace is then stopped and kept).
   """
 
-  def __init__(self, *, first: int, last: int, logdir: str):
+  def __init__(self, *, first: int, last: int, logdir: str) -> None:
     """Initializes the `ProfileWindow`.
 
     Args:
@@ -103,7 +103,7 @@ class ProfileWindow:
     if self._active:
       self._stop(step)
 
-  def _stop(self, step):
+  def _stop(self, step) -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     tf.profiler.experimental.stop()

@@ -1,9 +1,11 @@
 """What a run tells the user: progress lines, TensorBoard scalars and `metrics.jsonl`."""
 
+from collections.abc import Callable
 import datetime
 import json
 import os
 import time
+from typing import Any, IO
 
 from absl import logging
 import tensorflow as tf
@@ -69,7 +71,7 @@ class Reporter:
   purge: TensorBoard shows both runs' points for the replayed steps.
   """
 
-  def __init__(self, model_dir, *, is_chief):
+  def __init__(self, model_dir, *, is_chief) -> None:
     """Initializes the `Reporter`.
 
     Args:
@@ -77,12 +79,12 @@ class Reporter:
       is_chief: whether this worker writes files.
     """
     self._dir = model_dir if is_chief else None
-    self._jsonl = None
-    self._scalars = {}  # split -> _BufferedScalars
+    self._jsonl: IO[str] | None = None
+    self._scalars: dict[str, _BufferedScalars] = {}  # split -> _BufferedScalars
     self._resumed = False  # Whether `resume_at` was called.
     self._replayed_after = None  # The step it gave, until the rows past it are dropped.
 
-  def resume_at(self, step):
+  def resume_at(self, step) -> None:
     """Says that training (re)starts at global step `step`: rows of `metrics.jsonl` past it are dropped.
 
     They were written by a run that stopped (killed, crashed) before its
@@ -96,7 +98,7 @@ class Reporter:
 
   def train_loop(
       self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec, tracing_seconds=None
-  ):
+  ) -> None:
     """Reports one train loop.
 
     Args:
@@ -143,7 +145,7 @@ class Reporter:
         },
     )
 
-  def evaluation(self, *, step, results, seconds):
+  def evaluation(self, *, step, results, seconds) -> None:
     """Reports one evaluation: `results` holds `loss`, every metric and `num_examples`."""
     logging.info("eval at step %d: %s (%.1f s)", step, _Formatted(results), seconds)
     if self._dir is None:
@@ -151,14 +153,15 @@ class Reporter:
     self._write_row({"split": "eval", "step": step, **results})
     self._write_scalars("eval", step, results)
 
-  def flush(self):
+  def flush(self) -> None:
     """Writes buffered TensorBoard scalars and `metrics.jsonl` rows to disk."""
     for scalars in self._scalars.values():
       scalars.flush()
     if self._jsonl is not None:
       self._jsonl.flush()
 
-  def _write_row(self, row):
+  def _write_row(self, row) -> None:
+    assert self._dir is not None  # Rows are written only where files are (`model_dir` on the chief).
     if self._replayed_after is not None:
       if self._jsonl is not None:
         self._jsonl.close()
@@ -175,13 +178,13 @@ class Reporter:
       )
     self._jsonl.write(json.dumps(row) + "\n")
 
-  def _write_scalars(self, split, step, scalars):
+  def _write_scalars(self, split, step, scalars) -> None:
     if split not in self._scalars:
       self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
 
 
-def _drop_rows_past(path, step):
+def _drop_rows_past(path, step) -> None:
   """Rewrites the `metrics.jsonl` at `path` without its rows past `step` (and a last row cut short), if it has any.
 
   The file is replaced whole (`atomic_files`, so a `gs://` path works too): a
@@ -239,14 +242,15 @@ class _BufferedScalars:
   MAX_ROWS = 100
   MAX_SECONDS = 10.0
 
-  def __init__(self, directory):
+  def __init__(self, directory) -> None:
     self._writer = tf.summary.create_file_writer(directory)
-    self._names = None
-    self._write = None
-    self._steps, self._rows = [], []
+    self._names: tuple[str, ...] | None = None
+    self._write: Callable[[tf.Tensor, tf.Tensor], Any] | None = None
+    self._steps: list[int] = []
+    self._rows: list[list[float]] = []
     self._last_write = time.monotonic()
 
-  def add(self, step, scalars):
+  def add(self, step, scalars) -> None:
     """Buffers `scalars` (name -> float) at `step`; writes the buffer when it is due."""
     names = tuple(scalars)
     if names != self._names:
@@ -257,8 +261,9 @@ class _BufferedScalars:
     if len(self._rows) >= self.MAX_ROWS or time.monotonic() - self._last_write >= self.MAX_SECONDS:
       self.flush()
 
-  def flush(self):
+  def flush(self) -> None:
     if self._rows:
+      assert self._write is not None  # Made with the names of the rows added.
       self._write(tf.constant(self._steps, tf.int64), tf.constant(self._rows, tf.float32))
       self._steps, self._rows = [], []
     self._writer.flush()
@@ -268,7 +273,7 @@ class _BufferedScalars:
     writer = self._writer
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(names)], tf.float32)])
-    def write(steps, rows):
+    def write(steps, rows) -> None:
       with writer.as_default():
         for i in tf.range(tf.shape(steps)[0]):
           for j, name in enumerate(names):
@@ -280,10 +285,10 @@ class _BufferedScalars:
 class _Formatted:
   """`name value` pairs, formatted only if the log line is emitted."""
 
-  def __init__(self, results):
+  def __init__(self, results) -> None:
     self._results = results
 
-  def __str__(self):
+  def __str__(self) -> str:
     return ", ".join(
         f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
         for name, value in self._results.items()

@@ -37,7 +37,7 @@ _NO_GPU_CUINIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
 _TENSORFLOW_DIR = f"{os.sep}tensorflow{os.sep}"
 
 
-def quiet_start():
+def quiet_start() -> bool:
   """Hides TensorFlow's start-up chatter from its first import on, importing nothing; returns whether it will.
 
   Call it before anything imports TensorFlow. Unless the user set
@@ -60,7 +60,7 @@ def quiet_start():
   return True
 
 
-def _quiet(tensorflow_module, load):
+def _quiet(tensorflow_module, load) -> None:
   """Runs `load` (the import of TensorFlow's package) and lists the devices with the chatter dropped."""
   with _filtered_stderr(_is_chatter):
     load()
@@ -86,13 +86,13 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder):
 class _QuietLoader(importlib.abc.Loader):
   """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
 
-  def __init__(self, loader):
+  def __init__(self, loader) -> None:
     self._loader = loader
 
   def create_module(self, spec):
     return self._loader.create_module(spec)
 
-  def exec_module(self, module):
+  def exec_module(self, module) -> None:
     module.__loader__ = module.__spec__.loader = self._loader  # What the package would have had.
     _quiet(module, lambda: self._loader.exec_module(module))
 

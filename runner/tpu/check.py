@@ -77,7 +77,7 @@ class TPUCheckResult:
   eval_examples: int
 
   @property
-  def summary(self):
+  def summary(self) -> str:
     """One line: `PASS: ...` (what was proven, and what a CPU cannot prove) or `FAIL: <problem>`."""
     if not self.passed:
       return f"FAIL: {self.problem}"
@@ -98,14 +98,14 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
   (all-reduces, variable updates). A `run` outside a trace records nothing.
   """
 
-  def __init__(self, devices):
+  def __init__(self, devices) -> None:
     """Initializes the `RecordingMirroredStrategy`.
 
     Args:
       devices: local device names, one replica each.
     """
     super().__init__(devices)
-    self._traced = []
+    self._traced: list[tuple[tf.Graph, list[tf.Operation]]] = []
 
   def run(self, fn, args=(), kwargs=None, options=None):
     """As `tf.distribute.Strategy.run`; inside a trace, it also records the ops the call added."""
@@ -202,7 +202,7 @@ class _WithoutAutotune(interfaces.DatasetProvider):
   per-device iterators MirroredStrategy adds still autotune.
   """
 
-  def __init__(self, provider):
+  def __init__(self, provider) -> None:
     self._provider = provider
     self._options = tf.data.Options()
     self._options.autotune.enabled = False

@@ -194,7 +194,7 @@ def _layers_by_name(model):
   return {layer.name: layer for layer in layers}
 
 
-def _location(op, layers):
+def _location(op, layers) -> str:
   """Where `op` came from: the innermost layer in its name scope, else outside the model's layers."""
   for scope in reversed(op.name.split("/")[:-1]):
     for name in (scope, _UNIQUIFIED.sub("", scope)):

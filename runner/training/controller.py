@@ -30,7 +30,7 @@ class Controller:
       is_chief: bool,
       single_worker: bool,
       profile: profiling.ProfileWindow | None = None,
-  ):
+  ) -> None:
     """Initializes the `Controller`.
 
     Args:

@@ -167,8 +167,8 @@ class TrainLoop:
       clipnorm,
       loss_scale,
       valid_labels=None,
-      multi_worker=False,
-  ):
+      multi_worker: bool = False,
+  ) -> None:
     """Initializes the `TrainLoop`.
 
     Args:
@@ -219,7 +219,7 @@ class TrainLoop:
         self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
         self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
-    self._caller = None  # A traced_calls.FlatCall for the last iterator.
+    self._caller: traced_calls.FlatCall | None = None  # The call for the last iterator.
 
   def __call__(self, iterator, num_steps, stop_signal):
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
@@ -244,7 +244,7 @@ class TrainLoop:
         raise
     return self._decoded(vector)
 
-  def trace(self, iterator):
+  def trace(self, iterator) -> bool:
     """Traces the loop's function for `iterator` without running a step; returns whether it was traced now.
 
     The calls that follow use this trace (the step count is a tensor), so the
@@ -401,7 +401,7 @@ class EvalLoop:
   with Python control flow on tensors evaluates as it trains.
   """
 
-  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None):
+  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None) -> None:
     """Initializes the `EvalLoop`.
 
     Args:

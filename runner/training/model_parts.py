@@ -84,7 +84,7 @@ def is_tpu(strategy) -> bool:
   return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
 
 
-def _warn_if_float16_on_cpu(strategy):
+def _warn_if_float16_on_cpu(strategy) -> None:
   """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
 
   Not under parameter servers: the chief does not see the workers' devices.

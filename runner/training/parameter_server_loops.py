@@ -82,7 +82,7 @@ def evaluation_strategy(strategy):
 class _StepNumbered(interfaces.DatasetProvider):
   """Another provider's examples, each with its number in the stream: `((number, features), labels[, weight])`."""
 
-  def __init__(self, provider):
+  def __init__(self, provider) -> None:
     self._provider = provider
 
   def get_dataset(self, input_context):
@@ -145,7 +145,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
   `stop_signal` the coordinator's own: workers and ps tasks only serve.
   """
 
-  def __init__(self, *, coordinator, **kwargs):
+  def __init__(self, *, coordinator, **kwargs) -> None:
     """Initializes the `ScheduledTrainLoop`.
 
     Args:
@@ -192,7 +192,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
         labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]),
     )
 
-  def trace(self, iterator):
+  def trace(self, iterator) -> bool:
     """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
     if self.function.experimental_get_tracing_count():
       return False
@@ -245,8 +245,8 @@ class ScheduledTrainLoop(loops.TrainLoop):
 
   def _replica_step_with_metric_changes(self, batch):
     batch = (batch[0][1],) + tuple(batch[1:])
-    loss, outputs, checks = self._replica_update(batch)
     sample_weight = batch[2] if len(batch) == 3 else None
+    loss, outputs, checks = self._update(batch[0], batch[1], sample_weight)
     changes = []
     for metric in self._metrics:
       initial = metric.stateless_reset_state()

@@ -103,7 +103,7 @@ class FixedStepsPerLoop:
 
   needs_call_overhead = False
 
-  def __init__(self, size):
+  def __init__(self, size) -> None:
     """Initializes the `FixedStepsPerLoop`.
 
     Args:
@@ -113,11 +113,11 @@ class FixedStepsPerLoop:
     self.most = size
     self.looping = size > 1  # The loop function runs many steps per call (one builds the loop-free function).
 
-  def record_call_overhead(self, seconds):
+  def record_call_overhead(self, seconds) -> None:
     """Ignores the measurement: the size is fixed."""
     del seconds
 
-  def record_loop(self, *, steps, seconds, host_seconds=None):
+  def record_loop(self, *, steps, seconds, host_seconds=None) -> None:
     """Ignores the measurement: the size is fixed."""
     del steps, seconds, host_seconds
 
@@ -138,7 +138,7 @@ class MeasuredStepsPerLoop:
 
   looping = True
 
-  def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS):
+  def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS) -> None:
     """Initializes the `MeasuredStepsPerLoop`.
 
     Args:
@@ -154,8 +154,8 @@ class MeasuredStepsPerLoop:
     self._overhead_share = overhead_share
     self._report_seconds = report_seconds
     self._call_seconds = None  # A call of zero steps.
-    self._between_loops = []
-    self._loop_seconds = {}  # steps -> the seconds of the latest warm loops of that many steps
+    self._between_loops: list[float] = []
+    self._loop_seconds: dict[int, list[float]] = {}  # steps -> the seconds of the latest warm loops of that many steps
     self._fitted_call_seconds = None  # The call's cost as `_fitted` gave it after the latest loop.
     self._step_seconds = None
     self.size = min(FIRST, self.most)
@@ -169,15 +169,15 @@ class MeasuredStepsPerLoop:
     return min(self.size - step % self.size, end - step)
 
   @property
-  def needs_call_overhead(self):
+  def needs_call_overhead(self) -> bool:
     """Whether a call's own cost is still to be recorded (`record_call_overhead`): only once per instance."""
     return self._call_seconds is None
 
-  def record_call_overhead(self, seconds):
+  def record_call_overhead(self, seconds) -> None:
     """Records the time of a call that runs no step."""
     self._call_seconds = seconds
 
-  def record_loop(self, *, steps, seconds, host_seconds=None):
+  def record_loop(self, *, steps, seconds, host_seconds=None) -> None:
     """Records a loop of `steps` steps that took `seconds`, and the host's time since the loop before; updates `size`.
 
     Args:

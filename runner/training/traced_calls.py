@@ -14,6 +14,8 @@ would then run in Python's deallocation with the GIL held, and hang waiting
 for input threads that need the GIL (seen with `Dataset.from_generator`).
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 
@@ -28,7 +30,7 @@ class FlatCall:
   results, slower.
   """
 
-  def __init__(self, function, fixed, *example_tensors):
+  def __init__(self, function, fixed, *example_tensors) -> None:
     """Initializes the `FlatCall`.
 
     Args:
@@ -40,7 +42,7 @@ class FlatCall:
     self._function = function
     self._fixed = fixed
     self._concrete = function.get_concrete_function(fixed, *example_tensors)
-    self._spec = getattr(fixed, "_type_spec", None)
+    self._spec: Any = getattr(fixed, "_type_spec", None)
     self._flat = (
         hasattr(self._concrete, "_call_flat")
         and hasattr(self._spec, "_to_components")

@@ -46,7 +46,7 @@ def training_iterator(strategy, provider, global_batch_size, *, start_step, coor
   return iter(input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step))
 
 
-def _warn_if_batch_exceeds_data(provider, global_batch_size):
+def _warn_if_batch_exceeds_data(provider, global_batch_size) -> None:
   """Logs a warning when the training data is known to hold fewer examples than one global batch.
 
   Known only where it is cheap (`providers.known_num_examples`): in-memory

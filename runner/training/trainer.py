@@ -9,6 +9,7 @@ request, evaluation, the user's actions, checkpoints).
 import contextlib
 import functools
 import time
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -76,14 +77,14 @@ class Trainer:
       steps_per_loop=1,
       checkpoint_every=None,
       max_to_keep=3,
-      jit_compile=False,
+      jit_compile: bool = False,
       precision="float32",
       clipnorm=None,
       seed=None,
       actions=(),
       profile_steps=None,
-      quiet=False,
-  ):
+      quiet: bool = False,
+  ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
 
     The options from `model_dir` to `profile_steps` are documented in full in
@@ -157,20 +158,21 @@ class Trainer:
       )
     self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
-    if profile_steps is not None and strategy.extended.should_checkpoint:
+    if self._options.profile_steps is not None and strategy.extended.should_checkpoint:
       first, last = self._options.profile_steps
       self._profile = profiling.ProfileWindow(first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
     self._features_spec = None
     self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.
-    self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
+    self._checked_data: dict[str, tuple[Any, Any]] = {}  # purpose -> (the data last checked for it, its LabelRange)
     self._ready = False
     self._global_step = 0
-    self._evaluated_step = None
-    self._train_loops = {}
-    self._measured_steps_per_loop = {}  # cadences -> the MeasuredStepsPerLoop that "auto" keeps across train calls
-    self._train_input = None  # ((id(data), global_batch_size), data, distributed iterator)
-    self._eval_loop = None  # (the LabelRange it checks, the EvalLoop)
-    self._last_train_results = {}
+    self._evaluated_step: int | None = None
+    self._train_loops: dict[Any, Any] = {}
+    # cadences -> the MeasuredStepsPerLoop that "auto" keeps across train calls
+    self._measured_steps_per_loop: dict[Any, Any] = {}
+    self._train_input: tuple[tuple[int, int], Any, Any] | None = None  # ((id(data), global_batch_size), data, iterator)
+    self._eval_loop: tuple[Any, loops.EvalLoop] | None = None  # (the LabelRange it checks, the EvalLoop)
+    self._last_train_results: dict[str, float] = {}
     self._last_eval_results = None
     self._exit_on_stop = actions_lib.ExitOnStopSignal(save=self._save_for_exit)
     with progress_output.shown(quiet=self._quiet):  # It may restore a checkpoint, and say so.
@@ -443,7 +445,7 @@ class Trainer:
     self._checked_data[purpose] = (data, label_range)
     return label_range
 
-  def _prepare(self, features_spec):
+  def _prepare(self, features_spec) -> None:
     """Builds the model and optimizer variables (once, see `ModelParts.build`), then restores the latest checkpoint."""
     if features_spec is not None and self._features_spec is None:
       self._features_spec = features_spec
@@ -493,7 +495,7 @@ class Trainer:
       step = int(self._step.numpy()) + 1
       raise data_checks.step_error(e, provider, label_range, step=step, purpose="training") from None
     except peers.PEER_ERRORS as e:
-      saved_step = self._checkpoints and self._checkpoints.saved_step
+      saved_step = None if self._checkpoints is None else self._checkpoints.saved_step
       if self._coordinator is not None:
         raise parameter_server_loops.lost_ps(e, self._strategy, step=self._global_step, saved_step=saved_step) from None
       if description.is_single_worker(self._strategy):
@@ -510,10 +512,10 @@ class Trainer:
     Under parameter servers a loop is one scheduled function of
     `steps_per_loop` steps per worker.
     """
-    builtin_before = [actions_lib.ReportProgress(self._reporter), self._exit_on_stop]
+    builtin_before: list[actions_lib.Action] = [actions_lib.ReportProgress(self._reporter), self._exit_on_stop]
     if eval_every is not None:
       builtin_before.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=self._save_unless_saved))
-    builtin_after = []
+    builtin_after: list[actions_lib.Action] = []
     if self._options.checkpoint_every is not None:
       builtin_after.append(
           actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every)
@@ -559,7 +561,7 @@ class Trainer:
         )
     return self._train_loops[key]
 
-  def _advance(self, step, train_results):
+  def _advance(self, step, train_results) -> None:
     self._global_step = step
     self._last_train_results = train_results
 
@@ -588,7 +590,7 @@ class Trainer:
         f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}"
     )
 
-  def _save_unless_saved(self):
+  def _save_unless_saved(self) -> None:
     """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet."""
     if self._checkpoints is not None:
       self._checkpoints.save_unless_saved(self._global_step)

@@ -6,7 +6,7 @@ import uuid
 import tensorflow as tf
 
 
-def replace(path, contents):
+def replace(path, contents) -> None:
   """Replaces the file at `path` (local or `gs://`, through `tf.io.gfile`) with `contents`.
 
   On a local file system the rename is atomic; on Cloud Storage it is a copy,
@@ -23,7 +23,7 @@ def replace(path, contents):
   replace_all({path: contents})
 
 
-def replace_all(contents_by_path):
+def replace_all(contents_by_path) -> None:
   """Replaces each file of `{path: contents}` whole: all are written beside their paths first, then renamed.
 
   A failed write changes none of them; no temporary file is left either way.

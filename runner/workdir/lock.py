@@ -78,7 +78,7 @@ class Holder:
   mode: str
   command: str
 
-  def describe(self):
+  def describe(self) -> str:
     """Returns e.g. "pid 12 on host h, mode 'train', since YYYY-MM-DD HH:MM:SS UTC (python -m runner ...)"."""
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
     return f"pid {self.pid} on host {self.host}, mode {self.mode!r}, since {since} ({self.command})"
@@ -87,7 +87,7 @@ class Holder:
 class WorkdirLock:
   """A held workdir lock: refreshed in a thread while held, removed by `release` (also at `exit_now`)."""
 
-  def __init__(self, *, path, text):
+  def __init__(self, *, path, text) -> None:
     """Initializes the `WorkdirLock`.
 
     Args:
@@ -101,7 +101,7 @@ class WorkdirLock:
     self._heartbeat.start()
     self._unregister = process_exit.on_exit_now(self.release)
 
-  def release(self):
+  def release(self) -> None:
     """Removes the lock file if it is still this lock's; stops the heartbeat. A second call does nothing."""
     if self._stop.is_set():
       return
@@ -117,7 +117,7 @@ class WorkdirLock:
     except (OSError, tf.errors.OpError) as e:
       logging.warning("Could not remove the workdir lock %s (%s); the next run will find it stale.", self.path, e)
 
-  def _beat(self):
+  def _beat(self) -> None:
     while not self._stop.wait(HEARTBEAT_SECONDS):
       try:
         if _is_remote(self.path):
@@ -197,7 +197,7 @@ def acquire(workdir, *, mode):
   )
 
 
-def is_held(workdir):
+def is_held(workdir) -> bool:
   """Whether a live run holds the lock of `workdir` (a stale or damaged one does not; a failed read counts as held)."""
   try:
     found = _read_or_none(os.path.join(workdir, FILE_NAME))
@@ -206,7 +206,7 @@ def is_held(workdir):
   return found is not None and not _is_stale(found)
 
 
-def _create_local(path, text):
+def _create_local(path, text) -> bool:
   """Creates `path` holding `text` if it does not exist; returns whether it did."""
   try:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -232,7 +232,7 @@ def _create_remote(path, text):
   return _read(path) == text.encode()
 
 
-def _write_remote(path, text):
+def _write_remote(path, text) -> None:
   with tf.io.gfile.GFile(path, "w") as f:
     f.write(text)
 
@@ -312,7 +312,7 @@ def _is_stale(found):
   return time.time() - found.modified > STALE_AFTER_SECONDS
 
 
-def _remove_stale(path, found):
+def _remove_stale(path, found) -> None:
   """Removes the stale lock `found` at `path`, unless another run replaced it meanwhile."""
   if _is_remote(path):
     _remove(path)
@@ -351,7 +351,7 @@ def _process_start(pid) -> str | None:
   return None if state in ("Z", "X") else f"{boot}:{start}"
 
 
-def _is_remote(path):
+def _is_remote(path) -> bool:
   return "://" in path
 
 
@@ -361,5 +361,5 @@ def _read(path):
     return f.read()
 
 
-def _remove(path):
+def _remove(path) -> None:
   tf.io.gfile.remove(path)

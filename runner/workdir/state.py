@@ -42,7 +42,7 @@ class WorkdirState:
     contents = {name: _read(os.path.join(workdir, name)) for name in _REWRITTEN if name in entries}
     return cls(workdir=workdir, created=created, entries=entries, contents=contents, outputs=_outputs(workdir))
 
-  def restore_unless_trained(self):
+  def restore_unless_trained(self) -> None:
     """Puts the workdir back as it was, unless the run wrote outputs there (then they and the workdir are kept).
 
     Outputs are a `metrics.jsonl` row, a TensorBoard summary or a checkpoint
@@ -97,7 +97,7 @@ def _read(path):
     return f.read()
 
 
-def _warn_if_fails(path, action, *args):
+def _warn_if_fails(path, action, *args) -> None:
   """Calls `action(*args)` to put `path` back; an error becomes a warning naming `path`."""
   try:
     action(*args)
