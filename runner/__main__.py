@@ -199,6 +199,7 @@ def _config(command_line):
   if _DRY_RUN.value and _CHECK_TPU.value:
     raise ConfigError("--dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
+  assert _CONFIG.value is not None  # The command line was parsed: it names a config file.
   return config_lib.load_config(_CONFIG.value, overrides)
 
 

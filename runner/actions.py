@@ -8,6 +8,7 @@ checkpoint), the user's own actions, checkpoint when due.
 
 from collections.abc import Callable, Mapping
 import math
+from typing import Any, NoReturn
 
 from absl import logging
 
@@ -19,7 +20,7 @@ from strategies import checks
 from strategies.errors import ConfigError
 
 
-def is_due(action, step):
+def is_due(action: Action, step: int) -> bool:
   """Returns whether `action` runs after the loop that ended at `step`."""
   return action.every_steps is None or step % action.every_steps == 0
 
@@ -27,10 +28,10 @@ def is_due(action, step):
 class ReportProgress(Action):
   """The progress line, TensorBoard scalars and metrics.jsonl row of every loop (see `reports.Reporter`)."""
 
-  def __init__(self, reporter) -> None:
+  def __init__(self, reporter: Any) -> None:  # A `runner.outputs.reports.Reporter`.
     self._reporter = reporter
 
-  def __call__(self, loop) -> None:
+  def __call__(self, loop: LoopEnd) -> None:
     """Reports the loop that ended: its step, results and throughput."""
     self._reporter.train_loop(
         step=loop.step,
@@ -60,12 +61,12 @@ class ExitOnStopSignal(Action):
     """
     self._save = save
 
-  def __call__(self, loop) -> None:
+  def __call__(self, loop: LoopEnd) -> None:
     """Exits (see `exit`) when a stop signal arrived during the loop."""
     if loop.stop_signal is not None:
       self.exit(loop.stop_signal, step=loop.step)
 
-  def exit(self, signum, *, step):
+  def exit(self, signum: int, *, step: int) -> NoReturn:
     """Saves, says so and ends the process with the status of `signum` (143 for SIGTERM, 130 for SIGINT).
 
     The Trainer also calls it for a stop that arrived after its last loop
@@ -106,7 +107,7 @@ class Evaluate(Action):
     self._save = save
     self.every_steps = every_steps
 
-  def __call__(self, loop):
+  def __call__(self, loop: LoopEnd) -> LoopEnd:
     """Evaluates (saving first at the last step); returns `loop` with the results."""
     if loop.step >= loop.total_steps:
       self._save()
@@ -127,7 +128,7 @@ class SaveCheckpoint(Action):
     self._save = save
     self.every_steps = every_steps
 
-  def __call__(self, loop) -> None:
+  def __call__(self, loop: LoopEnd) -> None:
     """Writes a checkpoint at the current step unless there is one."""
     self._save()
 
@@ -141,7 +142,7 @@ class EarlyStopping(Action):
   Loops without an evaluation are ignored.
   """
 
-  def __init__(self, *, metric="loss", mode="min", patience=3, min_delta=0.0) -> None:
+  def __init__(self, *, metric: str = "loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
     """Initializes the `EarlyStopping`.
 
     Args:
@@ -160,7 +161,7 @@ class EarlyStopping(Action):
     self.best: float | None = None
     self.evaluations_without_improvement = 0
 
-  def __call__(self, loop):
+  def __call__(self, loop: LoopEnd) -> None:
     """Asks training to stop once the metric has not improved for `patience` evaluations."""
     if loop.eval_results is None:
       return

@@ -1,11 +1,12 @@
 """`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 import contextlib
 import dataclasses
 import functools
 import os
 import tempfile
+from typing import Any
 
 from absl import logging
 import keras
@@ -72,7 +73,7 @@ class RunResult:
   model: keras.Model
 
 
-def run(config, workdir=None, *, quiet: bool = False) -> RunResult:
+def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
 
   The config is validated before any TensorFlow device work; then the
@@ -153,7 +154,9 @@ def run(config, workdir=None, *, quiet: bool = False) -> RunResult:
 
 
 @contextlib.contextmanager
-def _workdir_for(config, strategy, workdir):
+def _workdir_for(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
+) -> Iterator[str]:
   """Yields the run's workdir (`prepare_workdir`), held by the run's lock in a training mode on the chief.
 
   A run that fails inside leaves the workdir as it was unless it trained
@@ -178,7 +181,9 @@ def _workdir_for(config, strategy, workdir):
       lock.release()
 
 
-def _final_evaluation(trainer, config, workdir, evaluation):
+def _final_evaluation(
+    trainer: Trainer, config: ml_collections.ConfigDict, workdir: str, evaluation: Mapping[str, Any]
+) -> dict[str, float]:
   """The final evaluation of a 'train_and_eval' run that found nothing to train: the one recorded, else a new one.
 
   An evaluation at the global step already in `metrics.jsonl` (the finished
@@ -197,7 +202,9 @@ def _final_evaluation(trainer, config, workdir, evaluation):
   return recorded
 
 
-def _restored_trainer(config, strategy, workdir):
+def _restored_trainer(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str
+) -> tuple[Trainer, data_lib.DatasetProvider]:
   """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
 
   Returns:
@@ -220,7 +227,9 @@ def _restored_trainer(config, strategy, workdir):
   return trainer, train_data
 
 
-def prepare_workdir(workdir, *, lock_for_mode=None):
+def prepare_workdir(
+    workdir: str | None, *, lock_for_mode: str | None = None
+) -> tuple[str, bool, workdir_lock.WorkdirLock | None]:
   """Makes the workdir, takes its lock if asked, and checks that it can be written, in that order.
 
   Args:
@@ -258,7 +267,7 @@ def prepare_workdir(workdir, *, lock_for_mode=None):
   return workdir, created, lock
 
 
-def create_strategy(config):
+def create_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   """Builds `config.strategy` and checks both batch sizes against its replica count.
 
   Raises:
@@ -274,7 +283,7 @@ def create_strategy(config):
   return strategy
 
 
-def per_replica_batch_sizes(config, num_replicas):
+def per_replica_batch_sizes(config: ml_collections.ConfigDict, num_replicas: int) -> dict[str, int]:
   """Returns {'train': per-replica train batch, 'eval': per-replica eval batch}."""
   return {
       "train": config.data.global_batch_size // num_replicas,
@@ -282,7 +291,7 @@ def per_replica_batch_sizes(config, num_replicas):
   }
 
 
-def describe_workdir(workdir, step) -> str:
+def describe_workdir(workdir: str | None, step: int | None) -> str:
   """Returns one line on what `workdir` holds for a run: nothing yet, or a run to resume from `step`."""
   if workdir is None:
     return "none given: a new temporary directory, a new run"
@@ -292,7 +301,7 @@ def describe_workdir(workdir, step) -> str:
   return f"{workdir} holds a run at step {step} (checkpoint ckpt-{step}): it would resume from step {step}"
 
 
-def step_plan(config, strategy, step=None):
+def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, step: int | None = None) -> str:
   """Returns one line on what `config.mode` will do under `strategy` from global step `step` (None: no checkpoint).
 
   It names the steps, loops, evaluations and checkpoints left.
@@ -330,7 +339,7 @@ def step_plan(config, strategy, step=None):
   return line
 
 
-def dataset(config, split):
+def dataset(config: ml_collections.ConfigDict, split: str) -> data_lib.DatasetProvider:
   """Returns the `split` ('train' or 'eval') of `config.data` as a DatasetProvider.
 
   A provider that did not choose its `sharding` (None) gets `config.data.sharding`.
@@ -346,7 +355,7 @@ def dataset(config, split):
   return provider
 
 
-def create_trainer(config, strategy, workdir):
+def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None) -> Trainer:
   """Returns the Trainer that `config` describes, writing to `workdir`.
 
   Raises:

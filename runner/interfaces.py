@@ -7,8 +7,9 @@ The built-in implementations live beside their users: `runner.tasks`, `runner.da
 """
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 import dataclasses
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -50,7 +51,7 @@ class Task(abc.ABC):
   """
 
   @abc.abstractmethod
-  def loss(self, labels, outputs):
+  def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     """Returns the per-example loss, a float32 tensor of shape `[batch]`.
 
     Args:
@@ -58,14 +59,14 @@ class Task(abc.ABC):
       outputs: the model's outputs for that batch, cast to float32.
     """
 
-  def metrics(self):
+  def metrics(self) -> list[Any]:
     """Returns fresh Keras metrics, each updated with `(labels, outputs, sample_weight)`.
 
     Their names are the keys of the Trainer's results; each must give a scalar.
     """
     return []
 
-  def check_labels(self, labels_spec, outputs_spec) -> LabelRange | None:
+  def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
     """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.
 
     The Trainer calls it once per dataset, before the first step, and checks
@@ -97,10 +98,10 @@ class DatasetProvider(abc.ABC):
   to shard, following `sharding` where they have a choice.
   """
 
-  _sharding = None
+  _sharding: str | None = None
 
   @property
-  def sharding(self):
+  def sharding(self) -> str | None:
     """The sharding policy: 'auto', 'file' or 'data' (see `SHARDING`), or None when not chosen ('auto').
 
     `runner.run` sets it to `config.data.sharding` when the dataset function
@@ -111,19 +112,19 @@ class DatasetProvider(abc.ABC):
     return self._sharding
 
   @sharding.setter
-  def sharding(self, sharding) -> None:
+  def sharding(self, sharding: str | None) -> None:
     if sharding is not None:
       checks.one_of(sharding, SHARDING, f"{type(self).__name__} sharding")
     self._sharding = sharding
 
-  def _say_once(self, log, message, *args) -> None:
+  def _say_once(self, log: Callable[..., object], message: str, *args: object) -> None:
     """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says it."""
     said = self.__dict__.setdefault("_said", set())
     if message not in said:
       said.add(message)
       log(message, *args)
 
-  def _by_example(self, dataset, input_context):
+  def _by_example(self, dataset: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """Returns `dataset` sharded by example: pipeline i of n keeps examples i, i + n, ...
 
     For data without files; a policy 'file' gets one line saying it does not apply.

@@ -1,5 +1,7 @@
 """What the model is trained to do: the built-in tasks (the `Task` interface is in `runner.interfaces`)."""
 
+from typing import Any
+
 import keras
 import tensorflow as tf
 
@@ -22,15 +24,15 @@ class Classification(Task):
     """
     self.from_logits = from_logits
 
-  def loss(self, labels, outputs):
+  def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     """The per-example sparse categorical cross-entropy."""
     return keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=self.from_logits)
 
-  def metrics(self):
+  def metrics(self) -> list[Any]:
     """The accuracy."""
     return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
-  def check_labels(self, labels_spec, outputs_spec):
+  def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
     """One class id per example (shape () or (1,)), of an integer dtype, in [0, number of outputs)."""
     if not _is_dense(outputs_spec) or outputs_spec.shape.rank != 2 or outputs_spec.shape[-1] is None:
       return None
@@ -69,17 +71,17 @@ class Regression(Task):
   absolute error.
   """
 
-  def loss(self, labels, outputs):
+  def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     """The per-example mean squared error."""
     labels = tf.reshape(tf.cast(labels, outputs.dtype), tf.shape(outputs))
     squared = tf.reshape(tf.square(outputs - labels), [tf.shape(outputs)[0], -1])
     return tf.reduce_mean(squared, axis=1)
 
-  def metrics(self):
+  def metrics(self) -> list[Any]:
     """The mean absolute error."""
     return [keras.metrics.MeanAbsoluteError(name="mae")]
 
-  def check_labels(self, labels_spec, outputs_spec):
+  def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
     """Real-valued labels with as many values per example as the model has outputs."""
     if not (_is_dense(labels_spec) and _is_dense(outputs_spec)):
       return None
@@ -98,5 +100,5 @@ class Regression(Task):
     return None
 
 
-def _is_dense(spec):
+def _is_dense(spec: Any) -> bool:
   return isinstance(spec, tf.TensorSpec)

@@ -17,13 +17,14 @@ Imports no TensorFlow, so a module may declare its fields before it does.
 """
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ml_collections import config_dict
 
 from strategies.errors import ConfigError
 
 _ATTRIBUTE = "_tf_runner_config_fields"
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 _TYPES = (bool, int, float, str, tuple)
 _VALID = (
     "a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
@@ -31,7 +32,7 @@ _VALID = (
 )
 
 
-def config_fields(**fields) -> Callable[[Callable], Callable]:
+def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
   """Returns a decorator that declares a function's own config fields and their defaults.
 
   Args:
@@ -51,7 +52,7 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
       such as a builtin.
   """
 
-  def declare(fn):
+  def declare(fn: _Fn) -> _Fn:
     where = f"@runner.config_fields on {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
     if "name" in fields:
       raise ConfigError(f"{where}: 'name' is the field that names the function; give the field another name.")
@@ -68,7 +69,7 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
   return declare
 
 
-def declared(fn) -> Mapping[str, Any] | None:
+def declared(fn: Callable[..., Any]) -> Mapping[str, Any] | None:
   """Returns the fields `fn` declares with `config_fields` and their defaults, or None if it declares none.
 
   Each call returns new placeholders: a ConfigDict that holds one writes
@@ -83,7 +84,7 @@ def declared(fn) -> Mapping[str, Any] | None:
   }
 
 
-def _check_default(where, field, default):
+def _check_default(where: str, field: str, default: Any) -> None:
   """Raises ConfigError for a default that is not a value a config field can have (see `config_fields`)."""
   if isinstance(default, config_dict.FieldReference):
     if default.get() is not None or default.get_type() not in _TYPES:

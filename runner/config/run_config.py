@@ -7,10 +7,12 @@ loads a config file the way the CLI does (`FILE.py[:ARG]` plus
 Every bad input raises ConfigError, naming what was wrong and what is valid.
 """
 
+from collections.abc import Iterable, Iterator, Mapping
 import contextlib
 import importlib.util
 import os
 import traceback
+from typing import Any
 
 from absl import flags
 import ml_collections
@@ -33,7 +35,7 @@ NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
 NONE_VALUES = ("None", "none", "null")
 
 
-def _common_config():
+def _common_config() -> ml_collections.ConfigDict:
   """Returns the schema without the own fields of the named dataset, model and task."""
   config = ml_collections.ConfigDict()
   config.mode = "train_and_eval"
@@ -75,7 +77,7 @@ def _common_config():
   return config
 
 
-def default_config():
+def default_config() -> ml_collections.ConfigDict:
   """Returns the schema of the run config: every field at its default.
 
   The data, model and task sections hold their common fields plus the own
@@ -85,7 +87,7 @@ def default_config():
   return _complete(ml_collections.ConfigDict())
 
 
-def _complete(config, previous_names=None):
+def _complete(config: Any, previous_names: Mapping[str, str] | None = None) -> ml_collections.ConfigDict:
   """Returns `config` over the schema: every field present, names and types checked.
 
   The data, model and task sections get the own fields of the dataset, model
@@ -124,7 +126,9 @@ def _complete(config, previous_names=None):
   return result
 
 
-def _with_own_fields(section, given, where, kind, previous=None):
+def _with_own_fields(
+    section: ml_collections.ConfigDict, given: Any, where: str, kind: str, previous: str | None = None
+) -> dict[str, Any]:
   """Adds to `section` the own fields of the `kind` that `given` names; returns `given`'s fields to merge.
 
   Own fields (a built-in's, or those its function declares) come with their
@@ -172,7 +176,7 @@ def _with_own_fields(section, given, where, kind, previous=None):
   return kept
 
 
-def _defaults(kind, name):
+def _defaults(kind: str, name: str) -> Mapping[str, Any]:
   """Returns {field: default value} of the own fields of `name` ({} for a function that declares none)."""
   fields = registry.own_fields(kind, name) or {}
   return {
@@ -181,7 +185,7 @@ def _defaults(kind, name):
   }
 
 
-def _typed(given, field):
+def _typed(given: Any, field: str) -> Any:
   """Returns `given[field]`, or a typed placeholder for a None with a known type."""
   value = given[field]
   if value is None and hasattr(given, "get_type") and given.get_type(field) is not type(None):
@@ -189,7 +193,7 @@ def _typed(given, field):
   return value
 
 
-def _merge(schema, given, where):
+def _merge(schema: ml_collections.ConfigDict, given: Any, where: str) -> None:
   """Writes the fields of `given` into `schema` (a ConfigDict), checking names and types."""
   for field in given:
     if field not in schema:
@@ -209,11 +213,11 @@ def _merge(schema, given, where):
 _TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
 
 
-def _type_name(field_type):
+def _type_name(field_type: type) -> str:
   return _TYPE_NAMES.get(field_type, f"a {field_type.__name__}")
 
 
-def _checked_value(value, default, field_type, where):
+def _checked_value(value: Any, default: Any, field_type: type, where: str) -> Any:
   """Returns `value` converted to the schema field's type.
 
   Raises:
@@ -240,7 +244,7 @@ def _checked_value(value, default, field_type, where):
   return value
 
 
-def validate(config):
+def validate(config: Any) -> ml_collections.ConfigDict:
   """Returns `config` completed, checked and locked.
 
   Completed: every field of the schema is there, and the data, model and task
@@ -293,7 +297,7 @@ def validate(config):
   return config
 
 
-def load_config(path, overrides=()):
+def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) -> ml_collections.ConfigDict:
   """Loads a config file, applies overrides, checks the result and locks it.
 
   The same loading as `python -m runner --config=PATH --config.a.b=v ...`.
@@ -350,7 +354,7 @@ def load_config(path, overrides=()):
 
 
 @contextlib.contextmanager
-def _failures_named(file_path, during):
+def _failures_named(file_path: str, during: str) -> Iterator[None]:
   """Turns an exception raised by the config file's code into a ConfigError naming the file and the line.
 
   A ConfigError the file raises itself passes as it is. The original
@@ -379,7 +383,7 @@ def _failures_named(file_path, during):
     ) from e
 
 
-def _where(error, file_path):
+def _where(error: BaseException, file_path: str) -> str:
   """Returns ', line N' (', in FILE, line N' for another file's SyntaxError) for the error's place, or ''."""
   if isinstance(error, SyntaxError) and error.filename and error.lineno:
     if os.path.abspath(error.filename) == os.path.abspath(file_path):
@@ -393,14 +397,14 @@ def _where(error, file_path):
   return f", line {lines[-1]}" if lines else ""
 
 
-def _described(error):
+def _described(error: BaseException) -> str:
   """Returns the error's message; a SyntaxError's without its place (`_where` gives that)."""
   if isinstance(error, SyntaxError):
     return error.msg
   return str(error) or "(no message)"
 
 
-def _short_repr(value, limit=80):
+def _short_repr(value: Any, limit: int = 80) -> str:
   text = repr(value)
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -408,12 +412,12 @@ def _short_repr(value, limit=80):
 NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
 
 
-def _path_of(item):
+def _path_of(item: str | tuple[str, Any]) -> str:
   """Returns the field path of an override, a 'path=value' string or a (path, value) pair."""
   return item.partition("=")[0] if isinstance(item, str) else item[0]
 
 
-def _apply_overrides(config, items) -> None:
+def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tuple[str, Any]]) -> None:
   """Sets overrides, 'path=value' strings or (path, value) pairs, on the locked `config`."""
   pairs = [item for item in items if not isinstance(item, str)]
   for field_path, value in pairs:
@@ -421,7 +425,7 @@ def _apply_overrides(config, items) -> None:
   _parse_overrides(config, [item for item in items if isinstance(item, str)])
 
 
-def _parse_overrides(config, overrides):
+def _parse_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
   """Sets 'section.field=value' strings on `config` with config_flags' parsers.
 
   The strings for one field are parsed together, so a tuple field may be
@@ -452,7 +456,7 @@ def _parse_overrides(config, overrides):
       ) from None
 
 
-def _field(config, field_path, override):
+def _field(config: ml_collections.ConfigDict, field_path: str, override: Any) -> tuple[ml_collections.ConfigDict, str]:
   """Returns (the ConfigDict that holds the field `field_path`, the field's name).
 
   Raises:
@@ -477,7 +481,7 @@ def _field(config, field_path, override):
   return holder, parts[-1]
 
 
-def _set(config, field_path, value, override):
+def _set(config: ml_collections.ConfigDict, field_path: str, value: Any, override: Any) -> None:
   """Sets one field of `config` to a Python value, checking its type."""
   holder, field = _field(config, field_path, override)
   try:

@@ -22,11 +22,14 @@ It writes nothing (no checkpoint, summary or workdir) and changes no global
 state but the logical CPU split. What a CPU cannot prove is in `NOT_PROVEN`.
 """
 
+from collections.abc import Callable, Mapping, Sequence
 import copy
 import dataclasses
 import functools
+from typing import Any
 
 from absl import logging
+import ml_collections
 import tensorflow as tf
 
 from runner import from_config
@@ -98,7 +101,7 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
   (all-reduces, variable updates). A `run` outside a trace records nothing.
   """
 
-  def __init__(self, devices) -> None:
+  def __init__(self, devices: Sequence[str]) -> None:
     """Initializes the `RecordingMirroredStrategy`.
 
     Args:
@@ -107,7 +110,13 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
     super().__init__(devices)
     self._traced: list[tuple[tf.Graph, list[tf.Operation]]] = []
 
-  def run(self, fn, args=(), kwargs=None, options=None):
+  def run(
+      self,
+      fn: Callable[..., Any],
+      args: Sequence[Any] = (),
+      kwargs: Mapping[str, Any] | None = None,
+      options: tf.distribute.RunOptions | None = None,
+  ) -> Any:
     """As `tf.distribute.Strategy.run`; inside a trace, it also records the ops the call added."""
     if tf.executing_eagerly():
       return super().run(fn, args, kwargs, options)
@@ -117,13 +126,13 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
     self._traced.append((graph, graph.get_operations()[first:]))
     return result
 
-  def take_traced(self):
+  def take_traced(self) -> list[tuple[tf.Graph, list[tf.Operation]]]:
     """Returns the `(graph, ops)` recorded since the last call, and forgets them."""
     traced, self._traced = self._traced, []
     return traced
 
 
-def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
+def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = None) -> TPUCheckResult:
   """Checks on this CPU what a CPU can prove about running `config` on a TPU (see the module doc).
 
   The steps run on as many logical CPUs as there are replicas, at most
@@ -180,7 +189,7 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
   )
   if problem:
     return verdict(problem, train_steps=trainer.global_step)
-  evaluated = {}
+  evaluated: dict[str, Any] = {}
   problem = _run_step(
       strategy,
       trainer,
@@ -202,25 +211,35 @@ class _WithoutAutotune(interfaces.DatasetProvider):
   per-device iterators MirroredStrategy adds still autotune.
   """
 
-  def __init__(self, provider) -> None:
+  def __init__(self, provider: interfaces.DatasetProvider) -> None:
     self._provider = provider
     self._options = tf.data.Options()
     self._options.autotune.enabled = False
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     return self._provider.get_dataset(input_context).with_options(self._options)
 
-  def get_repeated_dataset(self, input_context, start):
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     return self._provider.get_repeated_dataset(input_context, start).with_options(self._options)
 
-  def get_batches(self, input_context, batch_size):
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     return self._provider.get_batches(input_context, batch_size).with_options(self._options)
 
-  def get_repeated_batches(self, input_context, batch_size, start):
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
     return self._provider.get_repeated_batches(input_context, batch_size, start).with_options(self._options)
 
 
-def _verdict(problem, *, num_replicas, devices, steps_per_loop, train_steps=0, eval_examples=0):
+def _verdict(
+    problem: str | None,
+    *,
+    num_replicas: int,
+    devices: tuple[str, ...],
+    steps_per_loop: int,
+    train_steps: int = 0,
+    eval_examples: int = 0,
+) -> TPUCheckResult:
   return TPUCheckResult(
       passed=problem is None,
       problem=problem,
@@ -232,7 +251,7 @@ def _verdict(problem, *, num_replicas, devices, steps_per_loop, train_steps=0, e
   )
 
 
-def _logical_cpus(n):
+def _logical_cpus(n: int) -> list[str]:
   """Returns the names of n logical CPUs, or of those this process has if TensorFlow already made its devices."""
   try:
     return [device.name for device in strategies.virtual_cpus(n)]
@@ -242,7 +261,7 @@ def _logical_cpus(n):
     return existing
 
 
-def _as_on_tpu(config):
+def _as_on_tpu(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Returns a copy of `config` built as for a TPU: jit_compile on, steps_per_loop resolved as on a TPU."""
   config = copy.deepcopy(config)
   config.trainer.jit_compile = True
@@ -253,7 +272,9 @@ def _as_on_tpu(config):
   return config
 
 
-def _run_step(strategy, trainer, step_name, run):
+def _run_step(
+    strategy: RecordingMirroredStrategy, trainer: Any, step_name: str, run: Callable[[], object]
+) -> str | None:
   """Traces, compiles and runs a step with `run()`; returns what a TPU would reject in it, or None.
 
   The rules are applied to the traced replica step before XLA's verdict is

@@ -6,15 +6,17 @@ metrics and step made in scope), `train_input` (the distributed training input),
 request, evaluation, the user's actions, checkpoints).
 """
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import contextlib
 import functools
 import time
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from absl import logging
 import tensorflow as tf
 
 from runner import actions as actions_lib
+from runner import interfaces
 from runner.cluster import stop_signals
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
@@ -38,13 +40,15 @@ from strategies import sharded_variables
 from strategies.errors import ConfigError
 
 _ALL_STEPS = 2**62
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def _showing_progress(method):
+def _showing_progress(method: Callable[Concatenate["Trainer", _P], _R]) -> Callable[Concatenate["Trainer", _P], _R]:
   """Runs a public Trainer method inside `progress_output.shown(quiet=self._quiet)` (its progress lines)."""
 
   @functools.wraps(method)
-  def with_progress_shown(self, *args, **kwargs):
+  def with_progress_shown(self: "Trainer", *args: _P.args, **kwargs: _P.kwargs) -> _R:
     with progress_output.shown(quiet=self._quiet):
       return method(self, *args, **kwargs)
 
@@ -68,21 +72,21 @@ class Trainer:
 
   def __init__(
       self,
-      strategy,
+      strategy: tf.distribute.Strategy,
       *,
-      model_fn,
-      optimizer_fn,
-      task,
-      model_dir=None,
-      steps_per_loop=1,
-      checkpoint_every=None,
-      max_to_keep=3,
+      model_fn: Callable[[], Any],
+      optimizer_fn: Callable[[], Any],
+      task: interfaces.Task,
+      model_dir: str | None = None,
+      steps_per_loop: int | str = 1,
+      checkpoint_every: int | None = None,
+      max_to_keep: int | None = 3,
       jit_compile: bool = False,
-      precision="float32",
-      clipnorm=None,
-      seed=None,
-      actions=(),
-      profile_steps=None,
+      precision: str = "float32",
+      clipnorm: float | None = None,
+      seed: int | None = None,
+      actions: Sequence[interfaces.Action] = (),
+      profile_steps: tuple[int, int] | None = None,
       quiet: bool = False,
   ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
@@ -172,44 +176,44 @@ class Trainer:
     self._measured_steps_per_loop: dict[Any, Any] = {}
     self._train_input: tuple[tuple[int, int], Any, Any] | None = None  # ((id(data), global_batch_size), data, iterator)
     self._eval_loop: tuple[Any, loops.EvalLoop] | None = None  # (the LabelRange it checks, the EvalLoop)
-    self._last_train_results: dict[str, float] = {}
+    self._last_train_results: Mapping[str, float] = {}
     self._last_eval_results = None
     self._exit_on_stop = actions_lib.ExitOnStopSignal(save=self._save_for_exit)
     with progress_output.shown(quiet=self._quiet):  # It may restore a checkpoint, and say so.
       self._prepare(None)
 
   @property
-  def strategy(self):
+  def strategy(self) -> tf.distribute.Strategy:
     """The `tf.distribute.Strategy` everything runs under."""
     return self._strategy
 
   @property
-  def model(self):
+  def model(self) -> Any:
     """The Keras model (its variables are the strategy's distributed variables)."""
     return self._model
 
   @property
-  def last_eval_metrics(self):
+  def last_eval_metrics(self) -> dict[str, float] | None:
     """The results of the latest evaluation (those inside `train` included), or None."""
     return None if self._last_eval_results is None else dict(self._last_eval_results)
 
   @property
-  def global_step(self):
+  def global_step(self) -> int:
     """The number of training steps taken so far, restored checkpoints included (an int)."""
     return self._global_step
 
   @_showing_progress
   def train(
       self,
-      data,
+      data: tf.data.Dataset | interfaces.DatasetProvider,
       *,
-      global_batch_size,
-      steps,
-      eval_data=None,
-      eval_every=None,
-      eval_global_batch_size=None,
-      eval_steps=None,
-  ):
+      global_batch_size: int,
+      steps: int,
+      eval_data: tf.data.Dataset | interfaces.DatasetProvider | None = None,
+      eval_every: int | None = None,
+      eval_global_batch_size: int | None = None,
+      eval_steps: int | None = None,
+  ) -> dict[str, float]:
     """Trains until the global step reaches `steps`.
 
     `steps` is a total, so calling `train` again with the same arguments (in
@@ -301,7 +305,9 @@ class Trainer:
     return dict(self._last_train_results)
 
   @_showing_progress
-  def evaluate(self, data, *, global_batch_size, steps=None):
+  def evaluate(
+      self, data: tf.data.Dataset | interfaces.DatasetProvider, *, global_batch_size: int, steps: int | None = None
+  ) -> dict[str, float]:
     """Evaluates the model on `data`, counting every example exactly once.
 
     Each input pipeline is padded with zero-weight examples to full batches
@@ -360,7 +366,7 @@ class Trainer:
     self._evaluated_step = self._global_step
     return dict(results)
 
-  def restore(self, *, data=None):
+  def restore(self, *, data: tf.data.Dataset | interfaces.DatasetProvider | None = None) -> int:
     """Builds the variables and restores the latest checkpoint of `model_dir`, once; returns the global step.
 
     The Trainer does this by itself before its first train, evaluate or
@@ -388,7 +394,7 @@ class Trainer:
     return self._global_step
 
   @_showing_progress
-  def export(self, path, *, data=None):
+  def export(self, path: str, *, data: tf.data.Dataset | interfaces.DatasetProvider | None = None) -> str:
     """Writes the model as a SavedModel with a `serving_default` signature (see `export`).
 
     Args:
@@ -416,7 +422,9 @@ class Trainer:
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
-  def _prepare_for(self, data, provider, purpose):
+  def _prepare_for(
+      self, data: tf.data.Dataset | interfaces.DatasetProvider, provider: interfaces.DatasetProvider, purpose: str
+  ) -> interfaces.LabelRange | None:
     """Checks `provider`'s elements against the model and task, and builds the variables from them (once).
 
     The data last checked for a purpose (`data`, as the user gave it) is not
@@ -445,7 +453,7 @@ class Trainer:
     self._checked_data[purpose] = (data, label_range)
     return label_range
 
-  def _prepare(self, features_spec) -> None:
+  def _prepare(self, features_spec: Any) -> None:
     """Builds the model and optimizer variables (once, see `ModelParts.build`), then restores the latest checkpoint."""
     if features_spec is not None and self._features_spec is None:
       self._features_spec = features_spec
@@ -457,7 +465,12 @@ class Trainer:
     if self._checkpoints is not None and self._checkpoints.restore_latest():
       self._global_step = int(self._step.numpy())
 
-  def _train_iterator(self, data, provider, global_batch_size):
+  def _train_iterator(
+      self,
+      data: tf.data.Dataset | interfaces.DatasetProvider,
+      provider: interfaces.DatasetProvider,
+      global_batch_size: int,
+  ) -> Any:
     """Returns the distributed iterator over `provider`; the same one again when `train` gets the same `data`.
 
     So consecutive `train` calls in one process continue the data stream
@@ -474,7 +487,14 @@ class Trainer:
     return self._train_input[2]
 
   @contextlib.contextmanager
-  def _user_errors(self, provider, label_range, *, steps, global_batch_size):
+  def _user_errors(
+      self,
+      provider: interfaces.DatasetProvider,
+      label_range: interfaces.LabelRange | None,
+      *,
+      steps: int,
+      global_batch_size: int,
+  ) -> Iterator[None]:
     """Inside, what stops training early becomes the error a user reads.
 
     Raises:
@@ -504,7 +524,13 @@ class Trainer:
           e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step, saved_step=saved_step
       ) from None
 
-  def _controller(self, global_batch_size, evaluate, eval_every, label_range):
+  def _controller(
+      self,
+      global_batch_size: int,
+      evaluate: Callable[[], Mapping[str, float]],
+      eval_every: int | None,
+      label_range: interfaces.LabelRange | None,
+  ) -> controller_lib.Controller:
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
 
     Order: report, exit on a stop request, evaluate (when due; at the last
@@ -536,7 +562,9 @@ class Trainer:
         profile=self._profile,
     )
 
-  def _train_loop(self, global_batch_size, label_range, steps_per_loop):
+  def _train_loop(
+      self, global_batch_size: int, label_range: interfaces.LabelRange | None, steps_per_loop: Any
+  ) -> loops.TrainLoop:
     """The inner loop for this batch size, label range and loop sizes, made once and kept (its traces with it)."""
     key = (global_batch_size, label_range, steps_per_loop.looping)
     if key not in self._train_loops:
@@ -561,11 +589,11 @@ class Trainer:
         )
     return self._train_loops[key]
 
-  def _advance(self, step, train_results) -> None:
+  def _advance(self, step: int, train_results: Mapping[str, float]) -> None:
     self._global_step = step
     self._last_train_results = train_results
 
-  def _nothing_to_train(self, steps):
+  def _nothing_to_train(self, steps: int) -> dict[str, float]:
     """Says that the global step is at `steps` already; returns the results of the loop that reached it."""
     if self._checkpoints is not None and self._checkpoints.saved_step == self._global_step:
       where = f"the checkpoint in {self._checkpoints.model_dir} is at step {self._global_step}"
@@ -576,7 +604,7 @@ class Trainer:
       return reports.train_results_at(self._checkpoints.model_dir, self._global_step)
     return dict(self._last_train_results)
 
-  def _data_ran_out(self, global_batch_size, steps, first_step):
+  def _data_ran_out(self, global_batch_size: int, steps: int, first_step: int) -> ConfigError:
     """Saves the steps taken before the training data ran out; returns the error that says so."""
     self._global_step = int(self._step.numpy())
     saved = ""
@@ -595,7 +623,7 @@ class Trainer:
     if self._checkpoints is not None:
       self._checkpoints.save_unless_saved(self._global_step)
 
-  def _save_for_exit(self):
+  def _save_for_exit(self) -> str | None:
     """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
     self._save_unless_saved()
     self._reporter.flush()
