@@ -36,7 +36,7 @@ KERAS_ACTIVATIONS = (
 )
 
 
-def mlp(config):
+def mlp(config: Any) -> Any:
   """A multi-layer perceptron: Dense+activation (+Dropout) per hidden layer, then Dense.
 
   Args:
@@ -54,7 +54,7 @@ def mlp(config):
   return keras.Sequential(layers, name="mlp")
 
 
-def check_mlp(config):
+def check_mlp(config: Any) -> None:
   """Raises ConfigError for an `mlp` config that cannot build."""
   check_linear(config)
   for units in config.hidden_units:
@@ -74,7 +74,7 @@ def check_mlp(config):
     ) from None
 
 
-def linear(config):
+def linear(config: Any) -> Any:
   """A linear model (logistic regression for classification).
 
   Args:
@@ -87,7 +87,7 @@ def linear(config):
   )
 
 
-def check_linear(config) -> None:
+def check_linear(config: Any) -> None:
   """Raises ConfigError for a `linear` config that cannot build."""
   checks.positive_int(config.num_outputs, "config.model.num_outputs")
 

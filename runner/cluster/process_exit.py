@@ -11,12 +11,13 @@ was registered with `on_exit_now` (the workdir lock's release).
 from collections.abc import Callable
 import os
 import sys
+from typing import NoReturn
 
 AUTOGRAPH_MODULE_PREFIX = "__autograph_generated_file"
 _before_exit: list[Callable[[], object]] = []  # What `exit_now` calls first, e.g. releasing a workdir lock.
 
 
-def on_exit_now(callback):
+def on_exit_now(callback: Callable[[], object]) -> Callable[[], None]:
   """Has `exit_now` call `callback()` before the process ends; returns a function that takes it back.
 
   An exception from `callback` is ignored: the process ends anyway.
@@ -46,7 +47,7 @@ def remove_autograph_modules() -> None:
       pass
 
 
-def exit_now(status) -> None:
+def exit_now(status: int) -> NoReturn:
   """Calls what `on_exit_now` registered, flushes stdout and stderr, deletes AutoGraph's files, and ends the process.
 
   The process ends with `status`, skipping teardown. A stream that cannot be

@@ -24,11 +24,13 @@ Ctrl-C ends a serving task at once with 130; a SIGTERM after the first
 changes nothing. Each says so in one line on stderr.
 """
 
+from collections.abc import Callable
 import json
 import os
 import signal
 import sys
 import time
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -45,7 +47,7 @@ POLL_SECONDS = 2.0
 SERVING_JOBS = ("worker", "ps")
 
 
-def is_serving_task(config):
+def is_serving_task(config: Any) -> bool:
   """Whether this process is a worker or ps task of a parameter-server cluster, which serves instead of training.
 
   True when `config.strategy.name` is 'parameter_server' and `TF_CONFIG`
@@ -69,7 +71,7 @@ def describe() -> str:
   )
 
 
-def serve(timeout_seconds):
+def serve(timeout_seconds: float | None) -> None:
   """Starts this task's `tf.distribute.Server` and serves until the coordinator is done (see the module docstring).
 
   Prints one line saying so. Returns when the chief's port has closed.
@@ -111,7 +113,7 @@ def serve(timeout_seconds):
     raise SystemExit(exit_codes.STOPPED_BY[stop.received])
 
 
-def _chief_address(spec):
+def _chief_address(spec: Any) -> str:
   if "chief" not in spec.jobs or not spec.job_tasks("chief"):
     raise ConfigError(
         f"A parameter-server cluster needs a 'chief' task, the coordinator; TF_CONFIG's cluster has "
@@ -122,7 +124,9 @@ def _chief_address(spec):
   return spec.job_tasks("chief")[0]
 
 
-def _wait_for_the_coordinator(chief, me, timeout_seconds, *, stopping):
+def _wait_for_the_coordinator(
+    chief: str, me: str, timeout_seconds: float | None, *, stopping: Callable[[], bool]
+) -> None:
   """Returns once `chief` has accepted a connection and then refused two probes in a row.
 
   Once `stopping()`, one refused probe is enough, also before the chief was up.
@@ -151,13 +155,13 @@ class _StopWhenTheCoordinatorIsDone:
   server.
   """
 
-  def __init__(self, me) -> None:
-    self.received = None
+  def __init__(self, me: str) -> None:
+    self.received: int | None = None
     self._me = me
     for signum in exit_codes.STOPPED_BY:
       signal.signal(signum, self._note)
 
-  def _note(self, signum, frame) -> None:
+  def _note(self, signum: int, frame: object) -> None:
     del frame
     if signum == signal.SIGTERM:
       if self.received is None:

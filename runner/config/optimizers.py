@@ -3,6 +3,10 @@
 `check` imports no TensorFlow; making the optimizer or schedule imports Keras.
 """
 
+from typing import Any
+
+import ml_collections
+
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -15,7 +19,7 @@ OPTIMIZERS = {
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 
-def check(config, train_steps):
+def check(config: ml_collections.ConfigDict, train_steps: int) -> None:
   """Raises ConfigError for an optimizer config that cannot work.
 
   Args:
@@ -43,7 +47,7 @@ def check(config, train_steps):
     )
 
 
-def learning_rate(config, train_steps):
+def learning_rate(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   """Returns the learning rate: a float for 'constant', else a Keras schedule.
 
   'cosine' decays from `learning_rate` to 0 over `train_steps`;
@@ -68,7 +72,7 @@ def learning_rate(config, train_steps):
   )
 
 
-def create(config, train_steps):
+def create(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   """Returns a new Keras optimizer for `config.optimizer`; call it inside the strategy's scope.
 
   `weight_decay` is Keras's decoupled weight decay, for every optimizer.

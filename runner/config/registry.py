@@ -40,13 +40,13 @@ class Builtin:
   check: Callable = lambda section: None
 
 
-def _classification(config):
+def _classification(config: Any) -> Any:
   from runner import tasks  # noqa: PLC0415
 
   return tasks.Classification(from_logits=config.from_logits)
 
 
-def _regression(config):
+def _regression(config: Any) -> Any:
   del config  # Regression has no fields.
   from runner import tasks  # noqa: PLC0415
 
@@ -63,22 +63,22 @@ _BUILTINS = {
 }
 
 
-def builtins(kind):
+def builtins(kind: str) -> dict[str, Builtin]:
   """Returns {name: Builtin} of `kind` ('model', 'dataset' or 'task')."""
   return dict(_BUILTINS[kind])
 
 
-def names(kind):
+def names(kind: str) -> list[str]:
   """Returns the built-in names of `kind`, sorted."""
   return sorted(_BUILTINS[kind])
 
 
-def is_import_path(name) -> bool:
+def is_import_path(name: str) -> bool:
   """Returns whether `name` has the form 'package.module:function'."""
   return ":" in name
 
 
-def builtin(kind, name) -> Builtin | None:
+def builtin(kind: str, name: str) -> Builtin | None:
   """Returns the built-in `name` of `kind`, or None for an import path.
 
   Raises:
@@ -94,7 +94,7 @@ def builtin(kind, name) -> Builtin | None:
   return _BUILTINS[kind][name]
 
 
-def resolve(kind, name) -> Callable:
+def resolve(kind: str, name: str) -> Callable[..., Any]:
   """Returns the function that `name` stands for.
 
   Args:
@@ -130,7 +130,7 @@ def resolve(kind, name) -> Callable:
   return fn
 
 
-def own_fields(kind, name) -> Mapping[str, Any] | None:
+def own_fields(kind: str, name: str) -> Mapping[str, Any] | None:
   """Returns {field: default} of the own config fields of `name`, or None for a function that declares none.
 
   A built-in's fields; for an import path, the fields its function declares

@@ -21,7 +21,7 @@ _NO_SKLEARN = (
 )
 
 
-def _sklearn_datasets():
+def _sklearn_datasets() -> Any:
   """Returns `sklearn.datasets`, imported on first use.
 
   Raises:
@@ -34,7 +34,7 @@ def _sklearn_datasets():
   return sklearn_datasets
 
 
-def digits(config, split):
+def digits(config: Any, split: str) -> Any:
   """scikit-learn's 1797 8x8 handwritten digits (offline), 10 classes.
 
   A fixed split: a permutation seeded by `config.seed` puts the first
@@ -56,7 +56,7 @@ def digits(config, split):
   return data.InMemory(features[chosen], labels[chosen], shuffle=split == "train", seed=config.seed)
 
 
-def check_digits(config):
+def check_digits(config: Any) -> None:
   """Raises ConfigError for a `digits` config that cannot load, or without scikit-learn (found, not imported)."""
   if not 0.0 < config.test_fraction < 1.0:
     raise ConfigError(f"config.data.test_fraction must be in (0, 1), got {config.test_fraction!r}.")
@@ -64,7 +64,7 @@ def check_digits(config):
     raise ConfigError(_NO_SKLEARN)
 
 
-def synthetic(config, split):
+def synthetic(config: Any, split: str) -> Any:
   """Generated data: Gaussian features, labels from a fixed random linear teacher.
 
   The teacher `w` (num_features x num_classes) comes from `config.seed`; each
@@ -95,7 +95,7 @@ def synthetic(config, split):
   return data.InMemory(features, labels, shuffle=training and config.shuffle, seed=config.seed)
 
 
-def check_synthetic(config):
+def check_synthetic(config: Any) -> None:
   """Raises ConfigError for a `synthetic` config that cannot generate."""
   for field in ("num_examples", "num_eval_examples", "num_features", "num_classes"):
     checks.positive_int(config[field], f"config.data.{field}")

@@ -10,13 +10,25 @@ run's summary directory (`model_dir/summaries/train`), `tensorboard
 `check_steps` imports no TensorFlow (config checks use it before it loads).
 """
 
+from typing import Any, overload
+
 from absl import logging
 
 from strategies import checks
 from strategies.errors import ConfigError
 
 
-def check_steps(steps, what="profile_steps"):
+@overload
+def check_steps(steps: tuple[int, int], what: str = ...) -> tuple[int, int]:
+  ...
+
+
+@overload
+def check_steps(steps: Any, what: str = ...) -> tuple[int, int] | None:
+  ...
+
+
+def check_steps(steps: Any, what: str = "profile_steps") -> tuple[int, int] | None:
   """Returns `steps` as a `(first, last)` tuple of ints, 1 <= first <= last, or None for None.
 
   Raises:
@@ -98,12 +110,12 @@ class ProfileWindow:
     if self._active and step >= self._last:
       self._stop(step)
 
-  def close(self, step: int | None) -> None:
+  def close(self, step: int) -> None:
     """Stops a running trace (training ended at global step `step` before `last`)."""
     if self._active:
       self._stop(step)
 
-  def _stop(self, step) -> None:
+  def _stop(self, step: int) -> None:
     import tensorflow as tf  # noqa: PLC0415
 
     tf.profiler.experimental.stop()

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable, Sequence
 import time
+from typing import Any
 
 from runner import actions as actions_lib
 from runner import interfaces
@@ -58,7 +59,7 @@ class Controller:
 
   def run(
       self,
-      iterator,
+      iterator: Any,
       *,
       step: int,
       total_steps: int,
@@ -121,7 +122,7 @@ class Controller:
       if self._profile is not None:
         self._profile.close(step)
 
-  def _ready(self, iterator):
+  def _ready(self, iterator: Any) -> float | None:
     """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.
 
     For measured loop sizes, it also times a call's own cost.
@@ -132,7 +133,7 @@ class Controller:
       self._steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
     return tracing_seconds
 
-  def _run_actions(self, loop):
+  def _run_actions(self, loop: interfaces.LoopEnd) -> int | None:
     """Runs the actions due at `loop.step`; returns the step they asked training to stop at, or None.
 
     Each action sees the `LoopEnd` the one before returned.
@@ -142,12 +143,12 @@ class Controller:
         loop = action(loop) or loop
     return loop.stop_at
 
-  def _timed_empty_call(self, iterator):
+  def _timed_empty_call(self, iterator: Any) -> float:
     start = time.perf_counter()
     self._train_loop(iterator, 0, None)
     return time.perf_counter() - start
 
-  def _loop_size(self, step, end):
+  def _loop_size(self, step: int, end: int) -> int:
     """Steps for the next call: the loop sizes' next one, cut where an action is next due and around profiling."""
     size = self._steps_per_loop.next_size(step, end)
     for action in self._actions:

@@ -1,12 +1,14 @@
 """Export: a SavedModel whose `serving_default` signature gives the model's predictions."""
 
+from typing import Any
+
 import tensorflow as tf
 
 from runner.outputs import worker_files
 from runner.training import loops
 
 
-def export_saved_model(strategy, model, features_spec, path):
+def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_spec: Any, path: str) -> str:
   """Writes `model` as a SavedModel at `path` (on the chief; other workers write to a deleted temporary dir).
 
   The `serving_default` signature takes the features (one tensor named
@@ -34,7 +36,7 @@ def export_saved_model(strategy, model, features_spec, path):
     )
 
   @tf.function(input_signature=[signature])
-  def serve(features):
+  def serve(features: Any) -> Any:
     outputs = loops.float32_outputs(model(features, training=False))
     if isinstance(outputs, dict):
       return outputs

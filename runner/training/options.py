@@ -1,7 +1,8 @@
 """The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import dataclasses
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -56,7 +57,7 @@ class TrainerOptions:
   actions: Sequence[interfaces.Action] = ()
   profile_steps: tuple[int, int] | None = None
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if self.steps_per_loop != steps_per_loop_lib.AUTO:
       try:
         checks.positive_int(self.steps_per_loop, "steps_per_loop")
@@ -83,7 +84,9 @@ class TrainerOptions:
       raise ConfigError(f"profile_steps={self.profile_steps} needs a model_dir to write the trace to.")
 
 
-def check_components(*, strategy, model_fn, optimizer_fn, task):
+def check_components(
+    *, strategy: tf.distribute.Strategy, model_fn: Callable[[], Any], optimizer_fn: Callable[[], Any], task: Task
+) -> None:
   """Checks what the Trainer is handed besides its options.
 
   Raises:
@@ -106,7 +109,9 @@ def check_components(*, strategy, model_fn, optimizer_fn, task):
     )
 
 
-def made(value, expected_type, *, role, fn, expected):
+def made(
+    value: Any, expected_type: type | tuple[type, ...], *, role: str, fn: Callable[..., Any], expected: str
+) -> Any:
   """Returns `value` if the function `fn` made an `expected_type`.
 
   Args:
@@ -127,7 +132,7 @@ def made(value, expected_type, *, role, fn, expected):
   return value
 
 
-def metric_names(metrics):
+def metric_names(metrics: Sequence[Any]) -> list[str]:
   """Returns the names of `metrics`, checked to be Keras metrics with unique, unreserved names.
 
   Raises:

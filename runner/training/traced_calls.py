@@ -30,7 +30,7 @@ class FlatCall:
   results, slower.
   """
 
-  def __init__(self, function, fixed, *example_tensors) -> None:
+  def __init__(self, function: Any, fixed: Any, *example_tensors: tf.Tensor) -> None:
     """Initializes the `FlatCall`.
 
     Args:
@@ -51,11 +51,11 @@ class FlatCall:
     )
 
   @property
-  def fixed(self):
+  def fixed(self) -> Any:
     """The first argument of every call."""
     return self._fixed
 
-  def __call__(self, *tensors):
+  def __call__(self, *tensors: tf.Tensor) -> Any:
     """Returns `function(fixed, *tensors)`."""
     if not self._flat:
       return self._function(self._fixed, *tensors)
@@ -63,5 +63,5 @@ class FlatCall:
         self._fixed_components() + list(tensors), self._concrete.captured_inputs
     )
 
-  def _fixed_components(self):
+  def _fixed_components(self) -> list[Any]:
     return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # noqa: SLF001

@@ -1,5 +1,7 @@
 """The Trainer's training input: the distributed iterator of a provider's batches, from the step a run is at."""
 
+from typing import Any
+
 from absl import logging
 
 from runner.data import pipeline as input_pipeline
@@ -7,7 +9,9 @@ from runner.data import providers as data_lib
 from runner.training import parameter_server_loops
 
 
-def training_iterator(strategy, provider, global_batch_size, *, start_step, coordinator=None):
+def training_iterator(
+    strategy: Any, provider: Any, global_batch_size: int, *, start_step: int, coordinator: Any = None
+) -> Any:
   """Returns the distributed iterator of `provider`'s batches from the batch of global step `start_step` on.
 
   A run that resumes at step S sees the batches an uninterrupted run sees
@@ -46,7 +50,7 @@ def training_iterator(strategy, provider, global_batch_size, *, start_step, coor
   return iter(input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step))
 
 
-def _warn_if_batch_exceeds_data(provider, global_batch_size) -> None:
+def _warn_if_batch_exceeds_data(provider: Any, global_batch_size: int) -> None:
   """Logs a warning when the training data is known to hold fewer examples than one global batch.
 
   Known only where it is cheap (`providers.known_num_examples`): in-memory

@@ -12,8 +12,10 @@ A rerun on a workdir with checkpoints may change how training goes on
 holds: the fields in `CHECKPOINT_FIELDS` and the shapes of the training data.
 """
 
+from collections.abc import Mapping
 import json
 import os
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -27,7 +29,7 @@ HISTORY_FILE = "config_history.jsonl"
 CHECKPOINT_FIELDS = ("model", "task", "data.name", "optimizer.name", "trainer.precision")
 
 
-def latest(workdir):
+def latest(workdir: str) -> dict[str, Any] | None:
   """Returns the latest recorded run of `workdir` (a history entry as a dict), or None."""
   history = os.path.join(workdir, HISTORY_FILE)
   if tf.io.gfile.exists(history):
@@ -42,7 +44,7 @@ def latest(workdir):
   return None
 
 
-def changes(before, after):
+def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
   """Returns `{dotted field: [old, new]}` for every leaf field that differs between two config dicts."""
   old, new = _flat(_plain(before)), _flat(_plain(after))
   return {
@@ -52,7 +54,7 @@ def changes(before, after):
   }
 
 
-def check_resumable(previous, config, data_spec, checkpoint):
+def check_resumable(previous: Mapping[str, Any] | None, config: Any, data_spec: str, checkpoint: str | None) -> None:
   """Fails when `config` would resume `checkpoint` with something the checkpoint depends on changed.
 
   Args:
@@ -82,7 +84,7 @@ def check_resumable(previous, config, data_spec, checkpoint):
     )
 
 
-def record(workdir, config, *, step, data_spec, previous):
+def record(workdir: str, config: Any, *, step: int, data_spec: str, previous: Mapping[str, Any] | None) -> None:
   """Writes `config.json` and appends this run to `config_history.jsonl`; logs what changed in one line.
 
   Call it on the chief only.
@@ -127,12 +129,12 @@ def record(workdir, config, *, step, data_spec, previous):
     ) from None
 
 
-def _plain(values):
+def _plain(values: Any) -> Any:
   """The config dict as JSON has it (tuples become lists), so that old and new compare alike."""
   return json.loads(json.dumps(values))
 
 
-def _flat(values, prefix=""):
+def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
   flat = {}
   for key, value in values.items():
     if isinstance(value, dict):
