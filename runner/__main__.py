@@ -43,6 +43,9 @@ TensorFlow is imported only once the config is loaded and checked: --help,
 a bad flag and a config error answer without loading it.
 """
 
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
+
 from runner.cluster import stop_signals
 
 stop_signals.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
@@ -114,7 +117,7 @@ class CommandLine:
   overrides: list[str]
 
 
-def parse_flags(argv):
+def parse_flags(argv: list[str]) -> CommandLine:
   """Parses the absl flags and collects the `--config.*` overrides (absl's `flags_parser`).
 
   The overrides are parsed later, against the loaded config, by
@@ -139,7 +142,7 @@ def parse_flags(argv):
   return CommandLine(arguments=arguments, overrides=overrides)
 
 
-def exit_with_user_error(error, status=exit_codes.USER_ERROR) -> None:
+def exit_with_user_error(error: BaseException | str, status: int = exit_codes.USER_ERROR) -> NoReturn:
   """Prints `error` as one line `error: ...` on stderr (after its traceback with --verbose) and exits with `status`."""
   if isinstance(error, BaseException) and flags.FLAGS.is_parsed() and _VERBOSE.value:
     traceback.print_exception(type(error), error, error.__traceback__)
@@ -147,14 +150,14 @@ def exit_with_user_error(error, status=exit_codes.USER_ERROR) -> None:
   sys.exit(status)
 
 
-def format_metrics(metrics):
+def format_metrics(metrics: Mapping[str, float]) -> str:
   """Returns 'name=value ...' sorted by name, floats with 4 decimals, ints (counts) as they are."""
   return " ".join(
       f"{name}={value}" if isinstance(value, int) else f"{name}={value:.4f}" for name, value in sorted(metrics.items())
   )
 
 
-def main(command_line) -> None:
+def main(command_line: CommandLine) -> None:
   """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes an `error:` line and a status."""
   with _exit_statuses():
     config = _config(command_line)
@@ -173,7 +176,7 @@ def main(command_line) -> None:
 
 
 @contextlib.contextmanager
-def _exit_statuses():
+def _exit_statuses() -> Iterator[None]:
   """Inside, a ConfigError, a FloatingPointError or a ClusterError exits with its status (`exit_codes`) and one line."""
   try:
     yield
@@ -190,7 +193,7 @@ def _exit_statuses():
     raise
 
 
-def _config(command_line):
+def _config(command_line: CommandLine) -> Any:
   """The run config of the command line: the config file with its overrides and `--mode`, validated."""
   if command_line.arguments[1:]:
     raise ConfigError(
@@ -203,7 +206,7 @@ def _config(command_line):
   return config_lib.load_config(_CONFIG.value, overrides)
 
 
-def _check_tpu(config):
+def _check_tpu(config: Any) -> None:
   from runner.tpu import check as tpu_check
 
   verdict = tpu_check.check_tpu(config)
@@ -212,7 +215,7 @@ def _check_tpu(config):
   print(verdict.summary)
 
 
-def _serve(config) -> None:
+def _serve(config: Any) -> None:
   from runner.cluster import task_server
 
   if _DRY_RUN.value:
@@ -222,7 +225,7 @@ def _serve(config) -> None:
     task_server.serve(config.strategy.timeout_seconds)
 
 
-def _dry_run(config) -> None:
+def _dry_run(config: Any) -> None:
   from runner import from_config
   from runner.outputs import checkpoints
 
@@ -238,7 +241,7 @@ def _dry_run(config) -> None:
   print("dry run: nothing trained or written.")
 
 
-def _print_result(result) -> None:
+def _print_result(result: Any) -> None:
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")

@@ -14,6 +14,7 @@ signal, and its first training loop hands it to every worker with the
 loop's reduction: all save at the end of that loop, at the same step.
 """
 
+from collections.abc import Iterator
 import contextlib
 import os
 import signal
@@ -58,7 +59,7 @@ class StopSignals:
     self._previous: dict[int, Any] = {}
     self._watch: _SignalWatch | None = None
 
-  def __enter__(self):
+  def __enter__(self) -> "StopSignals":
     global _waiting_stop, _trained
     if self.in_training:
       self.received, _waiting_stop = _waiting_stop, None  # One a cluster task noted before: this loop ends training.
@@ -69,7 +70,7 @@ class StopSignals:
         self._watch = _SignalWatch(stops=int(self.received is not None))
     return self
 
-  def __exit__(self, *exc_info) -> None:
+  def __exit__(self, *exc_info: object) -> None:
     if self._watch is not None:
       self._watch.close()
       self._watch = None
@@ -77,7 +78,7 @@ class StopSignals:
       signal.signal(signum, handler)
     self._previous = {}
 
-  def _note(self, signum, frame) -> None:
+  def _note(self, signum: int, frame: object) -> None:
     del frame
     global _first_stop
     if self.received is None:
@@ -98,7 +99,7 @@ class _SignalWatch:
   gets one byte per signal as it arrives, in a thread of its own.
   """
 
-  def __init__(self, *, stops=0) -> None:
+  def __init__(self, *, stops: int = 0) -> None:
     """Initializes the `_SignalWatch`.
 
     Args:
@@ -149,7 +150,7 @@ class Stopped(BaseException):
     line: what the process says as it ends.
   """
 
-  def __init__(self, signum) -> None:
+  def __init__(self, signum: int) -> None:
     """Initializes the `Stopped`.
 
     Args:
@@ -189,7 +190,7 @@ def handle_outside_training() -> None:
 
 
 @contextlib.contextmanager
-def raising_stops():
+def raising_stops() -> Iterator[None]:
   """Inside, a stop signal outside training raises `Stopped` (see `handle_outside_training`)."""
   global _raising
   _raising = True
@@ -199,7 +200,7 @@ def raising_stops():
     _raising = False
 
 
-def raised_stop():
+def raised_stop() -> "Stopped | None":
   """Returns the `Stopped` a stop signal raised in this process (see `raising_stops`), or None.
 
   A library may turn it into another exception on its way up (a stop during
@@ -209,7 +210,7 @@ def raised_stop():
   return _raised
 
 
-def _outside_training(signum, frame):
+def _outside_training(signum: int, frame: object) -> None:
   del frame
   global _first_stop, _waiting_stop, _raised
   if _first_stop is not None:
@@ -233,7 +234,7 @@ def _outside_training(signum, frame):
   process_exit.exit_now(stopped.exit_code)
 
 
-def _joined_a_cluster():
+def _joined_a_cluster() -> bool:
   """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
   context = sys.modules.get("tensorflow.python.eager.context")
   current = context and context.context_safe()

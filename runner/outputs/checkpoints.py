@@ -1,6 +1,6 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 import os
 from typing import Any
 
@@ -16,7 +16,7 @@ from strategies.errors import first_line
 DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.
 
 
-def latest(model_dir):
+def latest(model_dir: str) -> str | None:
   """Returns the path of the newest checkpoint the Trainer wrote under `model_dir`, or None.
 
   It is the first one `Checkpoints.restore_latest` tries: the newest of the
@@ -27,7 +27,7 @@ def latest(model_dir):
   return checkpoint_list.read(os.path.join(model_dir, DIRECTORY)).newest
 
 
-def latest_step(model_dir):
+def latest_step(model_dir: str | None) -> int | None:
   """Returns the global step of the newest checkpoint under `model_dir` (a run resumes there), or None.
 
   None also when `model_dir` is None or does not exist. Checkpoints are named
@@ -77,7 +77,16 @@ class Checkpoints:
     saved_step: the step of the checkpoint restored or last saved, or None.
   """
 
-  def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep) -> None:
+  def __init__(
+      self,
+      strategy: tf.distribute.Strategy,
+      model_dir: str,
+      *,
+      model: Any,
+      optimizer: Any,
+      step: tf.Variable,
+      max_to_keep: int | None,
+  ) -> None:
     """Initializes the `Checkpoints`.
 
     Args:
@@ -100,7 +109,7 @@ class Checkpoints:
     self._weights_finite: Callable[[], Any] | None = None
     self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
 
-  def restore_latest(self):
+  def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
 
     Raises:
@@ -146,7 +155,7 @@ class Checkpoints:
       )
     return None
 
-  def save(self, step):
+  def save(self, step: int) -> str:
     """Writes a checkpoint numbered `step`; returns its path (a deleted scratch path off the chief).
 
     Raises:
@@ -184,7 +193,7 @@ class Checkpoints:
     self.saved_step = step
     return path
 
-  def save_unless_saved(self, step) -> None:
+  def save_unless_saved(self, step: int) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise."""
     if self.saved_step != step:
       self.save(step)
@@ -212,7 +221,7 @@ class Checkpoints:
           "Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).", leftover
       )
 
-  def _new_manager(self):
+  def _new_manager(self) -> tf.train.CheckpointManager:
     """The chief's `tf.train.CheckpointManager`, after the checkpoint list is rewritten if it had to be rebuilt.
 
     The manager learns the checkpoints on disk from the list, and rotates
@@ -223,7 +232,7 @@ class Checkpoints:
       checkpoint_list.write(checkpoints)
     return tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self._max_to_keep)
 
-  def _restore_all_or_nothing(self, path):
+  def _restore_all_or_nothing(self, path: str) -> None:
     """Restores `path`; if that fails part-way, puts every variable back as it was, then raises.
 
     Raises:
@@ -244,12 +253,12 @@ class Checkpoints:
           f"Use a new model_dir, or the model, optimizer and precision that wrote it."
       ) from None
 
-  def _put_back(self, values) -> None:
+  def _put_back(self, values: Sequence[Any]) -> None:
     with self._strategy.scope():
       for variable, value in values:
         variable.assign(value)
 
-  def _remove_unlisted(self, prefix) -> None:
+  def _remove_unlisted(self, prefix: str) -> None:
     """Deletes what a failed save of `prefix` left, unless the state file lists it."""
     if prefix in checkpoint_list.read(os.path.dirname(prefix)).listed:
       return
@@ -262,7 +271,7 @@ class Checkpoints:
       except (tf.errors.OpError, OSError):
         pass
 
-  def _finite(self):
+  def _finite(self) -> bool:
     if self._weights_finite is None:
       variables = [v.value if isinstance(v, keras.Variable) else v for v in self._model.weights]
       floating = [v for v in variables if v.dtype.is_floating]
@@ -274,7 +283,7 @@ class UnreadableCheckpointError(Exception):
   """A checkpoint's files cannot be read; the message says how."""
 
 
-def _damage(path):
+def _damage(path: str) -> str | None:
   """Returns how the checkpoint at `path` cannot be read (reading every tensor), or None if it can."""
   try:
     reader = tf.train.load_checkpoint(path)

@@ -7,14 +7,17 @@ come before its logging is set up and ignore `TF_CPP_MIN_LOG_LEVEL`. A user who
 sets `TF_CPP_MIN_LOG_LEVEL` themselves gets TensorFlow's output untouched.
 """
 
+from collections.abc import Callable, Iterator, Sequence
 import contextlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import logging
 import os
 import re
 import sys
 import tempfile
+import types
 
 from absl import logging as absl_logging
 
@@ -60,7 +63,7 @@ def quiet_start() -> bool:
   return True
 
 
-def _quiet(tensorflow_module, load) -> None:
+def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object]) -> None:
   """Runs `load` (the import of TensorFlow's package) and lists the devices with the chatter dropped."""
   with _filtered_stderr(_is_chatter):
     load()
@@ -72,7 +75,9 @@ def _quiet(tensorflow_module, load) -> None:
 class _QuietFirstImport(importlib.abc.MetaPathFinder):
   """A finder on `sys.meta_path` that makes the first import of `tensorflow` a quiet one, then steps aside."""
 
-  def find_spec(self, fullname, path=None, target=None):
+  def find_spec(
+      self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+  ) -> importlib.machinery.ModuleSpec | None:
     del path, target  # The top-level package only.
     if fullname != "tensorflow":
       return None
@@ -86,30 +91,31 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder):
 class _QuietLoader(importlib.abc.Loader):
   """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
 
-  def __init__(self, loader) -> None:
+  def __init__(self, loader: importlib.abc.Loader) -> None:
     self._loader = loader
 
-  def create_module(self, spec):
+  def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
     return self._loader.create_module(spec)
 
-  def exec_module(self, module) -> None:
+  def exec_module(self, module: types.ModuleType) -> None:
+    assert module.__spec__ is not None  # The import system made the module from a spec.
     module.__loader__ = module.__spec__.loader = self._loader  # What the package would have had.
     _quiet(module, lambda: self._loader.exec_module(module))
 
 
-def without_tensorflow_info(record):
+def without_tensorflow_info(record: logging.LogRecord) -> bool:
   """A logging filter: drops INFO (and DEBUG) records logged from TensorFlow's own Python code."""
   return record.levelno >= logging.WARNING or _TENSORFLOW_DIR not in record.pathname
 
 
-def _is_chatter(line):
+def _is_chatter(line: str) -> bool:
   if _STARTUP_CHATTER.search(line):
     return True
   return bool(_NO_GPU_CUINIT.search(line)) and not os.path.exists("/dev/nvidiactl")
 
 
 @contextlib.contextmanager
-def _filtered_stderr(is_dropped):
+def _filtered_stderr(is_dropped: Callable[[str], bool]) -> Iterator[None]:
   """Captures file descriptor 2 inside the block, then writes back every line `is_dropped` rejects."""
   sys.stderr.flush()
   saved = os.dup(2)
