@@ -22,7 +22,9 @@ What is checked, and when:
 Values that are not finite are found inside the step (see `runner.training.loops`).
 """
 
+from collections.abc import Callable, Iterator, Sequence
 import re
+from typing import Any
 
 import keras
 import numpy as np
@@ -45,7 +47,7 @@ class LabelsOutOfRangeError(DataError):
     step: the training step whose batch held it (None: an evaluation's).
   """
 
-  def __init__(self, step) -> None:
+  def __init__(self, step: int | None) -> None:
     where = "an evaluation batch" if step is None else f"the batch of step {step}"
     super().__init__(f"A label outside the valid range in {where}.")
     self.step = step
@@ -57,7 +59,7 @@ _LABELS_READ = 1_000_000
 _ANNOTATIONS = re.compile(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*$")
 
 
-def declared_features_spec(model):
+def declared_features_spec(model: Any) -> Any:
   """Returns the per-example features spec a model declares (`keras.Input`), or None.
 
   A nest like the model's inputs, each a `tf.TensorSpec` without the batch
@@ -75,7 +77,7 @@ def declared_features_spec(model):
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
 
 
-def outputs_spec(model, features_spec):
+def outputs_spec(model: Any, features_spec: Any) -> Any:
   """Returns the spec of `model`'s outputs for a batch of `features_spec` (a nest), or None if Keras cannot tell.
 
   Computed symbolically (`keras.Model.compute_output_spec`): nothing runs.
@@ -88,7 +90,7 @@ def outputs_spec(model, features_spec):
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
 
 
-def check_features(element_spec, expected, *, purpose):
+def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
   """Checks the features of one element against what the model takes.
 
   Args:
@@ -168,7 +170,7 @@ _ONE_TENSOR_LAYERS = (
 )
 
 
-def check_one_tensor_for_sequential(element_spec, model, *, purpose):
+def check_one_tensor_for_sequential(element_spec: Any, model: Any, *, purpose: str) -> None:
   """Checks that a `keras.Sequential` model starting with a one-tensor layer gets one tensor of features.
 
   The built-in models start with `Flatten`; Keras fails deep inside it on a
@@ -203,7 +205,7 @@ def check_one_tensor_for_sequential(element_spec, model, *, purpose):
   )
 
 
-def label_range(element_spec, outputs_spec, task, *, purpose):
+def label_range(element_spec: Any, outputs_spec: Any, task: Any, *, purpose: str) -> Any:
   """Returns the task's `runner.tasks.LabelRange` for these labels and outputs, or None (no per-batch check).
 
   Raises:
@@ -218,7 +220,7 @@ def label_range(element_spec, outputs_spec, task, *, purpose):
     raise DataError(f"The {purpose} data's {e}") from None
 
 
-def features_expected(model, features_spec):
+def features_expected(model: Any, features_spec: Any) -> Any:
   """The per-example features `model` takes, or None before it is built.
 
   They are the declared ones (`declared_features_spec`), or those of
@@ -230,7 +232,7 @@ def features_expected(model, features_spec):
   return declared
 
 
-def step_error(error, data, valid_labels, *, step, purpose):
+def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises another error.
 
   Args:
@@ -254,7 +256,9 @@ def step_error(error, data, valid_labels, *, step, purpose):
   return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)
 
 
-def labels_out_of_range_error(found, valid_labels, *, step, purpose):
+def labels_out_of_range_error(
+    found: tuple[int, Any] | None, valid_labels: Any, *, step: int | None, purpose: str
+) -> DataError:
   """Returns the DataError for a step whose batch held a label outside `valid_labels`.
 
   Args:
@@ -275,7 +279,7 @@ def labels_out_of_range_error(found, valid_labels, *, step, purpose):
   )
 
 
-def first_label_outside(data, valid_labels):
+def first_label_outside(data: Any, valid_labels: Any) -> tuple[int, Any] | None:
   """Returns `(example number, label)` of the first label of `data` outside `valid_labels`, or None.
 
   Reads the data again from its start, at most `_LABELS_READ` examples: for
@@ -298,7 +302,7 @@ def first_label_outside(data, valid_labels):
   return None
 
 
-def read_error(error, data, *, step, purpose):
+def read_error(error: Exception, data: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError for data that could not be read (a `tf.errors.DataLossError`).
 
   The TFRecord files the data reads (a `runner.data.TFRecordFiles`' files, or
@@ -324,7 +328,7 @@ def read_error(error, data, *, step, purpose):
   )
 
 
-def parse_error(error, data, *, step, purpose):
+def parse_error(error: Exception, data: Any, *, step: int | None, purpose: str) -> DataError | None:
   """Returns the DataError for records that `data`'s parse function rejects, or None for another error.
 
   For a `runner.data.TFRecordFiles`, its files are read again with its
@@ -351,10 +355,10 @@ def parse_error(error, data, *, step, purpose):
         f"{where}: {path}, record {record_number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
         "Write the files with the features parse_fn reads, or change the features it reads."
     )
-  found = _PARSER_REASON.search(getattr(error, "message", str(error)))
-  if found is None:
+  said = _PARSER_REASON.search(getattr(error, "message", str(error)))
+  if said is None:
     return None
-  reason = " ".join(found.group().split()).rstrip(".")
+  reason = " ".join(said.group().split()).rstrip(".")
   files, _ = _tfrecord_files(data.get_dataset(tf.distribute.InputContext()))
   in_files = f" in a record of {', '.join(files)}" if files else ""
   return DataError(
@@ -369,7 +373,7 @@ _PARSER_REASON = re.compile(
 )  # Example parser's reasons.
 
 
-def _first_record_not_parsed(data):
+def _first_record_not_parsed(data: Any) -> tuple[str, int, bytes, str] | None:
   """Returns `(path, record number, serialized record, TensorFlow's reason)` of the first record `parse_fn` rejects."""
   for path in data.files:
     good = 0
@@ -387,7 +391,7 @@ def _first_record_not_parsed(data):
   return None
 
 
-def _parse_mismatch(parse_fn, record, reason) -> str:
+def _parse_mismatch(parse_fn: Callable[..., Any], record: bytes, reason: str) -> str:
   """Says which feature of `record` `parse_fn` rejects: what the record holds and what parse_fn reads.
 
   Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
@@ -416,7 +420,7 @@ def _parse_mismatch(parse_fn, record, reason) -> str:
   return f"its feature {name!r} holds {_held(features[name])}, but parse_fn reads it as {reads}"
 
 
-def _features_read(parse_fn):
+def _features_read(parse_fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
   """Returns {feature name: (dtype, shape or None)} that `parse_fn`'s Example parsers read (from its traced graph)."""
   try:
     graph = tf.function(parse_fn).get_concrete_function(tf.TensorSpec([], tf.string)).graph
@@ -435,7 +439,7 @@ def _features_read(parse_fn):
   return wanted
 
 
-def _held(feature) -> str:
+def _held(feature: Any) -> str:
   """'float_list of 8 values' for a `tf.train.Feature`."""
   kind = feature.WhichOneof("kind")
   if kind is None:
@@ -443,7 +447,7 @@ def _held(feature) -> str:
   return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}"
 
 
-def _values(shape) -> str:
+def _values(shape: Any) -> str:
   """'16 values' for a fixed shape [16] ('1 value' for a scalar), 'any number of values' otherwise."""
   if not shape.is_fully_defined():
     return "any number of values"
@@ -451,7 +455,7 @@ def _values(shape) -> str:
   return f"{count} value{'s' if count != 1 else ''}"
 
 
-def _tfrecord_files(dataset):
+def _tfrecord_files(dataset: Any) -> tuple[list[str], str]:
   """Returns `(paths, compression type)`: the existing files named by string constants in `dataset`'s graph.
 
   A pipeline built on `tf.data.TFRecordDataset(files)` holds its file names
@@ -474,7 +478,7 @@ def _tfrecord_files(dataset):
   )
 
 
-def _first_bad_record(files, compression_type):
+def _first_bad_record(files: Sequence[str], compression_type: str | None) -> tuple[str, int, str] | None:
   """Returns `(path, record number, TensorFlow's reason)` of the first record that fails to read, or None."""
   for path in files:
     good = 0
@@ -491,7 +495,7 @@ def _first_bad_record(files, compression_type):
   return None
 
 
-def leaves(nest, path=""):
+def leaves(nest: Any, path: str = "") -> Iterator[tuple[str, Any]]:
   """Yields `(path, leaf)` for each leaf of a nest of dicts (keys sorted), tuples and lists.
 
   The path is '' for a single leaf, else like "['title']", "[0]" or "[0]['ids']".
@@ -506,15 +510,15 @@ def leaves(nest, path=""):
     yield path, nest
 
 
-def _shape(shape):
+def _shape(shape: Any) -> str:
   return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
 
 
-def _spec(spec):
+def _spec(spec: Any) -> str:
   return str(spec).replace("\n", " ")
 
 
-def _reason(message):
+def _reason(message: str) -> str:
   """TensorFlow's reason in an error message, without its node and op annotations.
 
   A graph's error puts the reason last, after a 'Graph execution error:'

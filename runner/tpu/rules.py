@@ -19,7 +19,9 @@ to int32 in the input pipeline for speed. float64 does not: a TPU has no
 64-bit floating point, and XLA's emulation covers only some ops.
 """
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 import re
+from typing import Any
 
 import tensorflow as tf
 
@@ -76,7 +78,7 @@ _ELEMENT_PARTS = ("features", "labels", "sample_weight")
 _UNIQUIFIED = re.compile(r"_\d+$")  # TensorFlow makes a reused name scope 'dense' into 'dense_1'.
 
 
-def element_problem(element_spec, data_name):
+def element_problem(element_spec: Any, data_name: str) -> str | None:
   """Returns what a TPU would reject in a dataset element, or None.
 
   Args:
@@ -116,7 +118,7 @@ def element_problem(element_spec, data_name):
   return None
 
 
-def op_problem(traced, model, step_name):
+def op_problem(traced: Iterable[tuple[Any, Sequence[Any]]], model: Any, step_name: str) -> str | None:
   """Returns what a TPU would reject among the ops of a replica step, or None.
 
   Args:
@@ -156,7 +158,7 @@ def op_problem(traced, model, step_name):
   return None
 
 
-def walk(traced):
+def walk(traced: Iterable[tuple[Any, Sequence[Any]]]) -> Iterator[Any]:
   """Yields the ops of `traced`, `(graph, ops)` pairs, and of the functions they call, recursively.
 
   The ops come in the order they were made, the ops of a called function
@@ -164,7 +166,7 @@ def walk(traced):
   """
   seen = set()
 
-  def ops_of(graph, ops):
+  def ops_of(graph: Any, ops: Sequence[Any]) -> Iterator[Any]:
     for op in ops:
       yield op
       for name in _called_functions(op):
@@ -178,7 +180,7 @@ def walk(traced):
     yield from ops_of(graph, ops)
 
 
-def _called_functions(op):
+def _called_functions(op: Any) -> Iterator[str]:
   """The names of the functions `op` calls (a call, an XLA cluster, a loop body or condition, a branch)."""
   for value in op.node_def.attr.values():
     if value.HasField("func"):
@@ -187,14 +189,14 @@ def _called_functions(op):
       yield from (f.name for f in value.list.func)
 
 
-def _layers_by_name(model):
+def _layers_by_name(model: Any) -> dict[str, Any]:
   """{name: layer} for the model and every layer inside it."""
   flatten = getattr(model, "_flatten_layers", None)  # Keras's own walk over nested layers and models.
   layers = list(flatten(include_self=True)) if flatten else [model, *getattr(model, "layers", ())]
   return {layer.name: layer for layer in layers}
 
 
-def _location(op, layers) -> str:
+def _location(op: Any, layers: Mapping[str, Any]) -> str:
   """Where `op` came from: the innermost layer in its name scope, else outside the model's layers."""
   for scope in reversed(op.name.split("/")[:-1]):
     for name in (scope, _UNIQUIFIED.sub("", scope)):
@@ -204,14 +206,14 @@ def _location(op, layers) -> str:
   return f"outside the model's layers (in the task's loss, a metric or the optimizer; op name {op.name!r})"
 
 
-def _only_asserted(tensor):
+def _only_asserted(tensor: Any) -> bool:
   """Whether only Assert ops read `tensor` (their messages): XLA drops Assert, so its strings never reach a TPU."""
   return all(consumer.type == "Assert" for consumer in tensor.consumers())
 
 
-def _shape(shape):
+def _shape(shape: Any) -> str:
   return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
 
 
-def _names(dtypes):
+def _names(dtypes: Iterable[Any]) -> str:
   return ", ".join(d.name for d in dtypes)
