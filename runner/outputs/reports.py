@@ -1,6 +1,6 @@
 """What a run tells the user: progress lines, TensorBoard scalars and `metrics.jsonl`."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import datetime
 import json
 import os
@@ -18,12 +18,12 @@ _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
 ).SerializeToString()
 
 
-def summary_dir(model_dir, split):
+def summary_dir(model_dir: str, split: str) -> str:
   """Returns the directory of the TensorBoard summaries of `split` ('train' or 'eval') under `model_dir`."""
   return os.path.join(model_dir, "summaries", split)
 
 
-def train_results_at(model_dir, step):
+def train_results_at(model_dir: str, step: int) -> dict[str, float]:
   """Returns the `loss` and metrics of the last train row of `step` in `model_dir/metrics.jsonl`, or {}.
 
   {} when the file or such a row is missing; rows that do not parse (a line
@@ -34,7 +34,7 @@ def train_results_at(model_dir, step):
   return {name: value for name, value in row.items() if name not in ("steps_per_sec", "examples_per_sec")}
 
 
-def eval_results_at(model_dir, step):
+def eval_results_at(model_dir: str, step: int) -> dict[str, float]:
   """Returns the last evaluation at `step` in `model_dir/metrics.jsonl` (as `Trainer.evaluate` returned it), or {}.
 
   {} when the file or such a row is missing; rows that do not parse are skipped.
@@ -42,7 +42,7 @@ def eval_results_at(model_dir, step):
   return _last_row(model_dir, split="eval", step=step)
 
 
-def _last_row(model_dir, *, split, step):
+def _last_row(model_dir: str, *, split: str, step: int) -> dict[str, float]:
   """The values of the last row of `split` and `step` in `model_dir/metrics.jsonl` (without those two keys), or {}."""
   found = {}
   for line in _lines(os.path.join(model_dir, "metrics.jsonl")):
@@ -71,7 +71,7 @@ class Reporter:
   purge: TensorBoard shows both runs' points for the replayed steps.
   """
 
-  def __init__(self, model_dir, *, is_chief) -> None:
+  def __init__(self, model_dir: str | None, *, is_chief: bool) -> None:
     """Initializes the `Reporter`.
 
     Args:
@@ -82,9 +82,9 @@ class Reporter:
     self._jsonl: IO[str] | None = None
     self._scalars: dict[str, _BufferedScalars] = {}  # split -> _BufferedScalars
     self._resumed = False  # Whether `resume_at` was called.
-    self._replayed_after = None  # The step it gave, until the rows past it are dropped.
+    self._replayed_after: int | None = None  # The step it gave, until the rows past it are dropped.
 
-  def resume_at(self, step) -> None:
+  def resume_at(self, step: int) -> None:
     """Says that training (re)starts at global step `step`: rows of `metrics.jsonl` past it are dropped.
 
     They were written by a run that stopped (killed, crashed) before its
@@ -97,7 +97,15 @@ class Reporter:
       self._resumed, self._replayed_after = True, step
 
   def train_loop(
-      self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec, tracing_seconds=None
+      self,
+      *,
+      step: int,
+      total_steps: int,
+      results: Mapping[str, float],
+      learning_rate: float,
+      steps_per_sec: float,
+      examples_per_sec: float,
+      tracing_seconds: float | None = None,
   ) -> None:
     """Reports one train loop.
 
@@ -145,7 +153,7 @@ class Reporter:
         },
     )
 
-  def evaluation(self, *, step, results, seconds) -> None:
+  def evaluation(self, *, step: int, results: Mapping[str, float], seconds: float) -> None:
     """Reports one evaluation: `results` holds `loss`, every metric and `num_examples`."""
     logging.info("eval at step %d: %s (%.1f s)", step, _Formatted(results), seconds)
     if self._dir is None:
@@ -160,7 +168,7 @@ class Reporter:
     if self._jsonl is not None:
       self._jsonl.flush()
 
-  def _write_row(self, row) -> None:
+  def _write_row(self, row: Mapping[str, Any]) -> None:
     assert self._dir is not None  # Rows are written only where files are (`model_dir` on the chief).
     if self._replayed_after is not None:
       if self._jsonl is not None:
@@ -178,13 +186,14 @@ class Reporter:
       )
     self._jsonl.write(json.dumps(row) + "\n")
 
-  def _write_scalars(self, split, step, scalars) -> None:
+  def _write_scalars(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
+    assert self._dir is not None  # Scalars are written only where files are (`model_dir` on the chief).
     if split not in self._scalars:
       self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
 
 
-def _drop_rows_past(path, step) -> None:
+def _drop_rows_past(path: str, step: int) -> None:
   """Rewrites the `metrics.jsonl` at `path` without its rows past `step` (and a last row cut short), if it has any.
 
   The file is replaced whole (`atomic_files`, so a `gs://` path works too): a
@@ -214,7 +223,7 @@ def _drop_rows_past(path, step) -> None:
   )
 
 
-def _lines(path):
+def _lines(path: str) -> list[bytes]:
   """The lines of the file at `path` as bytes, each with its newline (a last line cut short without); [] if none."""
   if not tf.io.gfile.exists(path):
     return []
@@ -222,7 +231,7 @@ def _lines(path):
     return f.read().splitlines(keepends=True)
 
 
-def _parsed(line):
+def _parsed(line: bytes) -> Any:
   """The JSON value of `line`, or None if it is not one."""
   try:
     return json.loads(line)
@@ -242,7 +251,7 @@ class _BufferedScalars:
   MAX_ROWS = 100
   MAX_SECONDS = 10.0
 
-  def __init__(self, directory) -> None:
+  def __init__(self, directory: str) -> None:
     self._writer = tf.summary.create_file_writer(directory)
     self._names: tuple[str, ...] | None = None
     self._write: Callable[[tf.Tensor, tf.Tensor], Any] | None = None
@@ -250,7 +259,7 @@ class _BufferedScalars:
     self._rows: list[list[float]] = []
     self._last_write = time.monotonic()
 
-  def add(self, step, scalars) -> None:
+  def add(self, step: int, scalars: Mapping[str, float]) -> None:
     """Buffers `scalars` (name -> float) at `step`; writes the buffer when it is due."""
     names = tuple(scalars)
     if names != self._names:
@@ -269,11 +278,11 @@ class _BufferedScalars:
     self._writer.flush()
     self._last_write = time.monotonic()
 
-  def _writer_function(self, names):
+  def _writer_function(self, names: tuple[str, ...]) -> Callable[[tf.Tensor, tf.Tensor], Any]:
     writer = self._writer
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(names)], tf.float32)])
-    def write(steps, rows) -> None:
+    def write(steps: tf.Tensor, rows: tf.Tensor) -> None:
       with writer.as_default():
         for i in tf.range(tf.shape(steps)[0]):
           for j, name in enumerate(names):
@@ -285,7 +294,7 @@ class _BufferedScalars:
 class _Formatted:
   """`name value` pairs, formatted only if the log line is emitted."""
 
-  def __init__(self, results) -> None:
+  def __init__(self, results: Mapping[str, float]) -> None:
     self._results = results
 
   def __str__(self) -> str:

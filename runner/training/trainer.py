@@ -164,6 +164,7 @@ class Trainer:
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
     if self._options.profile_steps is not None and strategy.extended.should_checkpoint:
       first, last = self._options.profile_steps
+      assert model_dir is not None  # TrainerOptions: profile_steps needs a model_dir.
       self._profile = profiling.ProfileWindow(first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
     self._features_spec = None
     self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.

@@ -35,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -87,7 +88,7 @@ class Holder:
 class WorkdirLock:
   """A held workdir lock: refreshed in a thread while held, removed by `release` (also at `exit_now`)."""
 
-  def __init__(self, *, path, text) -> None:
+  def __init__(self, *, path: str, text: str) -> None:
     """Initializes the `WorkdirLock`.
 
     Args:
@@ -128,7 +129,7 @@ class WorkdirLock:
         logging.warning("Could not refresh the workdir lock %s (%s).", self.path, e)
 
 
-def acquire(workdir, *, mode):
+def acquire(workdir: str, *, mode: str) -> WorkdirLock:
   """Takes the lock of `workdir` (which exists) for this process, taking over a stale one.
 
   Args:
@@ -197,7 +198,7 @@ def acquire(workdir, *, mode):
   )
 
 
-def is_held(workdir) -> bool:
+def is_held(workdir: str) -> bool:
   """Whether a live run holds the lock of `workdir` (a stale or damaged one does not; a failed read counts as held)."""
   try:
     found = _read_or_none(os.path.join(workdir, FILE_NAME))
@@ -206,7 +207,7 @@ def is_held(workdir) -> bool:
   return found is not None and not _is_stale(found)
 
 
-def _create_local(path, text) -> bool:
+def _create_local(path: str, text: str) -> bool:
   """Creates `path` holding `text` if it does not exist; returns whether it did."""
   try:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -223,7 +224,7 @@ def _create_local(path, text) -> bool:
   return True
 
 
-def _create_remote(path, text):
+def _create_remote(path: str, text: str) -> bool:
   """Writes `path` if absent, then reads it back after a pause; returns whether it is this run's."""
   if tf.io.gfile.exists(path):
     return False
@@ -232,7 +233,7 @@ def _create_remote(path, text):
   return _read(path) == text.encode()
 
 
-def _write_remote(path, text) -> None:
+def _write_remote(path: str, text: str) -> None:
   with tf.io.gfile.GFile(path, "w") as f:
     f.write(text)
 
@@ -253,7 +254,7 @@ class _Found:
   unreadable: str | None
 
 
-def _read_or_none(path):
+def _read_or_none(path: str) -> "_Found | None":
   """Returns the `_Found` lock file at `path`, or None if there is none.
 
   Raises:
@@ -276,7 +277,7 @@ def _read_or_none(path):
     )
 
 
-def _holder(fields):
+def _holder(fields: Any) -> Holder:
   """The `Holder` of a lock file's JSON `fields`.
 
   Raises:
@@ -293,7 +294,7 @@ def _holder(fields):
   return holder
 
 
-def _read_complete(path):
+def _read_complete(path: str) -> "_Found | None":
   """`_read_or_none`, waiting up to a second for a lock file just created to hold its holder."""
   for _ in range(10):
     found = _read_or_none(path)
@@ -303,7 +304,7 @@ def _read_complete(path):
   return found
 
 
-def _is_stale(found):
+def _is_stale(found: "_Found") -> bool:
   """Whether the `_Found` lock belongs to no live run (a damaged one included)."""
   if found.holder is None:
     return time.time() - found.modified > UNREADABLE_GRACE_SECONDS
@@ -312,7 +313,7 @@ def _is_stale(found):
   return time.time() - found.modified > STALE_AFTER_SECONDS
 
 
-def _remove_stale(path, found) -> None:
+def _remove_stale(path: str, found: "_Found") -> None:
   """Removes the stale lock `found` at `path`, unless another run replaced it meanwhile."""
   if _is_remote(path):
     _remove(path)
@@ -330,7 +331,7 @@ def _remove_stale(path, found) -> None:
   os.remove(aside)
 
 
-def _process_start(pid) -> str | None:
+def _process_start(pid: int) -> str | None:
   """'<boot id>:<start ticks>' of process `pid`; '' where there is no /proc but it runs; None if it is gone."""
   try:
     with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
@@ -351,15 +352,15 @@ def _process_start(pid) -> str | None:
   return None if state in ("Z", "X") else f"{boot}:{start}"
 
 
-def _is_remote(path) -> bool:
+def _is_remote(path: str) -> bool:
   return "://" in path
 
 
-def _read(path):
+def _read(path: str) -> bytes:
   """The bytes of `path` (bytes: a damaged lock file need not be UTF-8)."""
   with tf.io.gfile.GFile(path, "rb") as f:
     return f.read()
 
 
-def _remove(path) -> None:
+def _remove(path: str) -> None:
   tf.io.gfile.remove(path)
