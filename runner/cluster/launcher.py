@@ -49,6 +49,7 @@ Ctrl-C; 2 for bad launcher input (one line `error: ...` on stderr).
 This module imports no TensorFlow: it only supervises processes.
 """
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 import ctypes
 import dataclasses
 import json
@@ -61,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, IO
 
 from absl import flags
 
@@ -109,12 +111,12 @@ class Task:
   index: int
 
   @property
-  def name(self):
+  def name(self) -> str:
     """`chief`, or `type:index` such as `worker:1`: the prefix of its output lines."""
     return self.type if self.type == "chief" else f"{self.type}:{self.index}"
 
 
-def job_sizes(*, workers, ps):
+def job_sizes(*, workers: int, ps: int) -> dict[str, int]:
   """Returns {job: number of tasks}: `{"worker": workers}`, or with ps >= 1 `{"chief": 1, "worker": workers, "ps": ps}`.
 
   Raises:
@@ -127,7 +129,7 @@ def job_sizes(*, workers, ps):
   return {"chief": 1, "worker": workers, "ps": ps} if ps else {"worker": workers}
 
 
-def cluster_spec(*, workers, ps, ports):
+def cluster_spec(*, workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[str]]:
   """Returns the job's cluster on localhost, as in TF_CONFIG.
 
   Args:
@@ -149,12 +151,12 @@ def cluster_spec(*, workers, ps, ports):
   return {job: [next(addresses) for _ in range(size)] for job, size in sizes.items()}
 
 
-def tasks(cluster):
+def tasks(cluster: Mapping[str, Sequence[str]]) -> list[Task]:
   """Returns every `Task` of `cluster`, in its order (chief, workers, ps)."""
   return [Task(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
 
 
-def tf_config(*, cluster, task_type, index):
+def tf_config(*, cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict[str, Any]:
   """Returns the TF_CONFIG (a dict; the environment gets its JSON) of one task of `cluster`.
 
   Raises:
@@ -167,7 +169,7 @@ def tf_config(*, cluster, task_type, index):
   return {"cluster": cluster, "task": {"type": task_type, "index": index}}
 
 
-def runner_arguments(arguments, *, ps):
+def runner_arguments(arguments: Sequence[str], *, ps: int) -> list[str]:
   """Returns the arguments every task passes to `python -m runner`.
 
   They are `arguments` plus `--config.strategy.name=<the job's strategy>`
@@ -204,7 +206,7 @@ def runner_arguments(arguments, *, ps):
   return arguments
 
 
-def workdir_of(arguments):
+def workdir_of(arguments: Sequence[str]) -> str | None:
   """The value of the runner arguments' `--workdir=DIR` (or `--workdir DIR`), or None when they have none."""
   for position, argument in enumerate(arguments):
     match = _WORKDIR.match(argument)
@@ -215,7 +217,7 @@ def workdir_of(arguments):
   return None
 
 
-def latest_checkpoint(workdir):
+def latest_checkpoint(workdir: str) -> tuple[str, int] | None:
   """`(name, step)` of the newest checkpoint in the local `workdir`, e.g. `('ckpt-40', 40)`, or None.
 
   Found from the `ckpt-N.index` files without TensorFlow, as a rerun finds
@@ -229,7 +231,7 @@ def latest_checkpoint(workdir):
   return (f"ckpt-{max(steps)}", max(steps)) if steps else None
 
 
-def stop_outcome(workdir, before) -> str:
+def stop_outcome(workdir: str, before: tuple[str, int] | None) -> str:
   """The launcher's last words after a stop: whether the job saved a checkpoint in `workdir`.
 
   Args:
@@ -249,7 +251,7 @@ def stop_outcome(workdir, before) -> str:
   return "no checkpoint was written; a rerun of the same command starts from step 0"
 
 
-def free_ports(count):
+def free_ports(count: int) -> list[int]:
   """Returns `count` distinct TCP ports that were free on localhost (bound to port 0, then released)."""
   sockets = []
   try:
@@ -262,7 +264,7 @@ def free_ports(count):
       s.close()
 
 
-def describe_exit(returncode) -> str:
+def describe_exit(returncode: int) -> str:
   """`exited with status N`, or `was killed by SIGNAME` for a negative (signal) returncode."""
   if returncode >= 0:
     return f"exited with status {returncode}"
@@ -272,7 +274,7 @@ def describe_exit(returncode) -> str:
     return f"was killed by signal {-returncode}"
 
 
-def exit_status(returncode):
+def exit_status(returncode: int) -> int:
   """The launcher's exit status for a failed task's `returncode`: it when in 1..255, else 1 (a signal)."""
   return returncode if 1 <= returncode <= 255 else 1
 
@@ -283,15 +285,15 @@ class _Output:
   def __init__(self) -> None:
     self._lock = threading.Lock()
 
-  def line(self, stream, text) -> None:
+  def line(self, stream: IO[str], text: str) -> None:
     with self._lock:
       stream.write(text + "\n")
       stream.flush()
 
-  def launcher(self, text) -> None:
+  def launcher(self, text: str) -> None:
     self.line(sys.stderr, f"[launch] {text}")
 
-  def relay(self, pipe, stream, prefix) -> None:
+  def relay(self, pipe: IO[bytes], stream: IO[str], prefix: str) -> None:
     """Prints every line read from `pipe` (bytes) on `stream` with `prefix`, until the pipe closes."""
     with pipe:
       for raw in pipe:
@@ -307,7 +309,7 @@ class _Job:
   it gets SIGTERM when the launcher dies (`_ends_with_the_launcher`).
   """
 
-  def __init__(self, *, workers, ps, arguments, output) -> None:
+  def __init__(self, *, workers: int, ps: int, arguments: Sequence[str], output: _Output) -> None:
     ports = free_ports(sum(job_sizes(workers=workers, ps=ps).values()))
     self.cluster = cluster_spec(workers=workers, ps=ps, ports=ports)
     self.tasks = tasks(self.cluster)
@@ -347,7 +349,7 @@ class _Job:
       for thread in self._threads[-3:]:
         thread.start()
 
-  def stop(self, *, grace_seconds, abort):
+  def stop(self, *, grace_seconds: float, abort: Callable[[], object]) -> list[Task]:
     """Stops the tasks still running: SIGTERM, then SIGKILL to those left.
 
     SIGTERM goes again every `SIGTERM_REPEAT_SECONDS`; SIGKILL goes to the
@@ -380,16 +382,16 @@ class _Job:
       thread.join(timeout=max(0, deadline - time.monotonic()))
     return killed
 
-  def wait(self, seconds, *, stop) -> None:
+  def wait(self, seconds: float, *, stop: Callable[[], object]) -> None:
     """Waits up to `seconds` for every task to exit by itself, or until `stop()`."""
     deadline = time.monotonic() + seconds
     while self._running() and time.monotonic() < deadline and not stop():
       time.sleep(POLL_SECONDS)
 
-  def _running(self):
+  def _running(self) -> list[Task]:
     return [task for task, process in self._processes.items() if process.poll() is None]
 
-  def _signal(self, running, signum) -> None:
+  def _signal(self, running: Iterable[Task], signum: int) -> None:
     for task in running:
       try:
         self._processes[task].send_signal(signum)
@@ -397,7 +399,7 @@ class _Job:
         pass  # It exited meanwhile.
 
 
-def _ends_with_the_launcher(launcher_pid):
+def _ends_with_the_launcher(launcher_pid: int) -> Callable[[], None]:
   """Returns the `preexec_fn` that gives a task SIGTERM when the launcher dies (Linux; elsewhere nothing).
 
   The task asks the kernel for SIGTERM at its parent's death
@@ -421,7 +423,9 @@ def _ends_with_the_launcher(launcher_pid):
   return preexec
 
 
-def _run_once(job, *, signals, grace_seconds, output):
+def _run_once(
+    job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: float, output: _Output
+) -> tuple[Task, int] | None:
   """Runs `job` until it succeeds, a task fails or a stop signal comes; then stops it.
 
   Returns:
@@ -472,13 +476,14 @@ def _run_once(job, *, signals, grace_seconds, output):
       output.launcher(f"killed {', '.join(task.name for task in killed)} with SIGKILL: {why}.")
 
 
-def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
+def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int, grace_seconds: float) -> int:
   """Runs the job, restarting it up to `max_restarts` times; returns the launcher's exit status.
 
   `arguments` are the runner's, checked by `runner_arguments`.
   """
   output = _Output()
   workdir = workdir_of(arguments)
+  assert workdir is not None  # `runner_arguments` made sure the arguments name one.
   with stop_signals.StopSignals(in_training=False) as signals:
     for attempt in range(max_restarts + 1):
       before = latest_checkpoint(workdir)
@@ -512,12 +517,13 @@ def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
     return exit_status(returncode)
 
 
-def _parse(argv):
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """Returns launch()'s keyword arguments from the command line `argv`.
 
   Raises:
     ValueError: bad launcher input, with a message for one `error:` line.
   """
+  runner_argv: Sequence[str]
   launcher_argv, separator, runner_argv = argv[1:], False, []
   if "--" in launcher_argv:
     position = launcher_argv.index("--")
@@ -553,7 +559,7 @@ def _parse(argv):
   )
 
 
-def main(argv):
+def main(argv: Sequence[str]) -> int:
   """Runs the command line `argv`; returns the exit status."""
   if any(argument in _HELP for argument in argv[1 : argv.index("--") if "--" in argv else None]):
     print(__doc__)
