@@ -4,9 +4,11 @@ Each loop returns one vector per call (a single host transfer); its layout is
 defined, and decoded into a named result, here and nowhere else.
 """
 
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import math
 import signal
+from typing import Any
 
 import tensorflow as tf
 
@@ -18,7 +20,7 @@ from strategies.errors import ConfigError
 SUM = tf.distribute.ReduceOp.SUM
 
 
-def float32_outputs(outputs):
+def float32_outputs(outputs: Any) -> Any:
   """Returns the model's outputs with every floating tensor cast to float32 (mixed precision)."""
   return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
 
@@ -54,11 +56,11 @@ class TrainLoopResult:
   labels_out_of_range: bool = False
 
   @property
-  def results(self):
+  def results(self) -> dict[str, float]:
     """`{"loss": loss, <metric>: value, ...}`, what reports and actions see."""
     return {"loss": self.loss, **self.metrics}
 
-  def raise_problems(self, *, step):
+  def raise_problems(self, *, step: int) -> None:
     """Raises what the loop found wrong at its last step, the global step being `step`; returns when it was fine.
 
     Raises:
@@ -100,7 +102,7 @@ class EvalLoopResult:
   results: dict[str, float]
   labels_out_of_range: bool = False
 
-  def raise_problems(self):
+  def raise_problems(self) -> None:
     """Raises `data_checks.LabelsOutOfRangeError` (the Trainer names the label) when a label was out of range."""
     if self.labels_out_of_range:
       raise data_checks.LabelsOutOfRangeError(None)
@@ -114,7 +116,7 @@ _VALUES = ("loss", "replicas", "gradients", "features", "labels", "label_range")
 _STOP_VALUES = ("sigterm", "sigint")
 
 
-def _maybe_xla(fn, xla):
+def _maybe_xla(fn: Callable[..., Any], xla: bool) -> Callable[..., Any]:
   return tf.function(fn, jit_compile=True) if xla else fn
 
 
@@ -155,18 +157,18 @@ class TrainLoop:
   def __init__(
       self,
       *,
-      strategy,
-      model,
-      optimizer,
-      task_loss,
-      metrics,
-      step,
-      global_batch_size,
-      looping,
-      xla,
-      clipnorm,
-      loss_scale,
-      valid_labels=None,
+      strategy: tf.distribute.Strategy,
+      model: Any,
+      optimizer: Any,
+      task_loss: Callable[[Any, Any], Any],
+      metrics: Sequence[Any],
+      step: tf.Variable,
+      global_batch_size: int,
+      looping: bool,
+      xla: bool,
+      clipnorm: float | None,
+      loss_scale: bool,
+      valid_labels: Any = None,
       multi_worker: bool = False,
   ) -> None:
     """Initializes the `TrainLoop`.
@@ -209,7 +211,7 @@ class TrainLoop:
     self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
     self._looping = looping
     self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
-    self._stop_values = {
+    self._stop_values: dict[int | None, tf.Tensor] = {
         None: tf.constant([0.0, 0.0]),
         signal.SIGTERM: tf.constant([1.0, 0.0]),
         signal.SIGINT: tf.constant([0.0, 1.0]),
@@ -221,7 +223,7 @@ class TrainLoop:
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
     self._caller: traced_calls.FlatCall | None = None  # The call for the last iterator.
 
-  def __call__(self, iterator, num_steps, stop_signal):
+  def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> TrainLoopResult:
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
 
     Args:
@@ -244,7 +246,7 @@ class TrainLoop:
         raise
     return self._decoded(vector)
 
-  def trace(self, iterator) -> bool:
+  def trace(self, iterator: Any) -> bool:
     """Traces the loop's function for `iterator` without running a step; returns whether it was traced now.
 
     The calls that follow use this trace (the step count is a tensor), so the
@@ -261,18 +263,18 @@ class TrainLoop:
       self._caller_for(iterator, self._stop_values[None])
     return True
 
-  def _call(self, iterator, *tensors):
+  def _call(self, iterator: Any, *tensors: tf.Tensor) -> Any:
     return self._caller_for(iterator, *tensors)(*tensors)
 
-  def _caller_for(self, iterator, *tensors):
+  def _caller_for(self, iterator: Any, *tensors: tf.Tensor) -> traced_calls.FlatCall:
     if self._caller is None or self._caller.fixed is not iterator:
       self._caller = traced_calls.FlatCall(self.function, iterator, *tensors)
     return self._caller
 
-  def _steps_in(self, totals):
+  def _steps_in(self, totals: Any) -> int:
     return int(round(float(totals[1]) / self._strategy.num_replicas_in_sync))
 
-  def _decoded(self, vector):
+  def _decoded(self, vector: Any) -> TrainLoopResult:
     size = len(self._names)
     totals = dict(zip(self._names, vector[:size].tolist()))
     last = dict(zip(self._names, vector[size : 2 * size].tolist()))
@@ -290,19 +292,19 @@ class TrainLoop:
         labels_out_of_range=not math.isfinite(last["label_range"]),
     )
 
-  def _one_step(self, iterator, stop):
+  def _one_step(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
     values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
     self._step.assign_add(1)
     return self._results(values, values)
 
-  def _many_steps(self, iterator, num_steps, stop):
+  def _many_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
     self._totals.assign(tf.zeros_like(self._totals))
 
-    def step(i):
+    def step(i: tf.Tensor) -> tf.Tensor:
       values = self._strategy.reduce(
           SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None
       )  # One step, summed over replicas.
@@ -315,11 +317,11 @@ class TrainLoop:
     self._step.assign_add(tf.cast(tf.round(totals[1] / self._strategy.num_replicas_in_sync), self._step.dtype))
     return self._results(totals, self._last.read_value())
 
-  def _results(self, totals, last):
+  def _results(self, totals: tf.Tensor, last: tf.Tensor) -> tf.Tensor:
     learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
-  def _replica_step(self, batch, stop):
+  def _replica_step(self, batch: Sequence[Any], stop: tf.Tensor) -> tf.Tensor:
     """One replica's forward and backward pass, optimizer update and metrics; returns its values (`self._names`).
 
     With `xla` and one replica, the update is one XLA program. The values are
@@ -333,7 +335,9 @@ class TrainLoop:
     values = tf.stack([loss, 1.0, *checks])
     return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
 
-  def _update_and_checks(self, features, labels, sample_weight):
+  def _update_and_checks(
+      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
+  ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
     self._optimizer.apply(self._agreed_and_clipped(gradients), self._model.trainable_variables)
     # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
@@ -345,7 +349,9 @@ class TrainLoop:
         (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]), label_range_check),
     )
 
-  def _loss_and_gradients(self, features, labels, sample_weight):
+  def _loss_and_gradients(
+      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
+  ) -> tuple[tf.Tensor, list[Any], Any]:
     with tf.GradientTape() as tape:
       outputs = float32_outputs(self._model(features, training=True))
       per_example_loss = self._task_loss(labels, outputs)
@@ -359,7 +365,7 @@ class TrainLoop:
       objective = self._optimizer.scale_loss(loss) if self._loss_scale else loss
     return loss, sharded_variables.gradients(tape, objective, self._model.trainable_variables), outputs
 
-  def _agreed_and_clipped(self, gradients):
+  def _agreed_and_clipped(self, gradients: list[Any]) -> list[Any]:
     """Applies `clipnorm` to the gradient summed over replicas; makes replicas agree on finiteness.
 
     Each replica scales its own gradient by the same factor, so the sum the
@@ -401,7 +407,17 @@ class EvalLoop:
   with Python control flow on tensors evaluates as it trains.
   """
 
-  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None) -> None:
+  def __init__(
+      self,
+      *,
+      strategy: tf.distribute.Strategy,
+      model: Any,
+      task_loss: Callable[[Any, Any], Any],
+      metrics: Sequence[Any],
+      num_input_pipelines: int,
+      xla: bool,
+      valid_labels: Any = None,
+  ) -> None:
     """Initializes the `EvalLoop`.
 
     Args:
@@ -423,7 +439,7 @@ class EvalLoop:
     self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
     self.function = tf.function(self._evaluate, autograph=False)
 
-  def __call__(self, iterator, max_steps):
+  def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
     """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
     results = {
@@ -433,12 +449,14 @@ class EvalLoop:
     }
     return EvalLoopResult(results=results, labels_out_of_range=bool(values[2] > 0))
 
-  def _evaluate(self, iterator, max_steps):
+  def _evaluate(self, iterator: Any, max_steps: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
     replicas = float(self._strategy.num_replicas_in_sync)
 
-    def step(steps, unused_done, loss_sum, count, bad_labels):
+    def step(
+        steps: tf.Tensor, unused_done: tf.Tensor, loss_sum: tf.Tensor, count: tf.Tensor, bad_labels: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
       # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example,
       #  replicas with a label outside valid_labels]
       sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
@@ -470,7 +488,7 @@ class EvalLoop:
     ]
     return tf.stack(results)
 
-  def _replica_step(self, batch):
+  def _replica_step(self, batch: Sequence[Any]) -> Any:
     features, labels, weight, mask = batch
     outputs = float32_outputs(self._forward(features))
     per_example_loss = self._task_loss(labels, outputs)
@@ -488,7 +506,7 @@ class EvalLoop:
     )
 
 
-def _finite_sum(tensors):
+def _finite_sum(tensors: Sequence[Any]) -> tf.Tensor:
   """The sum of every floating tensor of `tensors` in float32 (0.0 when there is none): finite iff they all are.
 
   One op per tensor, far fewer than checking each element's finiteness; a
@@ -502,7 +520,7 @@ def _finite_sum(tensors):
   return sums[0] if len(sums) == 1 else tf.add_n(sums)
 
 
-def _labels_in(labels, valid_labels, mask=None):
+def _labels_in(labels: tf.Tensor, valid_labels: Any, mask: tf.Tensor | None = None) -> tf.Tensor:
   """Whether every label lies in `valid_labels` (a `LabelRange`; None: True), from the extremes: few ops per step.
 
   With a `mask` (1.0 for a real example, 0.0 for padding), padding is not checked.
@@ -522,7 +540,7 @@ def _labels_in(labels, valid_labels, mask=None):
   return valid
 
 
-def non_finite_data(values):
+def non_finite_data(values: Mapping[str, float]) -> tuple[str, ...]:
   """Returns the parts of a step's batch, of ("features", "labels"), that held NaN or inf values.
 
   Args:
@@ -532,7 +550,7 @@ def non_finite_data(values):
   return tuple(part for part in ("features", "labels") if not math.isfinite(values[part]))
 
 
-def non_finite_cause(values):
+def non_finite_cause(values: Mapping[str, float]) -> str | None:
   """Says what was not finite at a step although its batch was finite; None if all was.
 
   Args:
@@ -549,7 +567,7 @@ def non_finite_cause(values):
   return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 
-def _scalar(metric):
+def _scalar(metric: Any) -> tf.Tensor:
   result = metric.result()
   if result.shape.rank != 0:
     raise ConfigError(

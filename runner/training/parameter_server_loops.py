@@ -21,8 +21,10 @@ parts differ from the synchronous loops of `runner.training.loops`:
   counts every example exactly once.
 """
 
+from collections.abc import Sequence
 import math
 import re
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib  # noqa: TID251
@@ -42,12 +44,12 @@ _RESULT = ("steps_run", "loss_sum", "loss", "gradients", "features", "labels", "
 _PS_TASK = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)")
 
 
-def is_parameter_server(strategy):
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
   """Whether `strategy` is a ParameterServerStrategy (its steps are scheduled by a ClusterCoordinator)."""
   return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
 
-def coordinator_for(strategy, *, jit_compile):
+def coordinator_for(strategy: tf.distribute.Strategy, *, jit_compile: bool) -> Any:
   """Returns the `ClusterCoordinator` that schedules a Trainer's steps under `strategy`, or None for other strategies.
 
   It enables sharded Keras variables on `strategy` first.
@@ -67,12 +69,12 @@ def coordinator_for(strategy, *, jit_compile):
   return tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
-def num_workers(strategy):
+def num_workers(strategy: tf.distribute.Strategy) -> int:
   """The number of worker tasks of a ParameterServerStrategy."""
   return strategy.extended._num_workers  # noqa: SLF001
 
 
-def evaluation_strategy(strategy):
+def evaluation_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
   """The strategy evaluation runs under: TensorFlow's default one (the coordinator itself) for parameter servers."""
   if is_parameter_server(strategy):
     return distribute_lib._get_default_strategy()  # noqa: SLF001
@@ -82,16 +84,18 @@ def evaluation_strategy(strategy):
 class _StepNumbered(interfaces.DatasetProvider):
   """Another provider's examples, each with its number in the stream: `((number, features), labels[, weight])`."""
 
-  def __init__(self, provider) -> None:
+  def __init__(self, provider: interfaces.DatasetProvider) -> None:
     self._provider = provider
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     return _numbered(self._provider.get_dataset(input_context), 0)
 
-  def get_repeated_dataset(self, input_context, start):
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     return _numbered(self._provider.get_repeated_dataset(input_context, start), start)
 
-  def get_repeated_batches(self, input_context, batch_size, start):
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
     """The provider's own batches (e.g. TFRecordFiles' parsed at once), their examples numbered as one by one."""
     batches = self._provider.get_repeated_batches(input_context, batch_size, start)
     return tf.data.Dataset.zip((tf.data.Dataset.counter(start, batch_size), batches)).map(
@@ -99,14 +103,16 @@ class _StepNumbered(interfaces.DatasetProvider):
     )
 
 
-def _numbered(dataset, start):
+def _numbered(dataset: tf.data.Dataset, start: int) -> tf.data.Dataset:
   """`dataset`'s elements `(features, labels[, weight])` as `((number, features), labels[, weight])`, from `start`."""
   return tf.data.Dataset.zip((tf.data.Dataset.counter(start), dataset)).map(
       lambda number, element: ((number, element[0]),) + tuple(element[1:])
   )
 
 
-def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
+def per_worker_iterator(
+    coordinator: Any, data: interfaces.DatasetProvider, global_batch_size: int, *, start_step: int
+) -> Any:
   """Returns the per-worker iterator of the training stream from `start_step` on (see the module docstring).
 
   Each worker's dataset is `input_pipeline.for_training` of `data`, its
@@ -120,7 +126,7 @@ def per_worker_iterator(coordinator, data, global_batch_size, *, start_step):
   numbered = _StepNumbered(data)
   strategy = coordinator.strategy
 
-  def dataset_fn():
+  def dataset_fn() -> tf.data.Dataset:
     return input_pipeline.for_training(strategy, numbered, global_batch_size, start_step=start_step)
 
   return iter(coordinator.create_per_worker_dataset(dataset_fn))
@@ -145,7 +151,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
   `stop_signal` the coordinator's own: workers and ps tasks only serve.
   """
 
-  def __init__(self, *, coordinator, **kwargs) -> None:
+  def __init__(self, *, coordinator: Any, **kwargs: Any) -> None:
     """Initializes the `ScheduledTrainLoop`.
 
     Args:
@@ -157,7 +163,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     self._num_workers = num_workers(coordinator.strategy)
     self.function = tf.function(self._scheduled_steps)
 
-  def __call__(self, iterator, num_steps, stop_signal):
+  def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> loops.TrainLoopResult:
     """Runs `num_steps` steps on the workers from the per-worker `iterator`; returns a `loops.TrainLoopResult`.
 
     A ps task that is gone raises one of `peers.PEER_ERRORS` (see `lost_ps`);
@@ -192,7 +198,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
         labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]),
     )
 
-  def trace(self, iterator) -> bool:
+  def trace(self, iterator: Any) -> bool:
     """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
     if self.function.experimental_get_tracing_count():
       return False
@@ -201,7 +207,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     self._coordinator.join()
     return True
 
-  def _metric_results(self, per_function_states):
+  def _metric_results(self, per_function_states: Sequence[Sequence[Any]]) -> dict[str, float]:
     results = {}
     for i, metric in enumerate(self._metrics):
       initial = [v.numpy() for v in metric.stateless_reset_state()]
@@ -211,7 +217,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
       )
     return results
 
-  def _scheduled_steps(self, iterator, first_step, num_steps):
+  def _scheduled_steps(self, iterator: Any, first_step: tf.Tensor, num_steps: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
     """Runs steps `first_step ..` (at most `num_steps`) on this worker; returns `(_RESULT vector, metric changes)`."""
     changes = [[tf.zeros_like(v) for v in metric.stateless_reset_state()] for metric in self._metrics]
     loss_sum = tf.constant(0.0)
@@ -232,18 +238,18 @@ class ScheduledTrainLoop(loops.TrainLoop):
         break
     return tf.concat([tf.stack([steps_run, loss_sum]), sums], axis=0), changes
 
-  def _batch_of_step(self, iterator, step):
+  def _batch_of_step(self, iterator: Any, step: tf.Tensor) -> Any:
     """The next batch of the worker's stream whose step is at least `step` (the batches before are skipped)."""
     batch = next(iterator)
     while self._step_of(batch) < step:
       batch = next(iterator)
     return batch
 
-  def _step_of(self, batch):
+  def _step_of(self, batch: Any) -> tf.Tensor:
     numbers = self._strategy.experimental_local_results(batch[0][0])[0]
     return numbers[0] // self._global_batch_size
 
-  def _replica_step_with_metric_changes(self, batch):
+  def _replica_step_with_metric_changes(self, batch: Sequence[Any]) -> tuple[tf.Tensor, list[Any]]:
     batch = (batch[0][1],) + tuple(batch[1:])
     sample_weight = batch[2] if len(batch) == 3 else None
     loss, outputs, checks = self._update(batch[0], batch[1], sample_weight)
@@ -255,7 +261,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     return tf.stack([loss, *checks]), changes
 
 
-def function_sizes(num_steps, workers):
+def function_sizes(num_steps: int, workers: int) -> list[int]:
   """Splits `num_steps` into the step counts of the functions to schedule: one per worker, as even as possible.
 
   A loop's size is the per-worker steps per loop times the workers
@@ -267,7 +273,7 @@ def function_sizes(num_steps, workers):
   return [base + (1 if i < extra else 0) for i in range(count)]
 
 
-def lost_ps(error, strategy, *, step, saved_step):
+def lost_ps(error: Exception, strategy: tf.distribute.Strategy, *, step: int, saved_step: int | None) -> ClusterError:
   """Returns the ClusterError for `error`, one of `peers.PEER_ERRORS` raised on the coordinator: a ps task is gone.
 
   The ps tasks whose port no longer answers are named (else those the

@@ -178,7 +178,7 @@ class Trainer:
     self._train_input: tuple[tuple[int, int], Any, Any] | None = None  # ((id(data), global_batch_size), data, iterator)
     self._eval_loop: tuple[Any, loops.EvalLoop] | None = None  # (the LabelRange it checks, the EvalLoop)
     self._last_train_results: Mapping[str, float] = {}
-    self._last_eval_results = None
+    self._last_eval_results: dict[str, float] | None = None
     self._exit_on_stop = actions_lib.ExitOnStopSignal(save=self._save_for_exit)
     with progress_output.shown(quiet=self._quiet):  # It may restore a checkpoint, and say so.
       self._prepare(None)
