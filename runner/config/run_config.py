@@ -324,7 +324,8 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
   if not os.path.isfile(file_path):
     raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
   spec = importlib.util.spec_from_file_location("runner_config_file", file_path)
-  assert spec is not None and spec.loader is not None  # A path to an existing file has a spec with a loader.
+  if spec is None or spec.loader is None:  # Python loads only its own files (FILE.py).
+    raise ConfigError(f"Config file {file_path!r} is not a Python file; give FILE.py (from {path!r}).")
   module = importlib.util.module_from_spec(spec)
   with _failures_named(file_path, ""):
     spec.loader.exec_module(module)
