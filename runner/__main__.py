@@ -43,6 +43,9 @@ TensorFlow is imported only once the config is loaded and checked: --help,
 a bad flag and a config error answer without loading it.
 """
 
+from collections.abc import Iterator, Mapping
+from typing import Any, NoReturn
+
 from runner.cluster import stop_signals
 
 stop_signals.handle_outside_training()  # First: SIGTERM at start-up ends the process with one line, writing nothing.
@@ -56,54 +59,65 @@ import dataclasses
 import re
 import sys
 import traceback
-from typing import List
 
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
-import strategies
-from strategies.errors import ClusterError, ConfigError, print_error_line
-
 from runner import exit_codes
-from runner.config import run_config as config_lib
 from runner.cluster import process_exit
+from runner.config import run_config as config_lib
+import strategies
+from strategies.errors import ClusterError
+from strategies.errors import ConfigError
+from strategies.errors import print_error_line
 
 _OVERRIDE = re.compile(r"^--?(no)?config\.(.+)$")
 
 _CONFIG = flags.DEFINE_string(
-    "config", None,
+    "config",
+    None,
     "The config file, FILE.py or FILE.py:ARG for get_config(ARG), e.g. configs/digits.py:tpu. "
-    "Override any field with --config.SECTION.FIELD=VALUE, e.g. --config.strategy.name=mirrored.")
+    "Override any field with --config.SECTION.FIELD=VALUE, e.g. --config.strategy.name=mirrored.",
+)
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None,
+    "workdir",
+    None,
     "Where checkpoints, summaries, metrics.jsonl, config.json and the export go (local or gs://). "
-    "A workdir with checkpoints resumes. Default: a new temporary directory.")
+    "A workdir with checkpoints resumes. Default: a new temporary directory.",
+)
 _MODE = flags.DEFINE_enum("mode", None, config_lib.MODES, "Overrides config.mode.")
 _DRY_RUN = flags.DEFINE_bool(
-    "dry_run", False,
+    "dry_run",
+    False,
     "Print the resolved config, the strategy, replicas, per-replica batch sizes, whether --workdir holds a run "
-    "and the step it would resume from, and the step plan from there; train and write nothing.")
+    "and the step it would resume from, and the step plan from there; train and write nothing.",
+)
 _CHECK_TPU = flags.DEFINE_bool(
-    "check_tpu", False,
+    "check_tpu",
+    False,
     "Compile and run the config's train and eval steps the way a TPU would (XLA, static shapes) on logical "
     "CPUs, before paying for a TPU: print one PASS line, or exit 2 naming the first op, shape or dtype a TPU "
-    "would reject. Writes nothing.")
+    "would reject. Writes nothing.",
+)
 
 _VERBOSE = flags.DEFINE_bool(
-    "verbose", False,
+    "verbose",
+    False,
     "On a user error (exit 2, 3 or 4), print its Python traceback, chained exceptions included (e.g. what a config "
-    "file raised), before the one error: line.")
+    "file raised), before the one error: line.",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class CommandLine:
   """The parsed command line: absl's leftover arguments and the config overrides."""
-  arguments: List[str]
-  overrides: List[str]
+
+  arguments: list[str]
+  overrides: list[str]
 
 
-def parse_flags(argv):
+def parse_flags(argv: list[str]) -> CommandLine:
   """Parses the absl flags and collects the `--config.*` overrides (absl's `flags_parser`).
 
   The overrides are parsed later, against the loaded config, by
@@ -128,7 +142,7 @@ def parse_flags(argv):
   return CommandLine(arguments=arguments, overrides=overrides)
 
 
-def exit_with_user_error(error, status=exit_codes.USER_ERROR):
+def exit_with_user_error(error: BaseException | str, status: int = exit_codes.USER_ERROR) -> NoReturn:
   """Prints `error` as one line `error: ...` on stderr (after its traceback with --verbose) and exits with `status`."""
   if isinstance(error, BaseException) and flags.FLAGS.is_parsed() and _VERBOSE.value:
     traceback.print_exception(type(error), error, error.__traceback__)
@@ -136,19 +150,21 @@ def exit_with_user_error(error, status=exit_codes.USER_ERROR):
   sys.exit(status)
 
 
-def format_metrics(metrics):
+def format_metrics(metrics: Mapping[str, float]) -> str:
   """Returns 'name=value ...' sorted by name, floats with 4 decimals, ints (counts) as they are."""
-  return " ".join(f"{name}={value}" if isinstance(value, int) else f"{name}={value:.4f}"
-                  for name, value in sorted(metrics.items()))
+  return " ".join(
+      f"{name}={value}" if isinstance(value, int) else f"{name}={value:.4f}" for name, value in sorted(metrics.items())
+  )
 
 
-def main(command_line):
-  """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes one `error:` line and its status."""
+def main(command_line: CommandLine) -> None:
+  """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes an `error:` line and a status."""
   with _exit_statuses():
     config = _config(command_line)
     # The config holds; what follows needs TensorFlow's devices.
     from runner import from_config
     from runner.cluster import task_server
+
     if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
       _check_tpu(config)
     elif task_server.is_serving_task(config):  # A worker or ps task of a parameter-server cluster.
@@ -160,7 +176,7 @@ def main(command_line):
 
 
 @contextlib.contextmanager
-def _exit_statuses():
+def _exit_statuses() -> Iterator[None]:
   """Inside, a ConfigError, a FloatingPointError or a ClusterError exits with its status (`exit_codes`) and one line."""
   try:
     yield
@@ -177,27 +193,31 @@ def _exit_statuses():
     raise
 
 
-def _config(command_line):
+def _config(command_line: CommandLine) -> Any:
   """The run config of the command line: the config file with its overrides and `--mode`, validated."""
   if command_line.arguments[1:]:
     raise ConfigError(
-        f"Unexpected arguments {command_line.arguments[1:]}; give overrides as --config.SECTION.FIELD=VALUE.")
+        f"Unexpected arguments {command_line.arguments[1:]}; give overrides as --config.SECTION.FIELD=VALUE."
+    )
   if _DRY_RUN.value and _CHECK_TPU.value:
     raise ConfigError("--dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
+  assert _CONFIG.value is not None  # The command line was parsed: it names a config file.
   return config_lib.load_config(_CONFIG.value, overrides)
 
 
-def _check_tpu(config):
+def _check_tpu(config: Any) -> None:
   from runner.tpu import check as tpu_check
+
   verdict = tpu_check.check_tpu(config)
   if not verdict.passed:
     raise ConfigError(f"TPU check failed: {verdict.problem}")
   print(verdict.summary)
 
 
-def _serve(config):
+def _serve(config: Any) -> None:
   from runner.cluster import task_server
+
   if _DRY_RUN.value:
     print(f"plan: {task_server.describe()}")
     print("dry run: nothing served.")
@@ -205,9 +225,10 @@ def _serve(config):
     task_server.serve(config.strategy.timeout_seconds)
 
 
-def _dry_run(config):
+def _dry_run(config: Any) -> None:
   from runner import from_config
   from runner.outputs import checkpoints
+
   strategy = from_config.create_strategy(config)
   batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
   print(f"config:\n{config}")
@@ -220,7 +241,7 @@ def _dry_run(config):
   print("dry run: nothing trained or written.")
 
 
-def _print_result(result):
+def _print_result(result: Any) -> None:
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")
@@ -232,7 +253,7 @@ def _print_result(result):
     print(f"export: {result.export_path}")
 
 
-def run_main():
+def run_main() -> None:
   """The `tf-runner` console script and `python -m runner`: every way out ends the process at once.
 
   Logs and output are flushed, then the process exits with

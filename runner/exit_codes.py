@@ -12,7 +12,7 @@ BUG = 1  # An unexpected exception: Python's own status for one, with its traceb
 USER_ERROR = 2  # A bad config, flag or data: one `error:` line.
 NON_FINITE = 3  # A step's loss or gradients were not finite; the last checkpoint is finite.
 CLUSTER = 4  # A peer could not be reached or stopped answering; restarting the job resumes it.
-STOPPED_BY = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130
+STOPPED_BY: dict[int, int] = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}  # 143, 130
 
 # What a restart repeats, so `runner.launch --max_restarts` does not restart it.
 NOT_RESTARTED = {USER_ERROR: "a user error", NON_FINITE: "a non-finite step"}

@@ -1,36 +1,36 @@
 """`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
+from collections.abc import Iterator, Mapping
 import contextlib
 import dataclasses
 import functools
 import os
 import tempfile
-from typing import Mapping, Optional
+from typing import Any
 
 from absl import logging
 import keras
 import ml_collections
 import tensorflow as tf
 
+from runner.config import optimizers
+from runner.config import registry
+from runner.config import run_config as config_lib
+from runner.data import pipeline as input_pipeline
+from runner.data import providers as data_lib
+from runner.outputs import checkpoints
+from runner.outputs import progress_output
+from runner.outputs import reports
+from runner.tasks import Task
+from runner.training import options as trainer_options
+from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training.trainer import Trainer
+from runner.workdir import config_history
+from runner.workdir import lock as workdir_lock
+from runner.workdir import state as workdir_state
 from strategies import checks
 from strategies import factory as strategy_factory
 from strategies.errors import ConfigError
-
-from runner.outputs import checkpoints
-from runner.config import run_config as config_lib
-from runner.workdir import config_history
-from runner.data import providers as data_lib
-from runner.data import pipeline as input_pipeline
-from runner.config import optimizers
-from runner.outputs import progress_output
-from runner.config import registry
-from runner.outputs import reports
-from runner.training import steps_per_loop as steps_per_loop_lib
-from runner.training import options as trainer_options
-from runner.workdir import lock as workdir_lock
-from runner.workdir import state as workdir_state
-from runner.tasks import Task
-from runner.training.trainer import Trainer
 
 EXPORT_DIR = "export"
 TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
@@ -60,19 +60,20 @@ class RunResult:
     model: the Keras model with the run's final weights (on every worker of
       a multi-worker job, the same weights).
   """
+
   workdir: str
   config: ml_collections.ConfigDict
   strategy: tf.distribute.Strategy
   num_replicas: int
   global_step: int
-  train_metrics: Optional[Mapping[str, float]]
-  eval_metrics: Optional[Mapping[str, float]]
-  checkpoint_path: Optional[str]
-  export_path: Optional[str]
+  train_metrics: Mapping[str, float] | None
+  eval_metrics: Mapping[str, float] | None
+  checkpoint_path: str | None
+  export_path: str | None
   model: keras.Model
 
 
-def run(config, workdir=None, *, quiet=False) -> RunResult:
+def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
 
   The config is validated before any TensorFlow device work; then the
@@ -123,10 +124,14 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
       if config.mode in TRAINING_MODES:
         evaluating = config.mode == "train_and_eval"
         train_metrics = trainer.train(
-            train_data, global_batch_size=config.data.global_batch_size,
-            steps=config.trainer.train_steps, eval_data=dataset(config, "eval") if evaluating else None,
+            train_data,
+            global_batch_size=config.data.global_batch_size,
+            steps=config.trainer.train_steps,
+            eval_data=dataset(config, "eval") if evaluating else None,
             eval_every=config.trainer.eval_every if evaluating else None,
-            eval_global_batch_size=evaluation["global_batch_size"], eval_steps=evaluation["steps"])
+            eval_global_batch_size=evaluation["global_batch_size"],
+            eval_steps=evaluation["steps"],
+        )
         eval_metrics = trainer.last_eval_metrics
         if evaluating and eval_metrics is None:  # Trained before; nothing left to train.
           eval_metrics = _final_evaluation(trainer, config, workdir, evaluation)
@@ -135,13 +140,23 @@ def run(config, workdir=None, *, quiet=False) -> RunResult:
       if config.mode == "export":
         export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
       return RunResult(
-          workdir=workdir, config=config, strategy=strategy, num_replicas=strategy.num_replicas_in_sync,
-          global_step=trainer.global_step, train_metrics=train_metrics or None, eval_metrics=eval_metrics,
-          checkpoint_path=checkpoints.latest(workdir), export_path=export_path, model=trainer.model)
+          workdir=workdir,
+          config=config,
+          strategy=strategy,
+          num_replicas=strategy.num_replicas_in_sync,
+          global_step=trainer.global_step,
+          train_metrics=train_metrics or None,
+          eval_metrics=eval_metrics,
+          checkpoint_path=checkpoints.latest(workdir),
+          export_path=export_path,
+          model=trainer.model,
+      )
 
 
 @contextlib.contextmanager
-def _workdir_for(config, strategy, workdir):
+def _workdir_for(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
+) -> Iterator[str]:
   """Yields the run's workdir (`prepare_workdir`), held by the run's lock in a training mode on the chief.
 
   A run that fails inside leaves the workdir as it was unless it trained
@@ -150,7 +165,8 @@ def _workdir_for(config, strategy, workdir):
   """
   is_chief = strategy.extended.should_checkpoint
   workdir, created, lock = prepare_workdir(
-      workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None)
+      workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None
+  )
   try:
     logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
     before = workdir_state.WorkdirState.read(workdir, created=created)
@@ -165,7 +181,9 @@ def _workdir_for(config, strategy, workdir):
       lock.release()
 
 
-def _final_evaluation(trainer, config, workdir, evaluation):
+def _final_evaluation(
+    trainer: Trainer, config: ml_collections.ConfigDict, workdir: str, evaluation: Mapping[str, Any]
+) -> dict[str, float]:
   """The final evaluation of a 'train_and_eval' run that found nothing to train: the one recorded, else a new one.
 
   An evaluation at the global step already in `metrics.jsonl` (the finished
@@ -176,12 +194,17 @@ def _final_evaluation(trainer, config, workdir, evaluation):
   recorded = reports.eval_results_at(workdir, trainer.global_step)
   if not recorded:
     return trainer.evaluate(dataset(config, "eval"), **evaluation)
-  logging.info("Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
-               os.path.join(workdir, "metrics.jsonl"), trainer.global_step)
+  logging.info(
+      "Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
+      os.path.join(workdir, "metrics.jsonl"),
+      trainer.global_step,
+  )
   return recorded
 
 
-def _restored_trainer(config, strategy, workdir):
+def _restored_trainer(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str
+) -> tuple[Trainer, data_lib.DatasetProvider]:
   """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
 
   Returns:
@@ -191,7 +214,8 @@ def _restored_trainer(config, strategy, workdir):
   if config.mode in ("eval", "export") and checkpoint is None:
     raise ConfigError(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
-        "none; train first (mode 'train' or 'train_and_eval' with the same workdir).")
+        "none; train first (mode 'train' or 'train_and_eval' with the same workdir)."
+    )
   train_data = dataset(config, "train")
   data_spec = str(input_pipeline.element_spec(train_data, "training"))
   previous = config_history.latest(workdir)
@@ -203,7 +227,9 @@ def _restored_trainer(config, strategy, workdir):
   return trainer, train_data
 
 
-def prepare_workdir(workdir, *, lock_for_mode=None):
+def prepare_workdir(
+    workdir: str | None, *, lock_for_mode: str | None = None
+) -> tuple[str, bool, workdir_lock.WorkdirLock | None]:
   """Makes the workdir, takes its lock if asked, and checks that it can be written, in that order.
 
   Args:
@@ -241,7 +267,7 @@ def prepare_workdir(workdir, *, lock_for_mode=None):
   return workdir, created, lock
 
 
-def create_strategy(config):
+def create_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   """Builds `config.strategy` and checks both batch sizes against its replica count.
 
   Raises:
@@ -257,13 +283,15 @@ def create_strategy(config):
   return strategy
 
 
-def per_replica_batch_sizes(config, num_replicas):
+def per_replica_batch_sizes(config: ml_collections.ConfigDict, num_replicas: int) -> dict[str, int]:
   """Returns {'train': per-replica train batch, 'eval': per-replica eval batch}."""
-  return {"train": config.data.global_batch_size // num_replicas,
-          "eval": config.data.eval_global_batch_size // num_replicas}
+  return {
+      "train": config.data.global_batch_size // num_replicas,
+      "eval": config.data.eval_global_batch_size // num_replicas,
+  }
 
 
-def describe_workdir(workdir, step):
+def describe_workdir(workdir: str | None, step: int | None) -> str:
   """Returns one line on what `workdir` holds for a run: nothing yet, or a run to resume from `step`."""
   if workdir is None:
     return "none given: a new temporary directory, a new run"
@@ -273,7 +301,7 @@ def describe_workdir(workdir, step):
   return f"{workdir} holds a run at step {step} (checkpoint ckpt-{step}): it would resume from step {step}"
 
 
-def step_plan(config, strategy, step=None):
+def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, step: int | None = None) -> str:
   """Returns one line on what `config.mode` will do under `strategy` from global step `step` (None: no checkpoint).
 
   It names the steps, loops, evaluations and checkpoints left.
@@ -291,11 +319,14 @@ def step_plan(config, strategy, step=None):
     return line + (f"; {evaluation}" if config.mode == "train_and_eval" else "")
   start = f"from step {step} " if step else ""
   line = f"mode {config.mode}: train {start}to step {trainer.train_steps} in "
-  sizes = steps_per_loop_lib.resolve(trainer.steps_per_loop, strategy=strategy,
-                                     cadences=(trainer.eval_every, trainer.checkpoint_every))
+  sizes = steps_per_loop_lib.resolve(
+      trainer.steps_per_loop, strategy=strategy, cadences=(trainer.eval_every, trainer.checkpoint_every)
+  )
   if isinstance(sizes, steps_per_loop_lib.MeasuredStepsPerLoop):
-    line += (f"loops of a size chosen from the measured step time (auto: at most {sizes.most} "
-             "steps, host overhead under 2%)")
+    line += (
+        f"loops of a size chosen from the measured step time (auto: at most {sizes.most} "
+        "steps, host overhead under 2%)"
+    )
   else:
     loops = -(-(trainer.train_steps - step) // sizes.size)
     line += f"{loops} loop(s) of up to {sizes.size} steps"
@@ -308,7 +339,7 @@ def step_plan(config, strategy, step=None):
   return line
 
 
-def dataset(config, split):
+def dataset(config: ml_collections.ConfigDict, split: str) -> data_lib.DatasetProvider:
   """Returns the `split` ('train' or 'eval') of `config.data` as a DatasetProvider.
 
   A provider that did not choose its `sharding` (None) gets `config.data.sharding`.
@@ -324,15 +355,16 @@ def dataset(config, split):
   return provider
 
 
-def create_trainer(config, strategy, workdir):
+def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None) -> Trainer:
   """Returns the Trainer that `config` describes, writing to `workdir`.
 
   Raises:
     ConfigError: the task or model function returned the wrong kind of object.
   """
   make_task = registry.resolve("task", config.task.name)
-  task = trainer_options.made(make_task(config.task), Task, role="the task function", fn=make_task,
-                              expected="a runner.Task")
+  task = trainer_options.made(
+      make_task(config.task), Task, role="the task function", fn=make_task, expected="a runner.Task"
+  )
   model_fn = functools.partial(registry.resolve("model", config.model.name), config.model)
 
   trainer = config.trainer
@@ -349,4 +381,5 @@ def create_trainer(config, strategy, workdir):
       precision=trainer.precision,
       clipnorm=config.optimizer.clipnorm,
       seed=trainer.seed,
-      profile_steps=trainer.profile_steps)
+      profile_steps=trainer.profile_steps,
+  )

@@ -1,12 +1,15 @@
-"""The interfaces a user implements: what the model is trained to do (`Task`), its input (`DatasetProvider`), and
-periodic work after train loops (`Action`, which sees a `LoopEnd`).
+"""The interfaces a user implements: the task, the input and periodic work after train loops.
+
+What the model is trained to do is a `Task`, its input a `DatasetProvider`,
+and the work after train loops an `Action` (which sees a `LoopEnd`).
 
 The built-in implementations live beside their users: `runner.tasks`, `runner.data` and `runner.actions`.
 """
 
 import abc
+from collections.abc import Callable, Mapping
 import dataclasses
-from typing import List, Mapping, Optional
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -26,12 +29,13 @@ class LabelRange:
     meaning: what the labels are, for messages, e.g. "class ids of a model
       with 10 outputs (classes)".
   """
+
   low: float
   high: float
   integer: bool
   meaning: str
 
-  def describe(self):
+  def describe(self) -> str:
     """E.g. "integers in [0, 10) (class ids of a model with 10 outputs (classes))"."""
     kind = "integers" if self.integer else "values"
     return f"{kind} in [{self.low:g}, {self.high:g}) ({self.meaning})"
@@ -47,7 +51,7 @@ class Task(abc.ABC):
   """
 
   @abc.abstractmethod
-  def loss(self, labels, outputs):
+  def loss(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     """Returns the per-example loss, a float32 tensor of shape `[batch]`.
 
     Args:
@@ -55,14 +59,14 @@ class Task(abc.ABC):
       outputs: the model's outputs for that batch, cast to float32.
     """
 
-  def metrics(self):
+  def metrics(self) -> list[Any]:
     """Returns fresh Keras metrics, each updated with `(labels, outputs, sample_weight)`.
 
     Their names are the keys of the Trainer's results; each must give a scalar.
     """
     return []
 
-  def check_labels(self, labels_spec, outputs_spec) -> Optional[LabelRange]:
+  def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
     """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.
 
     The Trainer calls it once per dataset, before the first step, and checks
@@ -94,10 +98,10 @@ class DatasetProvider(abc.ABC):
   to shard, following `sharding` where they have a choice.
   """
 
-  _sharding = None
+  _sharding: str | None = None
 
   @property
-  def sharding(self):
+  def sharding(self) -> str | None:
     """The sharding policy: 'auto', 'file' or 'data' (see `SHARDING`), or None when not chosen ('auto').
 
     `runner.run` sets it to `config.data.sharding` when the dataset function
@@ -108,27 +112,30 @@ class DatasetProvider(abc.ABC):
     return self._sharding
 
   @sharding.setter
-  def sharding(self, sharding):
+  def sharding(self, sharding: str | None) -> None:
     if sharding is not None:
       checks.one_of(sharding, SHARDING, f"{type(self).__name__} sharding")
     self._sharding = sharding
 
-  def _say_once(self, log, message, *args):
+  def _say_once(self, log: Callable[..., object], message: str, *args: object) -> None:
     """Logs `message` with `log` (e.g. `logging.warning`) the first time this provider says it."""
     said = self.__dict__.setdefault("_said", set())
     if message not in said:
       said.add(message)
       log(message, *args)
 
-  def _by_example(self, dataset, input_context):
+  def _by_example(self, dataset: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """Returns `dataset` sharded by example: pipeline i of n keeps examples i, i + n, ...
 
     For data without files; a policy 'file' gets one line saying it does not apply.
     """
     if self.sharding == "file":
       self._say_once(
-          logging.warning, "%s: sharding='file', but its data has no files; sharding by example instead "
-          "(input pipeline i of n keeps examples i, i + n, ...).", type(self).__name__)
+          logging.warning,
+          "%s: sharding='file', but its data has no files; sharding by example instead "
+          "(input pipeline i of n keeps examples i, i + n, ...).",
+          type(self).__name__,
+      )
     if input_context.num_input_pipelines == 1:
       return dataset
     return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
@@ -168,8 +175,9 @@ class DatasetProvider(abc.ABC):
     """
     return self.get_dataset(input_context).batch(batch_size)
 
-  def get_repeated_batches(self, input_context: tf.distribute.InputContext, batch_size: int,
-                           start: int) -> tf.data.Dataset:
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
     """Returns `get_repeated_dataset(input_context, start)` in full batches of `batch_size`.
 
     What training reads; as `get_batches`, a provider may make the same
@@ -201,24 +209,26 @@ class LoopEnd:
       `LoopEnd` that carries it (`with_eval_results`).
     stop_at: the step an action asked training to end at (`stop`), else None.
   """
+
   step: int
   total_steps: int
   train_results: Mapping[str, float]
   steps_per_sec: float
   examples_per_sec: float
   learning_rate: float
-  stop_signal: Optional[int]
+  stop_signal: int | None
   is_chief: bool
-  tracing_seconds: Optional[float] = None
-  eval_results: Optional[Mapping[str, float]] = None
+  tracing_seconds: float | None = None
+  eval_results: Mapping[str, float] | None = None
   # The steps asked by `stop`; shared by the copies `with_eval_results` makes, so every request of the loop counts.
-  _stop_requests: List[int] = dataclasses.field(default_factory=list, repr=False, compare=False)
+  _stop_requests: list[int] = dataclasses.field(default_factory=list, repr=False, compare=False)
 
   @property
-  def stop_at(self) -> Optional[int]:
+  def stop_at(self) -> int | None:
+    """The earliest step an action asked training to stop at (`stop`), or None."""
     return min(self._stop_requests, default=None)
 
-  def stop(self, at_step: Optional[int] = None) -> None:
+  def stop(self, at_step: int | None = None) -> None:
     """Asks training to end once the global step reaches `at_step` (None: now, after this loop).
 
     The end is a normal one: the final evaluation and checkpoint still
@@ -240,10 +250,10 @@ class Action(abc.ABC):
       N makes loops end at multiples of N and runs the action only there.
   """
 
-  every_steps: Optional[int] = None
+  every_steps: int | None = None
 
   @abc.abstractmethod
-  def __call__(self, loop: LoopEnd) -> Optional[LoopEnd]:
+  def __call__(self, loop: LoopEnd) -> LoopEnd | None:
     """Does the work for the loop that just ended; may call `loop.stop(...)`.
 
     Runs on every worker. Write files only where `loop.is_chief`.

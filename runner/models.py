@@ -8,15 +8,35 @@ Their checks import no TensorFlow (Keras imports it), so a config's mistakes
 are found before it loads; building a model imports Keras.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from strategies import checks
 from strategies.errors import ConfigError
 
 # Activation names that every Keras 3 accepts: `check_mlp` takes them without importing Keras.
-KERAS_ACTIVATIONS = ("elu", "exponential", "gelu", "hard_sigmoid", "leaky_relu", "linear", "log_softmax", "mish",
-                     "relu", "relu6", "selu", "sigmoid", "silu", "softmax", "softplus", "softsign", "tanh")
+KERAS_ACTIVATIONS = (
+    "elu",
+    "exponential",
+    "gelu",
+    "hard_sigmoid",
+    "leaky_relu",
+    "linear",
+    "log_softmax",
+    "mish",
+    "relu",
+    "relu6",
+    "selu",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "softplus",
+    "softsign",
+    "tanh",
+)
 
 
-def mlp(config):
+def mlp(config: Any) -> Any:
   """A multi-layer perceptron: Dense+activation (+Dropout) per hidden layer, then Dense.
 
   Args:
@@ -24,6 +44,7 @@ def mlp(config):
       `activation`, `dropout` (a rate in [0, 1)) and `num_outputs`.
   """
   import keras  # noqa: PLC0415
+
   layers = [keras.layers.Flatten()]
   for units in config.hidden_units:
     layers.append(keras.layers.Dense(units, activation=config.activation))
@@ -33,7 +54,7 @@ def mlp(config):
   return keras.Sequential(layers, name="mlp")
 
 
-def check_mlp(config):
+def check_mlp(config: Any) -> None:
   """Raises ConfigError for an `mlp` config that cannot build."""
   check_linear(config)
   for units in config.hidden_units:
@@ -43,33 +64,36 @@ def check_mlp(config):
   if config.activation in KERAS_ACTIVATIONS:
     return
   import keras  # noqa: PLC0415  # A name of a newer Keras, or not one.
+
   try:
     keras.activations.get(config.activation)
   except ValueError:
     raise ConfigError(
         f"config.model.activation={config.activation!r} is not a Keras activation; "
-        "use a name such as 'relu', 'gelu', 'tanh' or 'silu'.") from None
+        "use a name such as 'relu', 'gelu', 'tanh' or 'silu'."
+    ) from None
 
 
-def linear(config):
+def linear(config: Any) -> Any:
   """A linear model (logistic regression for classification).
 
   Args:
     config: `config.model` with `num_outputs`.
   """
   import keras  # noqa: PLC0415
+
   return keras.Sequential(
-      [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear")
+      [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear"
+  )
 
 
-def check_linear(config):
+def check_linear(config: Any) -> None:
   """Raises ConfigError for a `linear` config that cannot build."""
   checks.positive_int(config.num_outputs, "config.model.num_outputs")
 
 
 # Name -> (function, its own config fields with their defaults, its check).
-BUILTINS = {
-    "mlp": (mlp, {"num_outputs": 10, "hidden_units": (128,), "activation": "relu", "dropout": 0.0},
-            check_mlp),
+BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None]]] = {
+    "mlp": (mlp, {"num_outputs": 10, "hidden_units": (128,), "activation": "relu", "dropout": 0.0}, check_mlp),
     "linear": (linear, {"num_outputs": 10}, check_linear),
 }

@@ -4,7 +4,7 @@ from collections.abc import Collection
 import difflib
 import math
 import numbers
-from typing import Any, TypeVar
+from typing import Any, Literal, overload, TypeVar
 
 from strategies.errors import ConfigError
 
@@ -35,6 +35,16 @@ def is_int(value: object) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+@overload
+def positive_int(value: Any, what: str, *, optional: Literal[False] = False) -> int:
+  ...
+
+
+@overload
+def positive_int(value: Any, what: str, *, optional: bool) -> int | None:
+  ...
+
+
 def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None:
   """Returns `value` if it is an int >= 1 (or None when `optional`).
 
@@ -46,6 +56,16 @@ def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None
   if not is_int(value) or value < 1:
     raise ConfigError(f"{what} must be a positive int, got {value!r}.")
   return value
+
+
+@overload
+def positive_number(value: Any, what: str, *, optional: Literal[False] = False, allow_zero: bool = False) -> float:
+  ...
+
+
+@overload
+def positive_number(value: Any, what: str, *, optional: bool, allow_zero: bool = False) -> float | None:
+  ...
 
 
 def positive_number(value: Any, what: str, *, optional: bool = False, allow_zero: bool = False) -> float | None:

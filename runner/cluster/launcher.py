@@ -49,6 +49,7 @@ Ctrl-C; 2 for bad launcher input (one line `error: ...` on stderr).
 This module imports no TensorFlow: it only supervises processes.
 """
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 import ctypes
 import dataclasses
 import json
@@ -61,6 +62,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, IO
 
 from absl import flags
 
@@ -79,13 +81,20 @@ EXAMPLE = "python -m runner.launch --workers=2 -- --config=configs/synthetic.py 
 
 _WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.")
 _PS = flags.DEFINE_integer(
-    "ps", 0, "How many parameter-server tasks (>= 0). With 1 or more the job is a parameter_server job: "
-    "one chief, the workers and the ps tasks.")
+    "ps",
+    0,
+    "How many parameter-server tasks (>= 0). With 1 or more the job is a parameter_server job: "
+    "one chief, the workers and the ps tasks.",
+)
 _MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 0, "How many times (>= 0) the whole job is started again after a task fails; it resumes "
-    "from the last checkpoint in its workdir. Exit statuses 2 (user error) and 3 (non-finite) are not restarted.")
+    "max_restarts",
+    0,
+    "How many times (>= 0) the whole job is started again after a task fails; it resumes "
+    "from the last checkpoint in its workdir. Exit statuses 2 (user error) and 3 (non-finite) are not restarted.",
+)
 _GRACE_SECONDS = flags.DEFINE_float(
-    "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL.")
+    "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL."
+)
 
 _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
 _WORKDIR = re.compile(r"^--?workdir(=(.*))?$")
@@ -97,17 +106,18 @@ _CHECKPOINT_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 @dataclasses.dataclass(frozen=True)
 class Task:
   """One task of the job: its type in TF_CONFIG (`chief`, `worker` or `ps`) and index."""
+
   type: str
   index: int
 
   @property
-  def name(self):
+  def name(self) -> str:
     """`chief`, or `type:index` such as `worker:1`: the prefix of its output lines."""
     return self.type if self.type == "chief" else f"{self.type}:{self.index}"
 
 
-def job_sizes(*, workers, ps):
-  """Returns {job: number of tasks}: `{"worker": workers}`, or with `ps` >= 1 `{"chief": 1, "worker": workers, "ps": ps}`.
+def job_sizes(*, workers: int, ps: int) -> dict[str, int]:
+  """Returns {job: number of tasks}: `{"worker": workers}`, or with ps >= 1 `{"chief": 1, "worker": workers, "ps": ps}`.
 
   Raises:
     ValueError: `workers` < 1 or `ps` < 0.
@@ -119,7 +129,7 @@ def job_sizes(*, workers, ps):
   return {"chief": 1, "worker": workers, "ps": ps} if ps else {"worker": workers}
 
 
-def cluster_spec(*, workers, ps, ports):
+def cluster_spec(*, workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[str]]:
   """Returns the job's cluster on localhost, as in TF_CONFIG.
 
   Args:
@@ -141,12 +151,12 @@ def cluster_spec(*, workers, ps, ports):
   return {job: [next(addresses) for _ in range(size)] for job, size in sizes.items()}
 
 
-def tasks(cluster):
+def tasks(cluster: Mapping[str, Sequence[str]]) -> list[Task]:
   """Returns every `Task` of `cluster`, in its order (chief, workers, ps)."""
   return [Task(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
 
 
-def tf_config(*, cluster, task_type, index):
+def tf_config(*, cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict[str, Any]:
   """Returns the TF_CONFIG (a dict; the environment gets its JSON) of one task of `cluster`.
 
   Raises:
@@ -159,7 +169,7 @@ def tf_config(*, cluster, task_type, index):
   return {"cluster": cluster, "task": {"type": task_type, "index": index}}
 
 
-def runner_arguments(arguments, *, ps):
+def runner_arguments(arguments: Sequence[str], *, ps: int) -> list[str]:
   """Returns the arguments every task passes to `python -m runner`.
 
   They are `arguments` plus `--config.strategy.name=<the job's strategy>`
@@ -179,7 +189,8 @@ def runner_arguments(arguments, *, ps):
     raise ValueError(
         "The runner arguments have no --workdir=DIR: every task and every restart must use the same workdir "
         "(all tasks restore from the chief's checkpoints there), and without one each task would make its own "
-        "temporary directory.")
+        "temporary directory."
+    )
   strategy = "parameter_server" if ps else "multi_worker_mirrored"
   for argument in arguments:
     if _CLUSTER_FIELD.match(argument):
@@ -188,13 +199,14 @@ def runner_arguments(arguments, *, ps):
     if named and named.group(1) != strategy:
       raise ValueError(
           f"{argument} does not fit this job: a job {'with' if ps else 'without'} --ps runs "
-          f"--config.strategy.name={strategy} (the launcher adds it when the arguments do not name it).")
+          f"--config.strategy.name={strategy} (the launcher adds it when the arguments do not name it)."
+      )
   if not any(_STRATEGY_NAME.match(argument) for argument in arguments):
     arguments.append(f"--config.strategy.name={strategy}")
   return arguments
 
 
-def workdir_of(arguments):
+def workdir_of(arguments: Sequence[str]) -> str | None:
   """The value of the runner arguments' `--workdir=DIR` (or `--workdir DIR`), or None when they have none."""
   for position, argument in enumerate(arguments):
     match = _WORKDIR.match(argument)
@@ -205,7 +217,7 @@ def workdir_of(arguments):
   return None
 
 
-def latest_checkpoint(workdir):
+def latest_checkpoint(workdir: str) -> tuple[str, int] | None:
   """`(name, step)` of the newest checkpoint in the local `workdir`, e.g. `('ckpt-40', 40)`, or None.
 
   Found from the `ckpt-N.index` files without TensorFlow, as a rerun finds
@@ -219,7 +231,7 @@ def latest_checkpoint(workdir):
   return (f"ckpt-{max(steps)}", max(steps)) if steps else None
 
 
-def stop_outcome(workdir, before):
+def stop_outcome(workdir: str, before: tuple[str, int] | None) -> str:
   """The launcher's last words after a stop: whether the job saved a checkpoint in `workdir`.
 
   Args:
@@ -232,12 +244,14 @@ def stop_outcome(workdir, before):
   if after is not None and after != before:
     return f"saved {after[0]} at step {after[1]}; rerun the same command to resume from there"
   if after is not None:
-    return (f"no checkpoint was written by this stop; the latest is {after[0]} (step {after[1]}), where a rerun "
-            "of the same command resumes")
+    return (
+        f"no checkpoint was written by this stop; the latest is {after[0]} (step {after[1]}), where a rerun "
+        "of the same command resumes"
+    )
   return "no checkpoint was written; a rerun of the same command starts from step 0"
 
 
-def free_ports(count):
+def free_ports(count: int) -> list[int]:
   """Returns `count` distinct TCP ports that were free on localhost (bound to port 0, then released)."""
   sockets = []
   try:
@@ -250,7 +264,7 @@ def free_ports(count):
       s.close()
 
 
-def describe_exit(returncode):
+def describe_exit(returncode: int) -> str:
   """`exited with status N`, or `was killed by SIGNAME` for a negative (signal) returncode."""
   if returncode >= 0:
     return f"exited with status {returncode}"
@@ -260,7 +274,7 @@ def describe_exit(returncode):
     return f"was killed by signal {-returncode}"
 
 
-def exit_status(returncode):
+def exit_status(returncode: int) -> int:
   """The launcher's exit status for a failed task's `returncode`: it when in 1..255, else 1 (a signal)."""
   return returncode if 1 <= returncode <= 255 else 1
 
@@ -268,18 +282,18 @@ def exit_status(returncode):
 class _Output:
   """Writes whole lines to this process's stdout or stderr from several threads, flushing each."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self._lock = threading.Lock()
 
-  def line(self, stream, text):
+  def line(self, stream: IO[str], text: str) -> None:
     with self._lock:
       stream.write(text + "\n")
       stream.flush()
 
-  def launcher(self, text):
+  def launcher(self, text: str) -> None:
     self.line(sys.stderr, f"[launch] {text}")
 
-  def relay(self, pipe, stream, prefix):
+  def relay(self, pipe: IO[bytes], stream: IO[str], prefix: str) -> None:
     """Prints every line read from `pipe` (bytes) on `stream` with `prefix`, until the pipe closes."""
     with pipe:
       for raw in pipe:
@@ -295,41 +309,51 @@ class _Job:
   it gets SIGTERM when the launcher dies (`_ends_with_the_launcher`).
   """
 
-  def __init__(self, *, workers, ps, arguments, output):
+  def __init__(self, *, workers: int, ps: int, arguments: Sequence[str], output: _Output) -> None:
     ports = free_ports(sum(job_sizes(workers=workers, ps=ps).values()))
     self.cluster = cluster_spec(workers=workers, ps=ps, ports=ports)
     self.tasks = tasks(self.cluster)
     self.coordinators = {t for t in self.tasks if t.type == ("chief" if ps else "worker")}  # whose success ends it
     # Under parameter servers the ClusterCoordinator runs a lost worker's functions on the others: not a failure.
     self.dispensable = {t for t in self.tasks if ps and t.type == "worker"}
-    self.exits = queue.Queue()
+    self.exits: queue.Queue[tuple[Task, int]] = queue.Queue()  # (task, exit status) as each one ends
     self._arguments = arguments
     self._output = output
-    self._processes = {}
-    self._threads = []
+    self._processes: dict[Task, subprocess.Popen] = {}
+    self._threads: list[threading.Thread] = []
 
-  def start(self):
+  def start(self) -> None:
     preexec = _ends_with_the_launcher(os.getpid())
     for task in self.tasks:
-      env = dict(os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type,
-                                                            index=task.index)))
+      env = dict(
+          os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type, index=task.index))
+      )
       env.setdefault("PYTHONUNBUFFERED", "1")  # Lines come as they are printed, not when a buffer fills.
       process = subprocess.Popen(
-          [sys.executable, "-m", "runner", *self._arguments], env=env, stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)  # noqa: PLW1509
+          [sys.executable, "-m", "runner", *self._arguments],
+          env=env,
+          stdin=subprocess.DEVNULL,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          start_new_session=True,
+          preexec_fn=preexec,  # noqa: PLW1509
+      )
       self._processes[task] = process
       self._output.launcher(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
       prefix = f"[{task.name}]"
       self._threads += [
           threading.Thread(target=self._output.relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
           threading.Thread(target=self._output.relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
-          threading.Thread(target=lambda t=task, p=process: self.exits.put((t, p.wait())), daemon=True)]
+          threading.Thread(target=lambda t=task, p=process: self.exits.put((t, p.wait())), daemon=True),
+      ]
       for thread in self._threads[-3:]:
         thread.start()
 
-  def stop(self, *, grace_seconds, abort):
-    """Stops the tasks still running: SIGTERM (every `SIGTERM_REPEAT_SECONDS`), then SIGKILL to those left after
-    `grace_seconds` or once `abort()`.
+  def stop(self, *, grace_seconds: float, abort: Callable[[], object]) -> list[Task]:
+    """Stops the tasks still running: SIGTERM, then SIGKILL to those left.
+
+    SIGTERM goes again every `SIGTERM_REPEAT_SECONDS`; SIGKILL goes to the
+    tasks left after `grace_seconds`, or once `abort()`.
 
     Under parameter servers the chief goes first: the workers and ps tasks
     keep serving until it has saved and exited (or been killed), then they
@@ -358,16 +382,16 @@ class _Job:
       thread.join(timeout=max(0, deadline - time.monotonic()))
     return killed
 
-  def wait(self, seconds, *, stop):
+  def wait(self, seconds: float, *, stop: Callable[[], object]) -> None:
     """Waits up to `seconds` for every task to exit by itself, or until `stop()`."""
     deadline = time.monotonic() + seconds
     while self._running() and time.monotonic() < deadline and not stop():
       time.sleep(POLL_SECONDS)
 
-  def _running(self):
+  def _running(self) -> list[Task]:
     return [task for task, process in self._processes.items() if process.poll() is None]
 
-  def _signal(self, running, signum):
+  def _signal(self, running: Iterable[Task], signum: int) -> None:
     for task in running:
       try:
         self._processes[task].send_signal(signum)
@@ -375,7 +399,7 @@ class _Job:
         pass  # It exited meanwhile.
 
 
-def _ends_with_the_launcher(launcher_pid):
+def _ends_with_the_launcher(launcher_pid: int) -> Callable[[], None]:
   """Returns the `preexec_fn` that gives a task SIGTERM when the launcher dies (Linux; elsewhere nothing).
 
   The task asks the kernel for SIGTERM at its parent's death
@@ -390,7 +414,7 @@ def _ends_with_the_launcher(launcher_pid):
   except (OSError, AttributeError):
     prctl = None  # Not Linux.
 
-  def preexec():
+  def preexec() -> None:
     if prctl is not None:
       prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != launcher_pid:
@@ -399,7 +423,9 @@ def _ends_with_the_launcher(launcher_pid):
   return preexec
 
 
-def _run_once(job, *, signals, grace_seconds, output):
+def _run_once(
+    job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: float, output: _Output
+) -> tuple[Task, int] | None:
   """Runs `job` until it succeeds, a task fails or a stop signal comes; then stops it.
 
   Returns:
@@ -417,20 +443,29 @@ def _run_once(job, *, signals, grace_seconds, output):
       if returncode != 0 and task in job.dispensable:
         lost.add(task)
         if lost != job.dispensable:
-          output.launcher(f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
-                          "chief trains on with the other workers (it is not started again).")
+          output.launcher(
+              f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
+              "chief trains on with the other workers (it is not started again)."
+          )
           continue
       if returncode != 0:
         last = ", and no worker is left" if task in job.dispensable else ""
-        output.launcher(f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
-                        f"after {grace_seconds:g} s).")
+        output.launcher(
+            f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
+            f"after {grace_seconds:g} s)."
+        )
         return task, returncode
       pending.discard(task)
     if signals.received:
-      order = ("the chief first; the workers and ps tasks serve until it has saved and exited"
-               if job.dispensable else "every task at once; the workers agree on the step to save at")
-      output.launcher(f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C "
-                      "again to kill every task at once.")
+      order = (
+          "the chief first; the workers and ps tasks serve until it has saved and exited"
+          if job.dispensable
+          else "every task at once; the workers agree on the step to save at"
+      )
+      output.launcher(
+          f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C "
+          "again to kill every task at once."
+      )
     else:  # Parameter-server tasks end by themselves once they see the chief gone; give them the time.
       job.wait(SERVERS_END_SECONDS, stop=lambda: signals.received)
     return None
@@ -441,18 +476,23 @@ def _run_once(job, *, signals, grace_seconds, output):
       output.launcher(f"killed {', '.join(task.name for task in killed)} with SIGKILL: {why}.")
 
 
-def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
+def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int, grace_seconds: float) -> int:
   """Runs the job, restarting it up to `max_restarts` times; returns the launcher's exit status.
 
   `arguments` are the runner's, checked by `runner_arguments`.
   """
   output = _Output()
   workdir = workdir_of(arguments)
+  assert workdir is not None  # `runner_arguments` made sure the arguments name one.
   with stop_signals.StopSignals(in_training=False) as signals:
     for attempt in range(max_restarts + 1):
       before = latest_checkpoint(workdir)
-      failure = _run_once(_Job(workers=workers, ps=ps, arguments=arguments, output=output),
-                          signals=signals, grace_seconds=grace_seconds, output=output)
+      failure = _run_once(
+          _Job(workers=workers, ps=ps, arguments=arguments, output=output),
+          signals=signals,
+          grace_seconds=grace_seconds,
+          output=output,
+      )
       if signals.received:
         output.launcher(f"stopped by {stop_signals.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
         return exit_codes.STOPPED_BY[signals.received]
@@ -460,27 +500,34 @@ def launch(*, workers, ps, arguments, max_restarts, grace_seconds):
         return 0
       task, returncode = failure
       if returncode in exit_codes.NOT_RESTARTED:
-        output.launcher(f"the job failed: {task.name} {describe_exit(returncode)} ({exit_codes.NOT_RESTARTED[returncode]}), "
-                        f"which a restart would repeat; exit status {returncode}.")
+        output.launcher(
+            f"the job failed: {task.name} {describe_exit(returncode)} ({exit_codes.NOT_RESTARTED[returncode]}), "
+            f"which a restart would repeat; exit status {returncode}."
+        )
         return returncode
       if attempt < max_restarts:
-        output.launcher(f"restart {attempt + 1} of {max_restarts}: {task.name} {describe_exit(returncode)}; "
-                        "the job resumes from the last checkpoint in its workdir.")
-    output.launcher(f"the job failed: {task.name} {describe_exit(returncode)} and no restart is left "
-                    f"(--max_restarts={max_restarts}); exit status {exit_status(returncode)}.")
+        output.launcher(
+            f"restart {attempt + 1} of {max_restarts}: {task.name} {describe_exit(returncode)}; "
+            "the job resumes from the last checkpoint in its workdir."
+        )
+    output.launcher(
+        f"the job failed: {task.name} {describe_exit(returncode)} and no restart is left "
+        f"(--max_restarts={max_restarts}); exit status {exit_status(returncode)}."
+    )
     return exit_status(returncode)
 
 
-def _parse(argv):
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """Returns launch()'s keyword arguments from the command line `argv`.
 
   Raises:
     ValueError: bad launcher input, with a message for one `error:` line.
   """
+  runner_argv: Sequence[str]
   launcher_argv, separator, runner_argv = argv[1:], False, []
   if "--" in launcher_argv:
     position = launcher_argv.index("--")
-    launcher_argv, separator, runner_argv = launcher_argv[:position], True, launcher_argv[position + 1:]
+    launcher_argv, separator, runner_argv = launcher_argv[:position], True, launcher_argv[position + 1 :]
   try:
     extra = flags.FLAGS([argv[0], *launcher_argv])[1:]
   except flags.UnrecognizedFlagError as e:
@@ -501,14 +548,20 @@ def _parse(argv):
   if os.environ.get("TF_CONFIG"):
     raise ValueError(
         "TF_CONFIG is set in this environment, and the launcher gives every task its own: unset it. "
-        "(On a real cluster, set TF_CONFIG on each host and run python -m runner there.)")
-  return dict(workers=_WORKERS.value, ps=_PS.value, max_restarts=_MAX_RESTARTS.value,
-              grace_seconds=_GRACE_SECONDS.value, arguments=runner_arguments(runner_argv, ps=_PS.value))
+        "(On a real cluster, set TF_CONFIG on each host and run python -m runner there.)"
+    )
+  return dict(
+      workers=_WORKERS.value,
+      ps=_PS.value,
+      max_restarts=_MAX_RESTARTS.value,
+      grace_seconds=_GRACE_SECONDS.value,
+      arguments=runner_arguments(runner_argv, ps=_PS.value),
+  )
 
 
-def main(argv):
+def main(argv: Sequence[str]) -> int:
   """Runs the command line `argv`; returns the exit status."""
-  if any(argument in _HELP for argument in argv[1:argv.index("--") if "--" in argv else None]):
+  if any(argument in _HELP for argument in argv[1 : argv.index("--") if "--" in argv else None]):
     print(__doc__)
     print(flags.FLAGS.module_help(sys.modules[__name__]))
     return 0
@@ -520,7 +573,6 @@ def main(argv):
   return launch(**options)
 
 
-def run_main():
+def run_main() -> None:
   """The `tf-runner-launch` console script and `python -m runner.launch`."""
   sys.exit(main(sys.argv))
-

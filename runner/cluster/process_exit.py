@@ -8,27 +8,30 @@ a training run makes about 20). `exit_now` deletes those first, after what
 was registered with `on_exit_now` (the workdir lock's release).
 """
 
+from collections.abc import Callable
 import os
 import sys
+from typing import NoReturn
 
 AUTOGRAPH_MODULE_PREFIX = "__autograph_generated_file"
-_before_exit = []  # What `exit_now` calls first, e.g. releasing a workdir lock.
+_before_exit: list[Callable[[], object]] = []  # What `exit_now` calls first, e.g. releasing a workdir lock.
 
 
-def on_exit_now(callback):
+def on_exit_now(callback: Callable[[], object]) -> Callable[[], None]:
   """Has `exit_now` call `callback()` before the process ends; returns a function that takes it back.
 
   An exception from `callback` is ignored: the process ends anyway.
   """
   _before_exit.append(callback)
 
-  def take_back():
+  def take_back() -> None:
     if callback in _before_exit:
       _before_exit.remove(callback)
+
   return take_back
 
 
-def remove_autograph_modules():
+def remove_autograph_modules() -> None:
   """Deletes the files of the modules AutoGraph generated in this process.
 
   The modules stay loaded: only their source files go, which nothing reads
@@ -44,7 +47,7 @@ def remove_autograph_modules():
       pass
 
 
-def exit_now(status):
+def exit_now(status: int) -> NoReturn:
   """Calls what `on_exit_now` registered, flushes stdout and stderr, deletes AutoGraph's files, and ends the process.
 
   The process ends with `status`, skipping teardown. A stream that cannot be

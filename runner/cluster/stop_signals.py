@@ -14,18 +14,20 @@ signal, and its first training loop hands it to every worker with the
 loop's reduction: all save at the end of that loop, at the same step.
 """
 
+from collections.abc import Iterator
 import contextlib
 import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from absl import logging
 
 from runner import exit_codes
 from runner.cluster import process_exit
 
-NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+NAMES: dict[int, str] = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
 
 
 class StopSignals:
@@ -40,8 +42,10 @@ class StopSignals:
       in training it ends the process instead).
   """
 
-  def __init__(self, *, in_training=True):
-    """Args:
+  def __init__(self, *, in_training: bool = True) -> None:
+    """Initializes the `StopSignals`.
+
+    Args:
       in_training: True around training loops: the signal is said at once,
         a Ctrl-C after it ends the process at once with exit status 130 and
         one line on stderr, also while the main thread is inside a loop's call
@@ -50,12 +54,12 @@ class StopSignals:
         launcher): the signals are only noted, and the caller acts on them.
     """
     self.in_training = in_training
-    self.received = None
+    self.received: int | None = None
     self.aborted = False
-    self._previous = {}
-    self._watch = None
+    self._previous: dict[int, Any] = {}
+    self._watch: _SignalWatch | None = None
 
-  def __enter__(self):
+  def __enter__(self) -> "StopSignals":
     global _waiting_stop, _trained
     if self.in_training:
       self.received, _waiting_stop = _waiting_stop, None  # One a cluster task noted before: this loop ends training.
@@ -66,7 +70,7 @@ class StopSignals:
         self._watch = _SignalWatch(stops=int(self.received is not None))
     return self
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, *exc_info: object) -> None:
     if self._watch is not None:
       self._watch.close()
       self._watch = None
@@ -74,7 +78,7 @@ class StopSignals:
       signal.signal(signum, handler)
     self._previous = {}
 
-  def _note(self, signum, frame):
+  def _note(self, signum: int, frame: object) -> None:
     del frame
     global _first_stop
     if self.received is None:
@@ -95,8 +99,10 @@ class _SignalWatch:
   gets one byte per signal as it arrives, in a thread of its own.
   """
 
-  def __init__(self, *, stops=0):
-    """Args:
+  def __init__(self, *, stops: int = 0) -> None:
+    """Initializes the `_SignalWatch`.
+
+    Args:
       stops: the stop signals received before (a SIGINT after one aborts).
     """
     self._stops = stops
@@ -106,14 +112,14 @@ class _SignalWatch:
     self._thread = threading.Thread(target=self._watch, name="stop-signal-watch", daemon=True)
     self._thread.start()
 
-  def close(self):
+  def close(self) -> None:
     """Gives the wakeup descriptor back and ends the thread."""
     signal.set_wakeup_fd(self._previous_fd)
     os.close(self._write)  # The thread reads the end of the pipe and returns.
     self._thread.join()
     os.close(self._read)
 
-  def _watch(self):
+  def _watch(self) -> None:
     stops = self._stops
     while data := os.read(self._read, 64):
       for signum in data:
@@ -123,9 +129,12 @@ class _SignalWatch:
           sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
           process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
         if not stops:
-          logging.warning("%s received: the run stops at the end of this loop (or of the final evaluation), with a "
-                          "checkpoint saved.%s", NAMES[signum],
-                          " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "")
+          logging.warning(
+              "%s received: the run stops at the end of this loop (or of the final evaluation), with a "
+              "checkpoint saved.%s",
+              NAMES[signum],
+              " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "",
+          )
         stops += 1
 
 
@@ -141,14 +150,19 @@ class Stopped(BaseException):
     line: what the process says as it ends.
   """
 
-  def __init__(self, signum):
-    """Args:
+  def __init__(self, signum: int) -> None:
+    """Initializes the `Stopped`.
+
+    Args:
       signum: `signal.SIGTERM` or `signal.SIGINT`.
     """
     self.exit_code = exit_codes.STOPPED_BY[signum]
     name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-    self.line = (f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
-                 if _trained else f"Stopped by {name} during start-up; nothing was written.")
+    self.line = (
+        f"Stopped by {name} after training; its last checkpoint is saved, where a rerun resumes."
+        if _trained
+        else f"Stopped by {name} during start-up; nothing was written."
+    )
     super().__init__(self.line)
 
 
@@ -159,7 +173,7 @@ _trained = False  # A training loop ran in this process (StopSignals was entered
 _raised = None  # The `Stopped` that `raising_stops` raised, whatever a library turned it into on its way up.
 
 
-def handle_outside_training():
+def handle_outside_training() -> None:
   """Installs the handlers of SIGTERM and SIGINT for when no training loop runs; call it first thing in a process.
 
   `StopSignals` takes over inside training loops and puts these back after.
@@ -176,7 +190,7 @@ def handle_outside_training():
 
 
 @contextlib.contextmanager
-def raising_stops():
+def raising_stops() -> Iterator[None]:
   """Inside, a stop signal outside training raises `Stopped` (see `handle_outside_training`)."""
   global _raising
   _raising = True
@@ -186,7 +200,7 @@ def raising_stops():
     _raising = False
 
 
-def raised_stop():
+def raised_stop() -> "Stopped | None":
   """Returns the `Stopped` a stop signal raised in this process (see `raising_stops`), or None.
 
   A library may turn it into another exception on its way up (a stop during
@@ -196,7 +210,7 @@ def raised_stop():
   return _raised
 
 
-def _outside_training(signum, frame):
+def _outside_training(signum: int, frame: object) -> None:
   del frame
   global _first_stop, _waiting_stop, _raised
   if _first_stop is not None:
@@ -207,8 +221,10 @@ def _outside_training(signum, frame):
   _first_stop = signum
   if _joined_a_cluster():
     _waiting_stop = signum
-    sys.stderr.write(f"{NAMES[signum]} received outside a training loop: the job stops at the end of its next one, "
-                     "every worker saving a checkpoint at the same step.\n")
+    sys.stderr.write(
+        f"{NAMES[signum]} received outside a training loop: the job stops at the end of its next one, "
+        "every worker saving a checkpoint at the same step.\n"
+    )
     return
   stopped = Stopped(signum)
   if _raising:
@@ -218,7 +234,7 @@ def _outside_training(signum, frame):
   process_exit.exit_now(stopped.exit_code)
 
 
-def _joined_a_cluster():
+def _joined_a_cluster() -> bool:
   """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
   context = sys.modules.get("tensorflow.python.eager.context")
   current = context and context.context_safe()

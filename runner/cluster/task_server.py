@@ -24,27 +24,30 @@ Ctrl-C ends a serving task at once with 130; a SIGTERM after the first
 changes nothing. Each says so in one line on stderr.
 """
 
+from collections.abc import Callable
 import json
 import os
 import signal
 import sys
 import time
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
 from runner import exit_codes
-from runner.cluster import stop_signals
 from runner.cluster import process_exit
+from runner.cluster import stop_signals
 from strategies import cluster
 from strategies import peers
-from strategies.errors import ClusterError, ConfigError
+from strategies.errors import ClusterError
+from strategies.errors import ConfigError
 
 POLL_SECONDS = 2.0
 SERVING_JOBS = ("worker", "ps")
 
 
-def is_serving_task(config):
+def is_serving_task(config: Any) -> bool:
   """Whether this process is a worker or ps task of a parameter-server cluster, which serves instead of training.
 
   True when `config.strategy.name` is 'parameter_server' and `TF_CONFIG`
@@ -59,14 +62,16 @@ def is_serving_task(config):
     return False  # Not a serving task; creating the strategy reports a malformed TF_CONFIG.
 
 
-def describe():
+def describe() -> str:
   """One line on what this task does, e.g. 'serve as worker:0 of a parameter-server cluster (chief: host:port)'."""
   resolver = cluster.from_tf_config()
-  return (f"serve as {resolver.task_type}:{resolver.task_id} of a parameter-server cluster until the coordinator "
-          f"({_chief_address(resolver.cluster_spec())}) is done")
+  return (
+      f"serve as {resolver.task_type}:{resolver.task_id} of a parameter-server cluster until the coordinator "
+      f"({_chief_address(resolver.cluster_spec())}) is done"
+  )
 
 
-def serve(timeout_seconds):
+def serve(timeout_seconds: float | None) -> None:
   """Starts this task's `tf.distribute.Server` and serves until the coordinator is done (see the module docstring).
 
   Prints one line saying so. Returns when the chief's port has closed.
@@ -92,12 +97,14 @@ def serve(timeout_seconds):
   config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(4, num_workers + 2))
   stop = _StopWhenTheCoordinatorIsDone(me)
   try:
-    server = tf.distribute.Server(spec, job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc",
-                                  config=config, start=True)
+    server = tf.distribute.Server(
+        spec, job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc", config=config, start=True
+    )
   except tf.errors.OpError as error:
     raise ConfigError(
         f"{me} could not start its server at {spec.task_address(resolver.task_type, resolver.task_id)} "
-        f"({' '.join(error.message.split())}); check that the port is free and the address is this host's.") from None
+        f"({' '.join(error.message.split())}); check that the port is free and the address is this host's."
+    ) from None
   print(f"serving as {me} of a parameter-server cluster until the coordinator ({chief}) is done", flush=True)
   _wait_for_the_coordinator(chief, me, timeout_seconds, stopping=lambda: stop.received is not None)
   logging.info("The coordinator (%s) is done (its port closed): %s stops serving.", chief, me)
@@ -106,17 +113,20 @@ def serve(timeout_seconds):
     raise SystemExit(exit_codes.STOPPED_BY[stop.received])
 
 
-def _chief_address(spec):
+def _chief_address(spec: Any) -> str:
   if "chief" not in spec.jobs or not spec.job_tasks("chief"):
     raise ConfigError(
         f"A parameter-server cluster needs a 'chief' task, the coordinator; TF_CONFIG's cluster has "
         f"{', '.join(sorted(spec.jobs))}. Example: "
         '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"], "ps": ["host2:2222"]}, '
-        '"task": {"type": "worker", "index": 0}}.')
+        '"task": {"type": "worker", "index": 0}}.'
+    )
   return spec.job_tasks("chief")[0]
 
 
-def _wait_for_the_coordinator(chief, me, timeout_seconds, *, stopping):
+def _wait_for_the_coordinator(
+    chief: str, me: str, timeout_seconds: float | None, *, stopping: Callable[[], bool]
+) -> None:
   """Returns once `chief` has accepted a connection and then refused two probes in a row.
 
   Once `stopping()`, one refused probe is enough, also before the chief was up.
@@ -129,7 +139,8 @@ def _wait_for_the_coordinator(chief, me, timeout_seconds, *, stopping):
       raise ClusterError(
           f"{me} served for {timeout_seconds:g} s without the coordinator: nothing listens at chief:0 ({chief}). "
           "Start the chief (the same command with its TF_CONFIG), or raise config.strategy.timeout_seconds; if the "
-          "chief had already finished, this task has nothing left to do.")
+          "chief had already finished, this task has nothing left to do."
+      )
     time.sleep(POLL_SECONDS)
   refused = 0
   while refused < (1 if stopping() else 2):
@@ -144,20 +155,24 @@ class _StopWhenTheCoordinatorIsDone:
   server.
   """
 
-  def __init__(self, me):
-    self.received = None
+  def __init__(self, me: str) -> None:
+    self.received: int | None = None
     self._me = me
     for signum in exit_codes.STOPPED_BY:
       signal.signal(signum, self._note)
 
-  def _note(self, signum, frame):
+  def _note(self, signum: int, frame: object) -> None:
     del frame
     if signum == signal.SIGTERM:
       if self.received is None:
         self.received = signum
-        sys.stderr.write(f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
-                         "checkpoint through the servers), then exits.\n")
+        sys.stderr.write(
+            f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
+            "checkpoint through the servers), then exits.\n"
+        )
       return
-    sys.stderr.write(f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
-                     "writes the checkpoints; it fails if a ps task it needs is gone).\n")
+    sys.stderr.write(
+        f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
+        "writes the checkpoints; it fails if a ps task it needs is gone).\n"
+    )
     process_exit.exit_now(exit_codes.STOPPED_BY[signum])

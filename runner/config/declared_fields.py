@@ -16,19 +16,23 @@ gets whatever fields its config section has.
 Imports no TensorFlow, so a module may declare its fields before it does.
 """
 
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ml_collections import config_dict
 
 from strategies.errors import ConfigError
 
 _ATTRIBUTE = "_tf_runner_config_fields"
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
 _TYPES = (bool, int, float, str, tuple)
-_VALID = ("a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
-          "(TYPE one of those) for an optional field that is None until set")
+_VALID = (
+    "a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
+    "(TYPE one of those) for an optional field that is None until set"
+)
 
 
-def config_fields(**fields) -> Callable[[Callable], Callable]:
+def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
   """Returns a decorator that declares a function's own config fields and their defaults.
 
   Args:
@@ -47,7 +51,8 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
       know), a list or a dict; or an object that cannot hold an attribute,
       such as a builtin.
   """
-  def declare(fn):
+
+  def declare(fn: _Fn) -> _Fn:
     where = f"@runner.config_fields on {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
     if "name" in fields:
       raise ConfigError(f"{where}: 'name' is the field that names the function; give the field another name.")
@@ -56,13 +61,15 @@ def config_fields(**fields) -> Callable[[Callable], Callable]:
     try:
       setattr(fn, _ATTRIBUTE, dict(fields))
     except AttributeError:
-      raise ConfigError(f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python "
-                        "function (def).") from None
+      raise ConfigError(
+          f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python function (def)."
+      ) from None
     return fn
+
   return declare
 
 
-def declared(fn) -> Optional[Mapping[str, Any]]:
+def declared(fn: Callable[..., Any]) -> Mapping[str, Any] | None:
   """Returns the fields `fn` declares with `config_fields` and their defaults, or None if it declares none.
 
   Each call returns new placeholders: a ConfigDict that holds one writes
@@ -71,21 +78,26 @@ def declared(fn) -> Optional[Mapping[str, Any]]:
   fields = getattr(fn, _ATTRIBUTE, None)
   if fields is None:
     return None
-  return {field: config_dict.placeholder(default.get_type()) if isinstance(default, config_dict.FieldReference)
-          else default for field, default in fields.items()}
+  return {
+      field: config_dict.placeholder(default.get_type()) if isinstance(default, config_dict.FieldReference) else default
+      for field, default in fields.items()
+  }
 
 
-def _check_default(where, field, default):
+def _check_default(where: str, field: str, default: Any) -> None:
   """Raises ConfigError for a default that is not a value a config field can have (see `config_fields`)."""
   if isinstance(default, config_dict.FieldReference):
     if default.get() is not None or default.get_type() not in _TYPES:
       raise ConfigError(
           f"{where}: the default of {field!r} is a reference to {default.get()!r} of type "
-          f"{default.get_type().__name__}; a default is {_VALID}.")
+          f"{default.get_type().__name__}; a default is {_VALID}."
+      )
   elif default is None:
     raise ConfigError(
         f"{where}: the default of {field!r} is None, whose type the config cannot know; for an optional "
-        f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple).")
+        f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple)."
+    )
   elif not isinstance(default, _TYPES):
-    raise ConfigError(f"{where}: the default of {field!r} is {default!r} ({type(default).__name__}); "
-                      f"a default is {_VALID}.")
+    raise ConfigError(
+        f"{where}: the default of {field!r} is {default!r} ({type(default).__name__}); a default is {_VALID}."
+    )

@@ -3,6 +3,10 @@
 `check` imports no TensorFlow; making the optimizer or schedule imports Keras.
 """
 
+from typing import Any
+
+import ml_collections
+
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -15,7 +19,7 @@ OPTIMIZERS = {
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
 
 
-def check(config, train_steps):
+def check(config: ml_collections.ConfigDict, train_steps: int) -> None:
   """Raises ConfigError for an optimizer config that cannot work.
 
   Args:
@@ -34,14 +38,16 @@ def check(config, train_steps):
     if not 0 < config.warmup_steps < train_steps:
       raise ConfigError(
           f"Schedule 'warmup_cosine' needs 0 < config.optimizer.warmup_steps < "
-          f"config.trainer.train_steps={train_steps}, got warmup_steps={config.warmup_steps}.")
+          f"config.trainer.train_steps={train_steps}, got warmup_steps={config.warmup_steps}."
+      )
   elif config.warmup_steps:
     raise ConfigError(
         f"config.optimizer.warmup_steps={config.warmup_steps} is used only by schedule 'warmup_cosine', "
-        f"not by {config.schedule!r}. Set schedule='warmup_cosine' or warmup_steps=0.")
+        f"not by {config.schedule!r}. Set schedule='warmup_cosine' or warmup_steps=0."
+    )
 
 
-def learning_rate(config, train_steps):
+def learning_rate(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   """Returns the learning rate: a float for 'constant', else a Keras schedule.
 
   'cosine' decays from `learning_rate` to 0 over `train_steps`;
@@ -55,14 +61,18 @@ def learning_rate(config, train_steps):
   if config.schedule == "constant":
     return config.learning_rate
   import keras  # noqa: PLC0415
+
   if config.schedule == "cosine":
     return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=train_steps)
   return keras.optimizers.schedules.CosineDecay(
-      0.0, decay_steps=train_steps - config.warmup_steps,
-      warmup_target=config.learning_rate, warmup_steps=config.warmup_steps)
+      0.0,
+      decay_steps=train_steps - config.warmup_steps,
+      warmup_target=config.learning_rate,
+      warmup_steps=config.warmup_steps,
+  )
 
 
-def create(config, train_steps):
+def create(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   """Returns a new Keras optimizer for `config.optimizer`; call it inside the strategy's scope.
 
   `weight_decay` is Keras's decoupled weight decay, for every optimizer.
@@ -74,5 +84,7 @@ def create(config, train_steps):
     train_steps: the total number of training steps, the length of the schedule.
   """
   import keras  # noqa: PLC0415
+
   return getattr(keras.optimizers, OPTIMIZERS[config.name])(
-      learning_rate=learning_rate(config, train_steps), weight_decay=config.weight_decay)
+      learning_rate=learning_rate(config, train_steps), weight_decay=config.weight_decay
+  )

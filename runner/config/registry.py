@@ -12,16 +12,17 @@ fields its config section has. A model function is called as
 `fn(config.task)` and returns a `runner.Task` (docs/config.md).
 """
 
+from collections.abc import Callable, Mapping
 import dataclasses
 import importlib
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
+from runner import models as builtin_models
+from runner.config import declared_fields
+from runner.data import builtin_datasets
 from strategies.checks import did_you_mean
 from strategies.errors import ConfigError
 
-from runner.data import builtin_datasets
-from runner import models as builtin_models
-from runner.config import declared_fields
 
 @dataclasses.dataclass(frozen=True)
 class Builtin:
@@ -33,19 +34,22 @@ class Builtin:
     check: `check(section)` raises ConfigError for values that cannot work;
       it runs before any TensorFlow device work.
   """
+
   fn: Callable
   fields: Mapping[str, Any]
   check: Callable = lambda section: None
 
 
-def _classification(config):
+def _classification(config: Any) -> Any:
   from runner import tasks  # noqa: PLC0415
+
   return tasks.Classification(from_logits=config.from_logits)
 
 
-def _regression(config):
+def _regression(config: Any) -> Any:
   del config  # Regression has no fields.
   from runner import tasks  # noqa: PLC0415
+
   return tasks.Regression()
 
 
@@ -59,22 +63,22 @@ _BUILTINS = {
 }
 
 
-def builtins(kind):
+def builtins(kind: str) -> dict[str, Builtin]:
   """Returns {name: Builtin} of `kind` ('model', 'dataset' or 'task')."""
   return dict(_BUILTINS[kind])
 
 
-def names(kind):
+def names(kind: str) -> list[str]:
   """Returns the built-in names of `kind`, sorted."""
   return sorted(_BUILTINS[kind])
 
 
-def is_import_path(name):
+def is_import_path(name: str) -> bool:
   """Returns whether `name` has the form 'package.module:function'."""
   return ":" in name
 
 
-def builtin(kind, name) -> Optional[Builtin]:
+def builtin(kind: str, name: str) -> Builtin | None:
   """Returns the built-in `name` of `kind`, or None for an import path.
 
   Raises:
@@ -85,11 +89,12 @@ def builtin(kind, name) -> Optional[Builtin]:
   if name not in _BUILTINS[kind]:
     raise ConfigError(
         f"Unknown {kind} {name!r}.{did_you_mean(name, _BUILTINS[kind])} Built-in {kind}s: "
-        f"{', '.join(names(kind))}; or give an import path 'package.module:function'.")
+        f"{', '.join(names(kind))}; or give an import path 'package.module:function'."
+    )
   return _BUILTINS[kind][name]
 
 
-def resolve(kind, name) -> Callable:
+def resolve(kind: str, name: str) -> Callable[..., Any]:
   """Returns the function that `name` stands for.
 
   Args:
@@ -111,19 +116,21 @@ def resolve(kind, name) -> Callable:
   except ImportError as e:
     raise ConfigError(
         f"The {kind} {name!r} does not import: {type(e).__name__}: {e}. "
-        "Check the module path and that its package is on PYTHONPATH.") from e
+        "Check the module path and that its package is on PYTHONPATH."
+    ) from e
   fn = getattr(module, attribute, None)
   if fn is None:
     public = [a for a in dir(module) if not a.startswith("_")]
     raise ConfigError(
         f"The {kind} {name!r}: module {module_name!r} has no attribute {attribute!r}."
-        f"{did_you_mean(attribute, public)}")
+        f"{did_you_mean(attribute, public)}"
+    )
   if not callable(fn):
     raise ConfigError(f"The {kind} {name!r} is a {type(fn).__name__}, not a function.")
   return fn
 
 
-def own_fields(kind, name) -> Optional[Mapping[str, Any]]:
+def own_fields(kind: str, name: str) -> Mapping[str, Any] | None:
   """Returns {field: default} of the own config fields of `name`, or None for a function that declares none.
 
   A built-in's fields; for an import path, the fields its function declares

@@ -7,25 +7,26 @@ loads a config file the way the CLI does (`FILE.py[:ARG]` plus
 Every bad input raises ConfigError, naming what was wrong and what is valid.
 """
 
+from collections.abc import Iterable, Iterator, Mapping
 import contextlib
 import importlib.util
 import os
 import traceback
+from typing import Any
 
 from absl import flags
 import ml_collections
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from runner import sharding_policies
+from runner.config import optimizers
+from runner.config import registry
+from runner.outputs import profiling
+from runner.training import scoped_settings
 from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
-
-from runner.training import scoped_settings
-from runner.config import optimizers
-from runner.outputs import profiling
-from runner.config import registry
-from runner import sharding_policies
 
 MODES = ("train", "eval", "train_and_eval", "export")
 # The sections that name a model, dataset or task; besides their common fields
@@ -34,43 +35,49 @@ NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
 NONE_VALUES = ("None", "none", "null")
 
 
-def _common_config():
+def _common_config() -> ml_collections.ConfigDict:
   """Returns the schema without the own fields of the named dataset, model and task."""
   config = ml_collections.ConfigDict()
   config.mode = "train_and_eval"
   config.strategy = strategy_schema.default_config()
-  config.data = ml_collections.ConfigDict({
-      "name": "synthetic",
-      "global_batch_size": 64,
-      "eval_global_batch_size": config_dict.placeholder(int),
-      "sharding": "auto",
-  })
+  config.data = ml_collections.ConfigDict(
+      {
+          "name": "synthetic",
+          "global_batch_size": 64,
+          "eval_global_batch_size": config_dict.placeholder(int),
+          "sharding": "auto",
+      }
+  )
   config.model = ml_collections.ConfigDict({"name": "mlp"})
   config.task = ml_collections.ConfigDict({"name": "classification"})
-  config.optimizer = ml_collections.ConfigDict({
-      "name": "adam",
-      "learning_rate": 1e-3,
-      "schedule": "constant",
-      "warmup_steps": 0,
-      "weight_decay": 0.0,
-      "clipnorm": config_dict.placeholder(float),
-  })
-  config.trainer = ml_collections.ConfigDict({
-      "train_steps": 1000,
-      "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.training.steps_per_loop.
-      "eval_every": config_dict.placeholder(int),
-      "eval_steps": config_dict.placeholder(int),
-      "checkpoint_every": config_dict.placeholder(int),
-      "max_to_keep": 3,
-      "jit_compile": False,
-      "precision": "float32",
-      "seed": 0,
-      "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
-  })
+  config.optimizer = ml_collections.ConfigDict(
+      {
+          "name": "adam",
+          "learning_rate": 1e-3,
+          "schedule": "constant",
+          "warmup_steps": 0,
+          "weight_decay": 0.0,
+          "clipnorm": config_dict.placeholder(float),
+      }
+  )
+  config.trainer = ml_collections.ConfigDict(
+      {
+          "train_steps": 1000,
+          "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.training.steps_per_loop.
+          "eval_every": config_dict.placeholder(int),
+          "eval_steps": config_dict.placeholder(int),
+          "checkpoint_every": config_dict.placeholder(int),
+          "max_to_keep": 3,
+          "jit_compile": False,
+          "precision": "float32",
+          "seed": 0,
+          "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
+      }
+  )
   return config
 
 
-def default_config():
+def default_config() -> ml_collections.ConfigDict:
   """Returns the schema of the run config: every field at its default.
 
   The data, model and task sections hold their common fields plus the own
@@ -80,7 +87,7 @@ def default_config():
   return _complete(ml_collections.ConfigDict())
 
 
-def _complete(config, previous_names=None):
+def _complete(config: Any, previous_names: Mapping[str, str] | None = None) -> ml_collections.ConfigDict:
   """Returns `config` over the schema: every field present, names and types checked.
 
   The data, model and task sections get the own fields of the dataset, model
@@ -111,12 +118,17 @@ def _complete(config, previous_names=None):
     if not hasattr(given, "items"):
       raise ConfigError(f"config.{section} must be a section (a ConfigDict), got {given!r}.")
     previous = (previous_names or {}).get(section)
-    _merge(result[section], _with_own_fields(result[section], given, f"config.{section}", kind, previous),
-           f"config.{section}")
+    _merge(
+        result[section],
+        _with_own_fields(result[section], given, f"config.{section}", kind, previous),
+        f"config.{section}",
+    )
   return result
 
 
-def _with_own_fields(section, given, where, kind, previous=None):
+def _with_own_fields(
+    section: ml_collections.ConfigDict, given: Any, where: str, kind: str, previous: str | None = None
+) -> dict[str, Any]:
   """Adds to `section` the own fields of the `kind` that `given` names; returns `given`'s fields to merge.
 
   Own fields (a built-in's, or those its function declares) come with their
@@ -140,11 +152,12 @@ def _with_own_fields(section, given, where, kind, previous=None):
   if common:
     raise ConfigError(
         f"The {kind} {name!r} declares the field(s) {', '.join(common)}, which {where} has for every {kind}; "
-        f"give its own fields other names.")
+        f"give its own fields other names."
+    )
   for field, default in fields.items():
     section[field] = default
   replaced = _defaults(kind, previous) if previous not in (None, name) else {}
-  others = {}
+  others: dict[str, list[str]] = {}
   for other in registry.names(kind):
     for field, default in _defaults(kind, other).items():
       others.setdefault(field, []).append(default)
@@ -158,18 +171,21 @@ def _with_own_fields(section, given, where, kind, previous=None):
       hint = f" (a field of another {kind}, set to {value!r})" if field in others or field in replaced else ""
       raise ConfigError(
           f"{where}.{field} is not a field of {kind} {name!r}{hint}.{checks.did_you_mean(field, section)} "
-          f"Fields of {where} for {kind} {name!r}: {', '.join(section)}.")
+          f"Fields of {where} for {kind} {name!r}: {', '.join(section)}."
+      )
   return kept
 
 
-def _defaults(kind, name):
+def _defaults(kind: str, name: str) -> Mapping[str, Any]:
   """Returns {field: default value} of the own fields of `name` ({} for a function that declares none)."""
   fields = registry.own_fields(kind, name) or {}
-  return {field: default.get() if isinstance(default, config_dict.FieldReference) else default
-          for field, default in fields.items()}
+  return {
+      field: default.get() if isinstance(default, config_dict.FieldReference) else default
+      for field, default in fields.items()
+  }
 
 
-def _typed(given, field):
+def _typed(given: Any, field: str) -> Any:
   """Returns `given[field]`, or a typed placeholder for a None with a known type."""
   value = given[field]
   if value is None and hasattr(given, "get_type") and given.get_type(field) is not type(None):
@@ -177,13 +193,14 @@ def _typed(given, field):
   return value
 
 
-def _merge(schema, given, where):
+def _merge(schema: ml_collections.ConfigDict, given: Any, where: str) -> None:
   """Writes the fields of `given` into `schema` (a ConfigDict), checking names and types."""
   for field in given:
     if field not in schema:
       raise ConfigError(
           f"{where} has no field {field!r}.{checks.did_you_mean(field, schema)} "
-          f"Fields of {where}: {', '.join(schema)}.")
+          f"Fields of {where}: {', '.join(schema)}."
+      )
     default = schema[field]
     if isinstance(default, ml_collections.ConfigDict):
       if not hasattr(given[field], "items"):
@@ -196,11 +213,11 @@ def _merge(schema, given, where):
 _TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
 
 
-def _type_name(field_type):
+def _type_name(field_type: type) -> str:
   return _TYPE_NAMES.get(field_type, f"a {field_type.__name__}")
 
 
-def _checked_value(value, default, field_type, where):
+def _checked_value(value: Any, default: Any, field_type: type, where: str) -> Any:
   """Returns `value` converted to the schema field's type.
 
   Raises:
@@ -227,7 +244,7 @@ def _checked_value(value, default, field_type, where):
   return value
 
 
-def validate(config):
+def validate(config: Any) -> ml_collections.ConfigDict:
   """Returns `config` completed, checked and locked.
 
   Completed: every field of the schema is there, and the data, model and task
@@ -265,20 +282,22 @@ def validate(config):
       raise ConfigError(
           f"config.trainer.{field}={trainer[field]} is not a multiple of config.trainer.steps_per_loop="
           f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
-          f"steps_per_loop steps. Use a multiple such as {multiple}.")
+          f"steps_per_loop steps. Use a multiple such as {multiple}."
+      )
   checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
   profile_steps = profiling.check_steps(trainer.profile_steps, "config.trainer.profile_steps")
   if profile_steps is not None and profile_steps[1] > trainer.train_steps:
     raise ConfigError(
         f"config.trainer.profile_steps={profile_steps} goes past config.trainer.train_steps={trainer.train_steps}; "
-        "choose steps the run trains.")
+        "choose steps the run trains."
+    )
   checks.one_of(trainer.precision, scoped_settings.PRECISIONS, "config.trainer.precision")
   optimizers.check(config.optimizer, trainer.train_steps)
   config.lock()
   return config
 
 
-def load_config(path, overrides=()):
+def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) -> ml_collections.ConfigDict:
   """Loads a config file, applies overrides, checks the result and locks it.
 
   The same loading as `python -m runner --config=PATH --config.a.b=v ...`.
@@ -305,6 +324,8 @@ def load_config(path, overrides=()):
   if not os.path.isfile(file_path):
     raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
   spec = importlib.util.spec_from_file_location("runner_config_file", file_path)
+  if spec is None or spec.loader is None:  # Python loads only its own files (FILE.py).
+    raise ConfigError(f"Config file {file_path!r} is not a Python file; give FILE.py (from {path!r}).")
   module = importlib.util.module_from_spec(spec)
   with _failures_named(file_path, ""):
     spec.loader.exec_module(module)
@@ -316,7 +337,8 @@ def load_config(path, overrides=()):
   if not hasattr(config, "items"):
     raise ConfigError(
         f"Config file {file_path!r}: {call} returned {_short_repr(config)} ({type(config).__name__}); "
-        "it must return an ml_collections.ConfigDict.")
+        "it must return an ml_collections.ConfigDict."
+    )
   config = _complete(config)
   if isinstance(overrides, str):
     raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")
@@ -333,7 +355,7 @@ def load_config(path, overrides=()):
 
 
 @contextlib.contextmanager
-def _failures_named(file_path, during):
+def _failures_named(file_path: str, during: str) -> Iterator[None]:
   """Turns an exception raised by the config file's code into a ConfigError naming the file and the line.
 
   A ConfigError the file raises itself passes as it is. The original
@@ -354,44 +376,49 @@ def _failures_named(file_path, during):
   except SystemExit as e:  # sys.exit() or exit() in the file: it would end the run with no word of why.
     raise ConfigError(
         f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with "
-        f"{e!r}; a config file must return its config (raise an exception to report a problem).") from e
+        f"{e!r}; a config file must return its config (raise an exception to report a problem)."
+    ) from e
   except Exception as e:
     raise ConfigError(
-        f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}") from e
+        f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}"
+    ) from e
 
 
-def _where(error, file_path):
+def _where(error: BaseException, file_path: str) -> str:
   """Returns ', line N' (', in FILE, line N' for another file's SyntaxError) for the error's place, or ''."""
   if isinstance(error, SyntaxError) and error.filename and error.lineno:
     if os.path.abspath(error.filename) == os.path.abspath(file_path):
       return f", line {error.lineno}"
     return f", in {error.filename!r}, line {error.lineno}"
-  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
-           if os.path.abspath(frame.filename) == os.path.abspath(file_path)]
+  lines = [
+      frame.lineno
+      for frame in traceback.extract_tb(error.__traceback__)
+      if os.path.abspath(frame.filename) == os.path.abspath(file_path)
+  ]
   return f", line {lines[-1]}" if lines else ""
 
 
-def _described(error):
+def _described(error: BaseException) -> str:
   """Returns the error's message; a SyntaxError's without its place (`_where` gives that)."""
   if isinstance(error, SyntaxError):
     return error.msg
   return str(error) or "(no message)"
 
 
-def _short_repr(value, limit=80):
+def _short_repr(value: Any, limit: int = 80) -> str:
   text = repr(value)
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
 
 
-def _path_of(item):
+def _path_of(item: str | tuple[str, Any]) -> str:
   """Returns the field path of an override, a 'path=value' string or a (path, value) pair."""
   return item.partition("=")[0] if isinstance(item, str) else item[0]
 
 
-def _apply_overrides(config, items):
+def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tuple[str, Any]]) -> None:
   """Sets overrides, 'path=value' strings or (path, value) pairs, on the locked `config`."""
   pairs = [item for item in items if not isinstance(item, str)]
   for field_path, value in pairs:
@@ -399,13 +426,13 @@ def _apply_overrides(config, items):
   _parse_overrides(config, [item for item in items if isinstance(item, str)])
 
 
-def _parse_overrides(config, overrides):
+def _parse_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
   """Sets 'section.field=value' strings on `config` with config_flags' parsers.
 
   The strings for one field are parsed together, so a tuple field may be
   given once per element, as on the command line.
   """
-  by_field = {}
+  by_field: dict[str, list[str]] = {}
   for override in overrides:
     field_path, equals, value = override.partition("=")
     holder, field = _field(config, field_path, override)
@@ -426,10 +453,11 @@ def _parse_overrides(config, overrides):
       holder, field = _field(config, field_path, given[-1])
       raise ConfigError(
           f"Override {given[-1]!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
-          f"got {given[-1].partition('=')[2]!r}.") from None
+          f"got {given[-1].partition('=')[2]!r}."
+      ) from None
 
 
-def _field(config, field_path, override):
+def _field(config: ml_collections.ConfigDict, field_path: str, override: Any) -> tuple[ml_collections.ConfigDict, str]:
   """Returns (the ConfigDict that holds the field `field_path`, the field's name).
 
   Raises:
@@ -442,7 +470,8 @@ def _field(config, field_path, override):
     if part not in holder:
       raise ConfigError(
           f"Override {override!r}: {where} has no field {part!r}.{checks.did_you_mean(part, holder)} "
-          f"Fields of {where}: {', '.join(holder)}.")
+          f"Fields of {where}: {', '.join(holder)}."
+      )
     is_section = isinstance(holder[part], ml_collections.ConfigDict)
     if i < len(parts) - 1 and not is_section:
       raise ConfigError(f"Override {override!r}: {where}.{part} is a value, not a section.")
@@ -453,12 +482,12 @@ def _field(config, field_path, override):
   return holder, parts[-1]
 
 
-def _set(config, field_path, value, override):
+def _set(config: ml_collections.ConfigDict, field_path: str, value: Any, override: Any) -> None:
   """Sets one field of `config` to a Python value, checking its type."""
   holder, field = _field(config, field_path, override)
   try:
     holder[field] = value
   except TypeError:
     raise ConfigError(
-        f"Override {override!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
-        f"got {value!r}.") from None
+        f"Override {override!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, got {value!r}."
+    ) from None

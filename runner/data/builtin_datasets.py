@@ -5,19 +5,23 @@ split shuffled (seeded; the Trainer repeats it), the eval split in order.
 Their checks import no TensorFlow; making the data does (`runner.data`).
 """
 
+from collections.abc import Callable
 import importlib.util
 import math
+from typing import Any
 
 import numpy as np
 
 from strategies import checks
 from strategies.errors import ConfigError
 
-_NO_SKLEARN = ("Dataset 'digits' needs scikit-learn, which is not installed: "
-               "pip install 'tf-runner[examples]' (or pip install scikit-learn).")
+_NO_SKLEARN = (
+    "Dataset 'digits' needs scikit-learn, which is not installed: "
+    "pip install 'tf-runner[examples]' (or pip install scikit-learn)."
+)
 
 
-def _sklearn_datasets():
+def _sklearn_datasets() -> Any:
   """Returns `sklearn.datasets`, imported on first use.
 
   Raises:
@@ -30,7 +34,7 @@ def _sklearn_datasets():
   return sklearn_datasets
 
 
-def digits(config, split):
+def digits(config: Any, split: str) -> Any:
   """scikit-learn's 1797 8x8 handwritten digits (offline), 10 classes.
 
   A fixed split: a permutation seeded by `config.seed` puts the first
@@ -48,10 +52,11 @@ def digits(config, split):
   num_eval = math.ceil(len(labels) * config.test_fraction)
   chosen = order[num_eval:] if split == "train" else order[:num_eval]
   from runner.data import providers as data  # noqa: PLC0415
+
   return data.InMemory(features[chosen], labels[chosen], shuffle=split == "train", seed=config.seed)
 
 
-def check_digits(config):
+def check_digits(config: Any) -> None:
   """Raises ConfigError for a `digits` config that cannot load, or without scikit-learn (found, not imported)."""
   if not 0.0 < config.test_fraction < 1.0:
     raise ConfigError(f"config.data.test_fraction must be in (0, 1), got {config.test_fraction!r}.")
@@ -59,7 +64,7 @@ def check_digits(config):
     raise ConfigError(_NO_SKLEARN)
 
 
-def synthetic(config, split):
+def synthetic(config: Any, split: str) -> Any:
   """Generated data: Gaussian features, labels from a fixed random linear teacher.
 
   The teacher `w` (num_features x num_classes) comes from `config.seed`; each
@@ -86,10 +91,11 @@ def synthetic(config, split):
     scores = features @ teacher + config.noise * rng.normal(size=(count, config.num_classes))
     labels = scores.argmax(axis=1).astype(np.int32)
   from runner.data import providers as data  # noqa: PLC0415
+
   return data.InMemory(features, labels, shuffle=training and config.shuffle, seed=config.seed)
 
 
-def check_synthetic(config):
+def check_synthetic(config: Any) -> None:
   """Raises ConfigError for a `synthetic` config that cannot generate."""
   for field in ("num_examples", "num_eval_examples", "num_features", "num_classes"):
     checks.positive_int(config[field], f"config.data.{field}")
@@ -98,9 +104,20 @@ def check_synthetic(config):
 
 
 # Name -> (function, its own config fields with their defaults, its check).
-BUILTINS = {
+BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None]]] = {
     "digits": (digits, {"test_fraction": 0.2, "seed": 0}, check_digits),
-    "synthetic": (synthetic, {"num_examples": 2048, "num_eval_examples": 512, "num_features": 16,
-                              "num_classes": 10, "noise": 0.1, "regression": False, "shuffle": True, "seed": 0},
-                  check_synthetic),
+    "synthetic": (
+        synthetic,
+        {
+            "num_examples": 2048,
+            "num_eval_examples": 512,
+            "num_features": 16,
+            "num_classes": 10,
+            "noise": 0.1,
+            "regression": False,
+            "shuffle": True,
+            "seed": 0,
+        },
+        check_synthetic,
+    ),
 }

@@ -22,7 +22,9 @@ What is checked, and when:
 Values that are not finite are found inside the step (see `runner.training.loops`).
 """
 
+from collections.abc import Callable, Iterator, Sequence
 import re
+from typing import Any
 
 import keras
 import numpy as np
@@ -34,7 +36,7 @@ from strategies.errors import ConfigError
 DataError = data_lib.DataError
 
 
-class LabelsOutOfRange(DataError):
+class LabelsOutOfRangeError(DataError):
   """A batch held a label outside the range the task gave (`label_range`), found inside a compiled loop.
 
   The loop can tell only that some label was outside, and at which step; the
@@ -45,17 +47,19 @@ class LabelsOutOfRange(DataError):
     step: the training step whose batch held it (None: an evaluation's).
   """
 
-  def __init__(self, step):
+  def __init__(self, step: int | None) -> None:
     where = "an evaluation batch" if step is None else f"the batch of step {step}"
     super().__init__(f"A label outside the valid range in {where}.")
     self.step = step
+
+
 _RECORDS_PER_READ = 4096
 _LABELS_PER_READ = 4096
 _LABELS_READ = 1_000_000
 _ANNOTATIONS = re.compile(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*$")
 
 
-def declared_features_spec(model):
+def declared_features_spec(model: Any) -> Any:
   """Returns the per-example features spec a model declares (`keras.Input`), or None.
 
   A nest like the model's inputs, each a `tf.TensorSpec` without the batch
@@ -73,7 +77,7 @@ def declared_features_spec(model):
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
 
 
-def outputs_spec(model, features_spec):
+def outputs_spec(model: Any, features_spec: Any) -> Any:
   """Returns the spec of `model`'s outputs for a batch of `features_spec` (a nest), or None if Keras cannot tell.
 
   Computed symbolically (`keras.Model.compute_output_spec`): nothing runs.
@@ -86,7 +90,7 @@ def outputs_spec(model, features_spec):
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
 
 
-def check_features(element_spec, expected, *, purpose):
+def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
   """Checks the features of one element against what the model takes.
 
   Args:
@@ -109,51 +113,64 @@ def check_features(element_spec, expected, *, purpose):
     raise DataError(
         f"{where} looks batched: every part of its elements has a first dimension of unknown size (element spec "
         f"{_spec(element_spec)}). The Trainer batches the data itself; return an unbatched dataset of one example "
-        "per element (drop the .batch(...)).")
+        "per element (drop the .batch(...))."
+    )
   for path, spec in leaves(features):
     if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
       kind = "ragged" if isinstance(spec, tf.RaggedTensorSpec) else "sparse"
       raise DataError(
           f"{where}'s features{path} are {kind} ({_spec(spec)}), but the Trainer batches dense tensors of one "
           "shape. Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
-          "tf.sparse.to_dense).")
+          "tf.sparse.to_dense)."
+      )
   if expected is None:
     for path, spec in leaves(features):
       if not spec.shape.is_fully_defined():
         raise DataError(
             f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, and the "
             "model builds from its first batch, so it needs one fixed shape. Give every example the same shape "
-            "in the dataset (pad or cut, then tf.ensure_shape), or declare the model's input with keras.Input.")
+            "in the dataset (pad or cut, then tf.ensure_shape), or declare the model's input with keras.Input."
+        )
     return
   try:
     tf.nest.assert_same_structure(features, expected, check_types=False)
   except (ValueError, TypeError):
     raise DataError(
         f"{where}'s features are {_spec(features)} per example, but the model takes {_spec(expected)}: their "
-        "structures differ.") from None
+        "structures differ."
+    ) from None
   for (path, spec), want in zip(leaves(features), tf.nest.flatten(expected)):
     if spec.shape.rank == want.shape.rank + 1 and want.shape.is_compatible_with(spec.shape[1:]):
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example, one dimension more than the "
           f"model's input {_shape(want.shape)}: the dataset looks batched. The Trainer batches the data itself; "
-          "return an unbatched dataset of one example per element (drop the .batch(...)).")
+          "return an unbatched dataset of one example per element (drop the .batch(...))."
+      )
     if not want.shape.is_compatible_with(spec.shape):
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example (element spec "
-          f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}.")
+          f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}."
+      )
     varying = [i for i, (got, need) in enumerate(zip(spec.shape, want.shape)) if got is None and need is not None]
     if varying:
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, but the "
           f"model's input takes the fixed shape {_shape(want.shape)}. Pad or cut every example to that shape in "
-          "the dataset (then tf.ensure_shape).")
+          "the dataset (then tf.ensure_shape)."
+      )
 
 
-_ONE_TENSOR_LAYERS = (keras.layers.Flatten, keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D,
-                      keras.layers.Conv3D, keras.layers.Embedding)
+_ONE_TENSOR_LAYERS = (
+    keras.layers.Flatten,
+    keras.layers.Dense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Embedding,
+)
 
 
-def check_one_tensor_for_sequential(element_spec, model, *, purpose):
+def check_one_tensor_for_sequential(element_spec: Any, model: Any, *, purpose: str) -> None:
   """Checks that a `keras.Sequential` model starting with a one-tensor layer gets one tensor of features.
 
   The built-in models start with `Flatten`; Keras fails deep inside it on a
@@ -167,8 +184,12 @@ def check_one_tensor_for_sequential(element_spec, model, *, purpose):
       message names the model, the dict's keys (or the parts) and what to do.
   """
   features = element_spec[0]
-  if not (isinstance(model, keras.Sequential) and model.layers and isinstance(model.layers[0], _ONE_TENSOR_LAYERS)
-          and tf.nest.is_nested(features)):
+  if not (
+      isinstance(model, keras.Sequential)
+      and model.layers
+      and isinstance(model.layers[0], _ONE_TENSOR_LAYERS)
+      and tf.nest.is_nested(features)
+  ):
     return
   if isinstance(features, dict):
     got = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}"
@@ -180,10 +201,11 @@ def check_one_tensor_for_sequential(element_spec, model, *, purpose):
       f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
       f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset ({combine}), "
       "or use a model with one keras.Input per part (a functional keras.Model, as an import path in "
-      "config.model.name).")
+      "config.model.name)."
+  )
 
 
-def label_range(element_spec, outputs_spec, task, *, purpose):
+def label_range(element_spec: Any, outputs_spec: Any, task: Any, *, purpose: str) -> Any:
   """Returns the task's `runner.tasks.LabelRange` for these labels and outputs, or None (no per-batch check).
 
   Raises:
@@ -198,22 +220,25 @@ def label_range(element_spec, outputs_spec, task, *, purpose):
     raise DataError(f"The {purpose} data's {e}") from None
 
 
-def features_expected(model, features_spec):
-  """The per-example features `model` takes: declared (`declared_features_spec`), or those of `features_spec` (a
-  batch's) once it was built from them; None before it is built."""
+def features_expected(model: Any, features_spec: Any) -> Any:
+  """The per-example features `model` takes, or None before it is built.
+
+  They are the declared ones (`declared_features_spec`), or those of
+  `features_spec` (a batch's) once the model was built from them.
+  """
   declared = declared_features_spec(model)
   if declared is None and features_spec is not None and model.built:
     declared = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape[1:], s.dtype), features_spec)
   return declared
 
 
-def step_error(error, data, valid_labels, *, step, purpose):
+def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises another error.
 
   Args:
     error: a `tf.errors.DataLossError` (a file cannot be read), a
       `tf.errors.InvalidArgumentError` (a record cannot be parsed, or an op
-      met a label outside the range), or a `LabelsOutOfRange`.
+      met a label outside the range), or a `LabelsOutOfRangeError`.
     data: the `runner.data.DatasetProvider` that was read.
     valid_labels: the `LabelRange` of the labels, or None.
     step: the step that met it (for evaluation: None).
@@ -226,12 +251,14 @@ def step_error(error, data, valid_labels, *, step, purpose):
     if not_parsed is not None:
       return not_parsed
   found = first_label_outside(data, valid_labels)
-  if found is None and not isinstance(error, LabelsOutOfRange):
+  if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
   return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)
 
 
-def labels_out_of_range_error(found, valid_labels, *, step, purpose):
+def labels_out_of_range_error(
+    found: tuple[int, Any] | None, valid_labels: Any, *, step: int | None, purpose: str
+) -> DataError:
   """Returns the DataError for a step whose batch held a label outside `valid_labels`.
 
   Args:
@@ -242,13 +269,17 @@ def labels_out_of_range_error(found, valid_labels, *, step, purpose):
     purpose: what the data is for, e.g. "training".
   """
   where = f"The {purpose} data's batch of step {step}" if step is not None else f"The {purpose} data"
-  example = (f"example {found[0]} of the data (counting from 0) has label {found[1]}" if found
-             else f"the first {_LABELS_READ:,} examples of the data have none, so it is further on")
+  example = (
+      f"example {found[0]} of the data (counting from 0) has label {found[1]}"
+      if found
+      else f"the first {_LABELS_READ:,} examples of the data have none, so it is further on"
+  )
   return DataError(
-      f"{where} holds a label outside the task's range: {example}, but labels must be {valid_labels.describe()}.")
+      f"{where} holds a label outside the task's range: {example}, but labels must be {valid_labels.describe()}."
+  )
 
 
-def first_label_outside(data, valid_labels):
+def first_label_outside(data: Any, valid_labels: Any) -> tuple[int, Any] | None:
   """Returns `(example number, label)` of the first label of `data` outside `valid_labels`, or None.
 
   Reads the data again from its start, at most `_LABELS_READ` examples: for
@@ -271,7 +302,7 @@ def first_label_outside(data, valid_labels):
   return None
 
 
-def read_error(error, data, *, step, purpose):
+def read_error(error: Exception, data: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError for data that could not be read (a `tf.errors.DataLossError`).
 
   The TFRecord files the data reads (a `runner.data.TFRecordFiles`' files, or
@@ -289,13 +320,15 @@ def read_error(error, data, *, step, purpose):
     path, record, detail = found
     return DataError(
         f"The {purpose} data cannot be read{at}: {path} is damaged at record {record} (counting from 0; "
-        f"{detail}). Replace or re-write that file, or leave it out of the data.")
+        f"{detail}). Replace or re-write that file, or leave it out of the data."
+    )
   return DataError(
       f"The {purpose} data cannot be read{at}: {_reason(getattr(error, 'message', str(error)))}. A file it reads "
-      "is damaged or truncated; rewrite it or leave it out.")
+      "is damaged or truncated; rewrite it or leave it out."
+  )
 
 
-def parse_error(error, data, *, step, purpose):
+def parse_error(error: Exception, data: Any, *, step: int | None, purpose: str) -> DataError | None:
   """Returns the DataError for records that `data`'s parse function rejects, or None for another error.
 
   For a `runner.data.TFRecordFiles`, its files are read again with its
@@ -320,23 +353,27 @@ def parse_error(error, data, *, step, purpose):
     path, record_number, record, reason = found
     return DataError(
         f"{where}: {path}, record {record_number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
-        "Write the files with the features parse_fn reads, or change the features it reads.")
-  found = _PARSER_REASON.search(getattr(error, "message", str(error)))
-  if found is None:
+        "Write the files with the features parse_fn reads, or change the features it reads."
+    )
+  said = _PARSER_REASON.search(getattr(error, "message", str(error)))
+  if said is None:
     return None
-  reason = " ".join(found.group().split()).rstrip(".")
+  reason = " ".join(said.group().split()).rstrip(".")
   files, _ = _tfrecord_files(data.get_dataset(tf.distribute.InputContext()))
   in_files = f" in a record of {', '.join(files)}" if files else ""
   return DataError(
       f"{where}: TensorFlow's Example parser says{in_files}: {reason}. Write the files with the features the "
-      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record).")
+      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record)."
+  )
 
 
-_PARSER_REASON = re.compile(r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
-                            r"Can't parse serialized Example|values != expected)[^\n]*")  # Example parser's reasons.
+_PARSER_REASON = re.compile(
+    r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
+    r"Can't parse serialized Example|values != expected)[^\n]*"
+)  # Example parser's reasons.
 
 
-def _first_record_not_parsed(data):
+def _first_record_not_parsed(data: Any) -> tuple[str, int, bytes, str] | None:
   """Returns `(path, record number, serialized record, TensorFlow's reason)` of the first record `parse_fn` rejects."""
   for path in data.files:
     good = 0
@@ -354,15 +391,21 @@ def _first_record_not_parsed(data):
   return None
 
 
-def _parse_mismatch(parse_fn, record, reason):
+def _parse_mismatch(parse_fn: Callable[..., Any], record: bytes, reason: str) -> str:
   """Says which feature of `record` `parse_fn` rejects: what the record holds and what parse_fn reads.
 
   Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
   cannot be told (e.g. a parse function that is not `tf.io.parse_*example`).
   """
   wanted = _features_read(parse_fn)
-  name = next((key for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
-               if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
+  name = next(
+      (
+          key
+          for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
+          if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)
+      ),
+      None,
+  )
   try:
     features = tf.train.Example.FromString(record).features.feature
   except Exception:  # noqa: BLE001  # Not an Example: a DecodeError of the protobuf.
@@ -377,7 +420,7 @@ def _parse_mismatch(parse_fn, record, reason):
   return f"its feature {name!r} holds {_held(features[name])}, but parse_fn reads it as {reads}"
 
 
-def _features_read(parse_fn):
+def _features_read(parse_fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
   """Returns {feature name: (dtype, shape or None)} that `parse_fn`'s Example parsers read (from its traced graph)."""
   try:
     graph = tf.function(parse_fn).get_concrete_function(tf.TensorSpec([], tf.string)).graph
@@ -396,7 +439,7 @@ def _features_read(parse_fn):
   return wanted
 
 
-def _held(feature):
+def _held(feature: Any) -> str:
   """'float_list of 8 values' for a `tf.train.Feature`."""
   kind = feature.WhichOneof("kind")
   if kind is None:
@@ -404,7 +447,7 @@ def _held(feature):
   return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}"
 
 
-def _values(shape):
+def _values(shape: Any) -> str:
   """'16 values' for a fixed shape [16] ('1 value' for a scalar), 'any number of values' otherwise."""
   if not shape.is_fully_defined():
     return "any number of values"
@@ -412,7 +455,7 @@ def _values(shape):
   return f"{count} value{'s' if count != 1 else ''}"
 
 
-def _tfrecord_files(dataset):
+def _tfrecord_files(dataset: Any) -> tuple[list[str], str]:
   """Returns `(paths, compression type)`: the existing files named by string constants in `dataset`'s graph.
 
   A pipeline built on `tf.data.TFRecordDataset(files)` holds its file names
@@ -431,10 +474,11 @@ def _tfrecord_files(dataset):
   compression = [value for value in strings if value in ("GZIP", "ZLIB")]
   paths = [value for value in dict.fromkeys(strings) if "/" in value or "." in value]
   return [path for path in paths if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)], (
-      compression[0] if compression else "")
+      compression[0] if compression else ""
+  )
 
 
-def _first_bad_record(files, compression_type):
+def _first_bad_record(files: Sequence[str], compression_type: str | None) -> tuple[str, int, str] | None:
   """Returns `(path, record number, TensorFlow's reason)` of the first record that fails to read, or None."""
   for path in files:
     good = 0
@@ -451,7 +495,7 @@ def _first_bad_record(files, compression_type):
   return None
 
 
-def leaves(nest, path=""):
+def leaves(nest: Any, path: str = "") -> Iterator[tuple[str, Any]]:
   """Yields `(path, leaf)` for each leaf of a nest of dicts (keys sorted), tuples and lists.
 
   The path is '' for a single leaf, else like "['title']", "[0]" or "[0]['ids']".
@@ -466,15 +510,15 @@ def leaves(nest, path=""):
     yield path, nest
 
 
-def _shape(shape):
+def _shape(shape: Any) -> str:
   return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
 
 
-def _spec(spec):
+def _spec(spec: Any) -> str:
   return str(spec).replace("\n", " ")
 
 
-def _reason(message):
+def _reason(message: str) -> str:
   """TensorFlow's reason in an error message, without its node and op annotations.
 
   A graph's error puts the reason last, after a 'Graph execution error:'

@@ -1,6 +1,7 @@
 """How the user's data becomes per-replica batches distributed over a strategy."""
 
 import functools
+from typing import Any
 
 import tensorflow as tf
 
@@ -10,7 +11,7 @@ from strategies.errors import ConfigError
 ELEMENT_CONTRACT = "(features, labels) or (features, labels, sample_weight)"
 
 
-def check_global_batch_size(strategy, global_batch_size):
+def check_global_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int) -> None:
   """Checks that `global_batch_size` splits evenly over the strategy's replicas.
 
   Raises:
@@ -24,10 +25,11 @@ def check_global_batch_size(strategy, global_batch_size):
     nearest = [size for size in (lower, lower + replicas) if size > 0]
     raise ConfigError(
         f"global_batch_size={global_batch_size} does not split over the {replicas} replicas of the strategy; "
-        f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}.")
+        f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}."
+    )
 
 
-def for_training(strategy, data, global_batch_size, *, start_step=0):
+def for_training(strategy: tf.distribute.Strategy, data: Any, global_batch_size: int, *, start_step: int = 0) -> Any:
   """Distributes `data` for training: repeated, in full per-replica batches, from `start_step` on.
 
   Each input pipeline repeats its share and batches it by
@@ -56,7 +58,7 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
     ConfigError: the elements are not of the contract's form.
   """
 
-  def dataset_fn(input_context):
+  def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     batches = data.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
@@ -65,7 +67,7 @@ def for_training(strategy, data, global_batch_size, *, start_step=0):
   return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def for_evaluation(strategy, data, global_batch_size, *, bounded):
+def for_evaluation(strategy: tf.distribute.Strategy, data: Any, global_batch_size: int, *, bounded: bool) -> Any:
   """Distributes `data` for evaluation, padded so that every example counts exactly once.
 
   Each input pipeline batches its elements by the per-replica batch size
@@ -95,13 +97,14 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
   """
   pipelines = []
 
-  def dataset_fn(input_context):
+  def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     batches = _checked_batches(data.get_batches(input_context, batch_size), "evaluation")
     if not bounded and batches.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
           "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
-          "pass evaluate(..., steps=N) or give data that does not repeat.")
+          "pass evaluate(..., steps=N) or give data that does not repeat."
+      )
     pipelines.append(input_context.num_input_pipelines)
     batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
     return without_autotune_model(batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE))
@@ -110,7 +113,7 @@ def for_evaluation(strategy, data, global_batch_size, *, bounded):
   return distributed, pipelines[0]
 
 
-def without_autotune_model(dataset):
+def without_autotune_model(dataset: tf.data.Dataset) -> tf.data.Dataset:
   """Returns `dataset` with tf.data's autotuning model off: no model thread in its iterators.
 
   In TensorFlow 2.21 the model thread of an iterator sleeps on a timer whose
@@ -126,24 +129,25 @@ def without_autotune_model(dataset):
   return dataset.with_options(options)
 
 
-def _checked(dataset, purpose):
+def _checked(dataset: Any, purpose: str) -> tf.data.Dataset:
   """Returns `dataset` if its elements follow the contract, else raises ConfigError."""
   if not isinstance(dataset, tf.data.Dataset):
     raise ConfigError(f"The {purpose} DatasetProvider returned {type(dataset).__name__}, not a tf.data.Dataset.")
   spec = dataset.element_spec
   if not isinstance(spec, tuple) or len(spec) not in (2, 3):
     raise ConfigError(
-        f"The {purpose} data must be an unbatched dataset of {ELEMENT_CONTRACT}; "
-        f"its elements are {spec}.")
+        f"The {purpose} data must be an unbatched dataset of {ELEMENT_CONTRACT}; its elements are {spec}."
+    )
   if len(spec) == 3 and (not isinstance(spec[2], tf.TensorSpec) or spec[2].shape.rank != 0):
     raise ConfigError(
         f"The sample_weight of the {purpose} data must be one scalar per example, got {spec[2]}; "
-        f"elements must be {ELEMENT_CONTRACT} and unbatched.")
+        f"elements must be {ELEMENT_CONTRACT} and unbatched."
+    )
   return dataset
 
 
-def _checked_batches(batches, purpose):
-  """Returns a provider's `batches` if they are batches of elements that follow the contract, else raises ConfigError."""
+def _checked_batches(batches: Any, purpose: str) -> tf.data.Dataset:
+  """Returns a provider's `batches` if they are batches of elements that keep the contract, else raises ConfigError."""
   if not isinstance(batches, tf.data.Dataset):
     raise ConfigError(f"The {purpose} DatasetProvider returned {type(batches).__name__}, not a tf.data.Dataset.")
   _checked(batches.unbatch(), purpose)
@@ -151,14 +155,16 @@ def _checked_batches(batches, purpose):
 
 
 @tf.autograph.experimental.do_not_convert  # Plain graph code: converting it would only add to the first call.
-def _weighted_masked_and_full(features, labels, sample_weight=None, *, batch_size):
+def _weighted_masked_and_full(
+    features: Any, labels: Any, sample_weight: Any = None, *, batch_size: int
+) -> tuple[Any, Any, tf.Tensor, tf.Tensor]:
   """Maps a batch to `(features, labels, weight, mask)` of `batch_size` examples, a partial one filled with padding."""
   real = tf.shape(labels)[0]
   weight = tf.ones([real]) if sample_weight is None else tf.cast(sample_weight, tf.float32)
   return tf.nest.map_structure(lambda t: _filled_up(t, batch_size), (features, labels, weight, tf.ones([real])))
 
 
-def _filled_up(batch, batch_size):
+def _filled_up(batch: tf.Tensor, batch_size: int) -> tf.Tensor:
   """Returns `batch` with zeros appended on its first axis up to `batch_size` rows, that size static."""
   missing = batch_size - tf.shape(batch)[:1]
   full = tf.concat([batch, tf.zeros(tf.concat([missing, tf.shape(batch)[1:]], 0), batch.dtype)], 0)
@@ -167,17 +173,17 @@ def _filled_up(batch, batch_size):
   return full
 
 
-def _padding(batches):
+def _padding(batches: tf.data.Dataset) -> tf.data.Dataset:
   """Returns endless zero-weight, zero-mask batches shaped like `batches`' (full batches)."""
   spec = batches.element_spec
   if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
     zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
     return tf.data.Dataset.from_tensors(zeros).repeat()
   # Shapes known only from the data: copy the first batch, with weights and mask 0.
-  return batches.take(1).map(lambda f, l, w, m: (f, l, tf.zeros_like(w), tf.zeros_like(m))).repeat()
+  return batches.take(1).map(lambda x, y, w, m: (x, y, tf.zeros_like(w), tf.zeros_like(m))).repeat()
 
 
-def element_spec(data, purpose):
+def element_spec(data: Any, purpose: str) -> Any:
   """Returns the element spec of `data` (one example), checked against the contract.
 
   Args:
@@ -191,6 +197,6 @@ def element_spec(data, purpose):
   return _checked(data.get_dataset(tf.distribute.InputContext()), purpose).element_spec
 
 
-def batch_spec(spec):
+def batch_spec(spec: Any) -> Any:
   """Returns the spec of a batch of elements of `spec` (a nest of `tf.TensorSpec`), batch dimension None."""
   return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)

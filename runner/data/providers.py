@@ -7,14 +7,15 @@ How a provider shards across input pipelines is its `sharding` policy, one of
 `SHARDING` ('auto', 'file' or 'data'; what each means: `runner.sharding_policies`).
 """
 
+from collections.abc import Callable, Sequence
 import re
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
-from strategies.errors import ConfigError
-
 from runner.interfaces import DatasetProvider
+from strategies.errors import ConfigError
 
 
 class DataError(ConfigError):
@@ -30,16 +31,17 @@ class DataError(ConfigError):
 class DatasetShards(DatasetProvider):
   """A plain unbatched `tf.data.Dataset`, sharded by example across pipelines."""
 
-  def __init__(self, dataset: tf.data.Dataset):
+  def __init__(self, dataset: tf.data.Dataset) -> None:
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(f"DatasetShards needs a tf.data.Dataset, got {type(dataset).__name__}.")
     self.dataset = dataset
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """As `DatasetProvider.get_dataset`: this input pipeline's share of `dataset`."""
     return self._by_example(self.dataset, input_context)
 
 
-def as_provider(data, *, source="data") -> DatasetProvider:
+def as_provider(data: Any, *, source: str = "data") -> DatasetProvider:
   """Returns `data` as a DatasetProvider.
 
   Args:
@@ -56,10 +58,11 @@ def as_provider(data, *, source="data") -> DatasetProvider:
     return DatasetShards(data)
   raise ConfigError(
       f"{source} must be an unbatched tf.data.Dataset of (features, labels[, sample_weight]) "
-      f"or a runner.data.DatasetProvider, got {type(data).__name__}.")
+      f"or a runner.data.DatasetProvider, got {type(data).__name__}."
+  )
 
 
-def known_num_examples(data):
+def known_num_examples(data: Any) -> int | None:
   """Returns the number of examples in `data` where it is known without reading it, else None.
 
   Known for `InMemory` arrays (the built-in datasets return those) and for a
@@ -86,7 +89,9 @@ class InMemory(DatasetProvider):
   repeats training data itself.
   """
 
-  def __init__(self, features, labels, sample_weight=None, *, shuffle=False, seed=None):
+  def __init__(
+      self, features: Any, labels: Any, sample_weight: Any = None, *, shuffle: bool = False, seed: int | None = None
+  ) -> None:
     """Keeps the arrays; they become a dataset in `get_dataset`.
 
     Args:
@@ -105,13 +110,15 @@ class InMemory(DatasetProvider):
     if len(counts) != 1 or 0 in counts:
       raise ConfigError(
           "InMemory needs arrays with the same, non-zero number of examples on their first axis, got "
-          f"{sorted(counts)}.")
+          f"{sorted(counts)}."
+      )
     self.elements = elements
     self.num_examples = counts.pop()
     self.shuffle = shuffle
     self.seed = seed
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """As `DatasetProvider.get_dataset`: this input pipeline's share of the elements, shuffled if asked."""
     dataset = self._by_example(tf.data.Dataset.from_tensor_slices(self.elements), input_context)
     if self.shuffle:
       dataset = dataset.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
@@ -129,7 +136,7 @@ class FromFunction(DatasetProvider):
   'data' does not apply, and says so in one logged line.
   """
 
-  def __init__(self, dataset_fn):
+  def __init__(self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]) -> None:
     """Keeps the function; it runs once per input pipeline in `get_dataset`.
 
     Args:
@@ -142,16 +149,22 @@ class FromFunction(DatasetProvider):
       raise TypeError(f"FromFunction needs a function input_context -> tf.data.Dataset, got {dataset_fn!r}.")
     self.dataset_fn = dataset_fn
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """As `DatasetProvider.get_dataset`: what the function returns for `input_context`."""
     if self.sharding in ("file", "data"):
       self._say_once(
-          logging.warning, "FromFunction: sharding=%r does not apply; the function %r decides how each input "
-          "pipeline's data is sharded.", self.sharding, getattr(self.dataset_fn, "__name__", self.dataset_fn))
+          logging.warning,
+          "FromFunction: sharding=%r does not apply; the function %r decides how each input "
+          "pipeline's data is sharded.",
+          self.sharding,
+          getattr(self.dataset_fn, "__name__", self.dataset_fn),
+      )
     dataset = self.dataset_fn(input_context)
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
           f"The dataset function {getattr(self.dataset_fn, '__name__', self.dataset_fn)!r} must return a "
-          f"tf.data.Dataset, returned {type(dataset).__name__}.")
+          f"tf.data.Dataset, returned {type(dataset).__name__}."
+      )
     return dataset
 
 
@@ -192,8 +205,16 @@ class TFRecordFiles(DatasetProvider):
   FILES_READ_AT_ONCE = 8
   RECORDS_PER_TURN = 32
 
-  def __init__(self, file_pattern, parse_fn, *, shuffle_buffer_size=0, seed=None, compression_type=None,
-               sharding=None):
+  def __init__(
+      self,
+      file_pattern: str | Sequence[str],
+      parse_fn: Callable[[tf.Tensor], Any],
+      *,
+      shuffle_buffer_size: int = 0,
+      seed: int | None = None,
+      compression_type: str | None = None,
+      sharding: str | None = None,
+  ) -> None:
     """Lists the files now, so a pattern that matches nothing fails here.
 
     Args:
@@ -225,22 +246,25 @@ class TFRecordFiles(DatasetProvider):
     self.seed = seed
     self.compression_type = compression_type
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """As `DatasetProvider.get_dataset`: this input pipeline's records, parsed."""
     return self._parsed(self._records(input_context))
 
-  def get_repeated_dataset(self, input_context, start):
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`, skipping serialized records before parsing them."""
     return self._parsed(self._records(input_context, repeated=True, start=start))
 
-  def get_batches(self, input_context, batch_size):
-    """As `DatasetProvider.get_batches`, a batch of records parsed at once where `parse_fn` vectorizes (see the class)."""
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+    """As `DatasetProvider.get_batches`; a batch of records is parsed at once where `parse_fn` vectorizes."""
     return self._parsed_batches(input_context, batch_size, repeated=False, start=0)
 
-  def get_repeated_batches(self, input_context, batch_size, start):
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_batches`, skipping records before parsing and parsing a batch at once."""
     return self._parsed_batches(input_context, batch_size, repeated=True, start=start)
 
-  def _by_file(self, num_pipelines):
+  def _by_file(self, num_pipelines: int) -> bool:
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
     if self.sharding == "data":
       return False
@@ -250,10 +274,15 @@ class TFRecordFiles(DatasetProvider):
         logging.warning if self.sharding == "file" else logging.info,
         "TFRecordFiles: %d file(s) match %r for %d input pipelines, too few to shard by file; sharding by "
         "example (sharding=%r): every pipeline reads every file and keeps one record in %d.",
-        len(self.files), self.file_pattern, num_pipelines, self.sharding or "auto", num_pipelines)
+        len(self.files),
+        self.file_pattern,
+        num_pipelines,
+        self.sharding or "auto",
+        num_pipelines,
+    )
     return False
 
-  def _turns(self, input_context):
+  def _turns(self, input_context: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
     """Returns `(turns, by_file)`: this pipeline's files read in turns of `RECORDS_PER_TURN` records (a vector each)."""
     num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
     by_file = self._by_file(num_pipelines)
@@ -262,18 +291,29 @@ class TFRecordFiles(DatasetProvider):
     if by_file and self.shuffle_buffer_size:
       files = files.shuffle(len(chosen), seed=self.seed, reshuffle_each_iteration=True)
     turns = files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(
-            self.RECORDS_PER_TURN),
-        cycle_length=min(len(chosen), self.FILES_READ_AT_ONCE), num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True)
+        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(self.RECORDS_PER_TURN),
+        cycle_length=min(len(chosen), self.FILES_READ_AT_ONCE),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return turns, by_file
 
-  def _records(self, input_context, *, repeated=False, start=0):
+  def _records(
+      self, input_context: tf.distribute.InputContext, *, repeated: bool = False, start: int = 0
+  ) -> tf.data.Dataset:
     """This pipeline's serialized records (repeated: without end, from record `start`), shuffled if asked."""
     turns, by_file = self._turns(input_context)
     return self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
 
-  def _records_of(self, turns, by_file, input_context, *, repeated, start):
+  def _records_of(
+      self,
+      turns: tf.data.Dataset,
+      by_file: bool,
+      input_context: tf.distribute.InputContext,
+      *,
+      repeated: bool,
+      start: int,
+  ) -> tf.data.Dataset:
     """The records of `turns` (see `_turns`) for this pipeline; the shuffle comes before parsing."""
     records = turns.unbatch()
     if not by_file:
@@ -284,7 +324,16 @@ class TFRecordFiles(DatasetProvider):
       records = records.repeat()
     return records.skip(start) if start else records
 
-  def _record_batches(self, turns, by_file, records, batch_size, *, repeated, start):
+  def _record_batches(
+      self,
+      turns: tf.data.Dataset,
+      by_file: bool,
+      records: tf.data.Dataset,
+      batch_size: int,
+      *,
+      repeated: bool,
+      start: int,
+  ) -> tf.data.Dataset:
     """Batches of serialized records: cut from `turns` where every turn is kept whole and in order, else of `records`.
 
     `turns, by_file` are `_turns`'s; `records` is `_records_of` them, for the same `repeated` and `start`.
@@ -294,11 +343,13 @@ class TFRecordFiles(DatasetProvider):
       return batches.skip(start // batch_size) if start else batches
     return records.batch(batch_size, drop_remainder=repeated)
 
-  def _parsed(self, records):
+  def _parsed(self, records: tf.data.Dataset) -> tf.data.Dataset:
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
 
-  def _parsed_batches(self, input_context, batch_size, *, repeated, start):
-    """Parsed batches of records (repeated: full ones, from record `start`): by a vectorized `parse_fn` where it vectorizes."""
+  def _parsed_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, *, repeated: bool, start: int
+  ) -> tf.data.Dataset:
+    """Parsed batches of records (repeated: full ones, from record `start`), by a vectorized `parse_fn` if it can."""
     turns, by_file = self._turns(input_context)
     records = self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
     one_by_one = self._parsed(records)
@@ -319,9 +370,12 @@ class TFRecordFiles(DatasetProvider):
           return parsed
         why_not = f"vectorized, it gives {parsed.element_spec}"  # e.g. a list where one record gives a tuple
     self._say_once(
-        logging.info, "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
-        getattr(self.parse_fn, "__name__", self.parse_fn), why_not)
+        logging.info,
+        "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
+        getattr(self.parse_fn, "__name__", self.parse_fn),
+        why_not,
+    )
     return one_by_one.batch(batch_size, drop_remainder=repeated)
 
-  def _parse_batch(self, records):
+  def _parse_batch(self, records: tf.Tensor) -> Any:
     return tf.vectorized_map(self.parse_fn, records, fallback_to_while_loop=False)

@@ -18,18 +18,17 @@ without them; an absolute path into the directory itself is its own file,
 named once. A listed checkpoint with no file left is left out too.
 """
 
+from collections.abc import Sequence
 import dataclasses
 import os
 import re
-from typing import Optional, Tuple
 
 from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2  # noqa: TID251
 
-from strategies.errors import first_line
-
 from runner.workdir import atomic_files
+from strategies.errors import first_line
 
 PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
 LIST_FILE = "checkpoint"
@@ -58,29 +57,32 @@ class CheckpointList:
       (UnicodeDecodeError: ...)", "names checkpoints outside its directory:
       ...").
   """
+
   directory: str
-  paths: Tuple[str, ...]
-  listed: Tuple[str, ...]
-  outside: Tuple[str, ...]
-  problem: Optional[str]
+  paths: tuple[str, ...]
+  listed: tuple[str, ...]
+  outside: tuple[str, ...]
+  problem: str | None
 
   @property
-  def newest(self):
+  def newest(self) -> str | None:
     """The newest checkpoint's path prefix, or None."""
     return self.paths[-1] if self.paths else None
 
-  def rebuilt_warning(self):
+  def rebuilt_warning(self) -> str | None:
     """The line that says the list was rebuilt from the files (None if nothing was)."""
     if self.problem is None:
       return None
     path = os.path.join(self.directory, LIST_FILE)
     if not self.paths:
       return f"The checkpoint list {path} {self.problem}; its directory holds no checkpoint of its own."
-    return (f"The checkpoint list {path} {self.problem}; rebuilt it from the checkpoint files: "
-            f"{', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is rewritten at the next save.")
+    return (
+        f"The checkpoint list {path} {self.problem}; rebuilt it from the checkpoint files: "
+        f"{', '.join(os.path.basename(p) for p in self.paths)} (newest last). It is rewritten at the next save."
+    )
 
 
-def read(directory):
+def read(directory: str) -> CheckpointList:
   """Returns the `CheckpointList` of `directory` (empty if it does not exist); never raises for a damaged list."""
   names, problem = _listed(directory)
   listed, outside, twice = _sorted_out(names, directory)
@@ -89,8 +91,10 @@ def read(directory):
   unlisted = [path for _, path in _on_disk(directory) if path not in kept]
   problems = [] if problem is None or (problem == "is missing" and not unlisted) else [problem]
   if outside:  # A copied workdir's list naming the original's, say: never this directory's to restore or delete.
-    problems.append(f"names checkpoints outside its directory: {', '.join(outside)} (left out: they are neither "
-                    "restored from nor deleted)")
+    problems.append(
+        f"names checkpoints outside its directory: {', '.join(outside)} (left out: they are neither "
+        "restored from nor deleted)"
+    )
   if twice:
     problems.append(f"names {_basenames(twice)} more than once")
   if without_files:
@@ -98,11 +102,12 @@ def read(directory):
   if unlisted and problem is None:
     problems.append(f"does not name {_basenames(unlisted)}")
   paths = sorted(kept + tuple(unlisted), key=_step_or_oldest) if unlisted else kept
-  return CheckpointList(directory=directory, paths=tuple(paths), listed=listed, outside=outside,
-                        problem=", and ".join(problems) or None)
+  return CheckpointList(
+      directory=directory, paths=tuple(paths), listed=listed, outside=outside, problem=", and ".join(problems) or None
+  )
 
 
-def write(checkpoints):
+def write(checkpoints: CheckpointList) -> None:
   """Writes `checkpoints.paths` as the list file of its directory, replacing it whole (see `atomic_files`).
 
   Paths in the directory are written relative to it, as `tf.train.CheckpointManager`
@@ -120,19 +125,24 @@ def write(checkpoints):
     return
   names = [_relative(p, checkpoints.directory) for p in checkpoints.paths]
   state = checkpoint_state_pb2.CheckpointState(
-      model_checkpoint_path=names[-1], all_model_checkpoint_paths=names,
-      all_model_checkpoint_timestamps=[_modified(p) for p in checkpoints.paths])
+      model_checkpoint_path=names[-1],
+      all_model_checkpoint_paths=names,
+      all_model_checkpoint_timestamps=[_modified(p) for p in checkpoints.paths],
+  )
   atomic_files.replace(path, text_format.MessageToString(state))
 
 
-def interrupted_saves(directory):
+def interrupted_saves(directory: str) -> list[str]:
   """Returns the `ckpt-N_temp` directories in `directory`: what saves whose process died left, never read again."""
   pattern = os.path.join(directory, f"{PREFIX}-*{INTERRUPTED_SAVE_SUFFIX}")
-  return sorted(path for path in tf.io.gfile.glob(pattern)
-                if _step(path[:-len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path))
+  return sorted(
+      path
+      for path in tf.io.gfile.glob(pattern)
+      if _step(path[: -len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path)
+  )
 
 
-def _listed(directory):
+def _listed(directory: str) -> tuple[tuple[str, ...], str | None]:
   """Returns `(paths the list file names, oldest first; what is wrong with it or None)`."""
   path = os.path.join(directory, LIST_FILE)
   if not tf.io.gfile.exists(path):
@@ -148,11 +158,10 @@ def _listed(directory):
   names = list(state.all_model_checkpoint_paths)
   if state.model_checkpoint_path not in names:
     names.append(state.model_checkpoint_path)
-  return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name)
-               for name in names), None
+  return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name) for name in names), None
 
 
-def _sorted_out(names, directory):
+def _sorted_out(names: Sequence[str], directory: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
   """Returns `(the paths of names in directory, once each, as DIRECTORY/NAME; those elsewhere; those named twice)`.
 
   A name is in `directory` when its (absolute, normalised) parent is the
@@ -171,43 +180,44 @@ def _sorted_out(names, directory):
   return tuple(inside), tuple(outside), tuple(twice)
 
 
-def _is_in(path, directory):
+def _is_in(path: str, directory: str) -> bool:
   """Whether `path` (a list file's entry, made absolute) names a file directly in `directory`."""
   if "://" in path or "://" in directory:
     return os.path.dirname(path).rstrip("/") == directory.rstrip("/")
   return os.path.realpath(os.path.dirname(path)) == os.path.realpath(directory)
 
 
-def _basenames(paths):
+def _basenames(paths: Sequence[str]) -> str:
   return ", ".join(os.path.basename(path) for path in paths)
 
 
-def _on_disk(directory):
+def _on_disk(directory: str) -> list[tuple[int, str]]:
   """Returns `[(step, path prefix)]` of the `ckpt-N` with an `.index` file in `directory`, by step."""
   found = []
   for index in tf.io.gfile.glob(os.path.join(directory, f"{PREFIX}-*.index")):
-    prefix = index[:-len(".index")]
-    if _step(prefix) is not None:
-      found.append((_step(prefix), prefix))
+    prefix = index[: -len(".index")]
+    step = _step(prefix)
+    if step is not None:
+      found.append((step, prefix))
   return sorted(found)
 
 
-def _step(path):
+def _step(path: str) -> int | None:
   match = _NUMBERED.match(os.path.basename(path))
   return None if match is None else int(match.group(1))
 
 
-def _step_or_oldest(path):
+def _step_or_oldest(path: str) -> int:
   """The step of `path`; -1 for a path in another form than ckpt-N (the list may name one; the Trainer writes none)."""
   step = _step(path)
   return -1 if step is None else step
 
 
-def _relative(path, directory):
+def _relative(path: str, directory: str) -> str:
   return os.path.basename(path) if os.path.dirname(path) == directory.rstrip("/") else path
 
 
-def _modified(path):
+def _modified(path: str) -> float:
   """The time `path`'s checkpoint was written (its `.index` file's), in seconds; 0 if it is gone."""
   try:
     return tf.io.gfile.stat(path + ".index").mtime_nsec / 1e9

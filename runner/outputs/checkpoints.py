@@ -1,6 +1,8 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
+from collections.abc import Callable, Sequence
 import os
+from typing import Any
 
 from absl import logging
 import keras
@@ -8,12 +10,13 @@ import tensorflow as tf
 
 from runner.outputs import checkpoint_list
 from runner.outputs import worker_files
-from strategies.errors import ConfigError, first_line
+from strategies.errors import ConfigError
+from strategies.errors import first_line
 
 DIRECTORY = "checkpoints"  # Under the Trainer's model_dir.
 
 
-def latest(model_dir):
+def latest(model_dir: str) -> str | None:
   """Returns the path of the newest checkpoint the Trainer wrote under `model_dir`, or None.
 
   It is the first one `Checkpoints.restore_latest` tries: the newest of the
@@ -24,7 +27,7 @@ def latest(model_dir):
   return checkpoint_list.read(os.path.join(model_dir, DIRECTORY)).newest
 
 
-def latest_step(model_dir):
+def latest_step(model_dir: str | None) -> int | None:
   """Returns the global step of the newest checkpoint under `model_dir` (a run resumes there), or None.
 
   None also when `model_dir` is None or does not exist. Checkpoints are named
@@ -74,11 +77,24 @@ class Checkpoints:
     saved_step: the step of the checkpoint restored or last saved, or None.
   """
 
-  def __init__(self, strategy, model_dir, *, model, optimizer, step, max_to_keep):
-    """Args:
+  def __init__(
+      self,
+      strategy: tf.distribute.Strategy,
+      model_dir: str,
+      *,
+      model: Any,
+      optimizer: Any,
+      step: tf.Variable,
+      max_to_keep: int | None,
+  ) -> None:
+    """Initializes the `Checkpoints`.
+
+    Args:
       strategy: the `tf.distribute.Strategy` of the variables.
       model_dir: the run's directory; checkpoints go to its DIRECTORY.
-      model, optimizer, step: what a checkpoint holds.
+      model: the Keras model a checkpoint holds.
+      optimizer: the optimizer a checkpoint holds.
+      step: the global step variable a checkpoint holds.
       max_to_keep: how many recent checkpoints the chief keeps (None: all).
     """
     self.model_dir = model_dir
@@ -89,11 +105,11 @@ class Checkpoints:
     self._strategy = strategy
     self._model = model
     self._max_to_keep = max_to_keep
-    self._manager = None  # The chief's, made at its first save (after any restore).
-    self._weights_finite = None
-    self.saved_step = None  # The step of the checkpoint restored or last saved by this object.
+    self._manager: tf.train.CheckpointManager | None = None  # The chief's, made at its first save (after any restore).
+    self._weights_finite: Callable[[], Any] | None = None
+    self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
 
-  def restore_latest(self):
+  def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
 
     Raises:
@@ -109,7 +125,8 @@ class Checkpoints:
           f"The checkpoint list {os.path.join(self.directory, checkpoint_list.LIST_FILE)} names only checkpoints "
           f"outside its directory: {', '.join(checkpoints.outside)}. A run restores from and rotates only the "
           f"checkpoints in {self.directory}: copy them there to resume from them, or remove the list to train from "
-          "scratch.")
+          "scratch."
+      )
     rebuilt = checkpoints.rebuilt_warning()
     if rebuilt:
       logging.warning("%s", rebuilt)
@@ -117,23 +134,28 @@ class Checkpoints:
     for path in reversed(checkpoints.paths):
       try:
         self._restore_all_or_nothing(path)
-      except UnreadableCheckpoint as damage:
+      except UnreadableCheckpointError as damage:
         unreadable.append(f"{os.path.basename(path)} ({damage})")
         continue
       if unreadable:
         logging.warning(
             "Skipped the newest checkpoint(s) of %s, which cannot be read: %s. Resumed from %s instead; the next "
-            "save replaces them.", self.directory, "; ".join(unreadable), os.path.basename(path))
+            "save replaces them.",
+            self.directory,
+            "; ".join(unreadable),
+            os.path.basename(path),
+        )
       logging.info("Restored %s.", path)
       self.saved_step = int(self._step.numpy())
       return path
     if unreadable:
       raise ConfigError(
           f"No checkpoint in {self.directory} can be read: {'; '.join(unreadable)}. Restore them from a copy, or "
-          f"move them away to train from scratch.")
+          f"move them away to train from scratch."
+      )
     return None
 
-  def save(self, step):
+  def save(self, step: int) -> str:
     """Writes a checkpoint numbered `step`; returns its path (a deleted scratch path off the chief).
 
     Raises:
@@ -143,7 +165,8 @@ class Checkpoints:
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
-          f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values.")
+          f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values."
+      )
     with worker_files.destination(self._strategy, self.directory) as directory:
       try:
         if directory == self.directory:
@@ -158,19 +181,24 @@ class Checkpoints:
         reason = first_line(getattr(error, "message", None) or str(error))
         raise CheckpointWriteError(
             f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
-            + (f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
-               f"again to resume from it." if previous else "There is no earlier checkpoint.")) from None
+            + (
+                f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
+                f"again to resume from it."
+                if previous
+                else "There is no earlier checkpoint."
+            )
+        ) from None
     if directory == self.directory:
       logging.info("Saved checkpoint %s.", path)
     self.saved_step = step
     return path
 
-  def save_unless_saved(self, step):
+  def save_unless_saved(self, step: int) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise."""
     if self.saved_step != step:
       self.save(step)
 
-  def remove_interrupted_saves(self):
+  def remove_interrupted_saves(self) -> None:
     """On the chief, deletes the `ckpt-N_temp/` directories that saves killed part-way left.
 
     Call it after restoring and before this run saves: no save of this run
@@ -183,13 +211,17 @@ class Checkpoints:
       try:
         tf.io.gfile.rmtree(leftover)
       except (tf.errors.OpError, OSError) as error:
-        logging.warning("Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
-                        leftover, first_line(error))
+        logging.warning(
+            "Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
+            leftover,
+            first_line(error),
+        )
         continue
-      logging.info("Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).",
-                   leftover)
+      logging.info(
+          "Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).", leftover
+      )
 
-  def _new_manager(self):
+  def _new_manager(self) -> tf.train.CheckpointManager:
     """The chief's `tf.train.CheckpointManager`, after the checkpoint list is rewritten if it had to be rebuilt.
 
     The manager learns the checkpoints on disk from the list, and rotates
@@ -200,12 +232,12 @@ class Checkpoints:
       checkpoint_list.write(checkpoints)
     return tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self._max_to_keep)
 
-  def _restore_all_or_nothing(self, path):
+  def _restore_all_or_nothing(self, path: str) -> None:
     """Restores `path`; if that fails part-way, puts every variable back as it was, then raises.
 
     Raises:
       ConfigError: `path` can be read but does not match the model and optimizer.
-      UnreadableCheckpoint: `path` cannot be read (truncated, corrupt, missing files).
+      UnreadableCheckpointError: `path` cannot be read (truncated, corrupt, missing files).
     """
     variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
     before = [(v, v.numpy()) for v in variables]
@@ -215,17 +247,18 @@ class Checkpoints:
       self._put_back(before)
       damage = _damage(path)
       if damage:
-        raise UnreadableCheckpoint(damage) from None
+        raise UnreadableCheckpointError(damage) from None
       raise ConfigError(
           f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
-          f"Use a new model_dir, or the model, optimizer and precision that wrote it.") from None
+          f"Use a new model_dir, or the model, optimizer and precision that wrote it."
+      ) from None
 
-  def _put_back(self, values):
+  def _put_back(self, values: Sequence[Any]) -> None:
     with self._strategy.scope():
       for variable, value in values:
         variable.assign(value)
 
-  def _remove_unlisted(self, prefix):
+  def _remove_unlisted(self, prefix: str) -> None:
     """Deletes what a failed save of `prefix` left, unless the state file lists it."""
     if prefix in checkpoint_list.read(os.path.dirname(prefix)).listed:
       return
@@ -238,20 +271,19 @@ class Checkpoints:
       except (tf.errors.OpError, OSError):
         pass
 
-  def _finite(self):
+  def _finite(self) -> bool:
     if self._weights_finite is None:
       variables = [v.value if isinstance(v, keras.Variable) else v for v in self._model.weights]
       floating = [v for v in variables if v.dtype.is_floating]
-      self._weights_finite = tf.function(
-          lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
+      self._weights_finite = tf.function(lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
     return bool(self._weights_finite())
 
 
-class UnreadableCheckpoint(Exception):
+class UnreadableCheckpointError(Exception):
   """A checkpoint's files cannot be read; the message says how."""
 
 
-def _damage(path):
+def _damage(path: str) -> str | None:
   """Returns how the checkpoint at `path` cannot be read (reading every tensor), or None if it can."""
   try:
     reader = tf.train.load_checkpoint(path)

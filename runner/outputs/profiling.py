@@ -10,7 +10,7 @@ run's summary directory (`model_dir/summaries/train`), `tensorboard
 `check_steps` imports no TensorFlow (config checks use it before it loads).
 """
 
-from typing import Optional
+from typing import Any, overload
 
 from absl import logging
 
@@ -18,7 +18,17 @@ from strategies import checks
 from strategies.errors import ConfigError
 
 
-def check_steps(steps, what="profile_steps"):
+@overload
+def check_steps(steps: tuple[int, int], what: str = ...) -> tuple[int, int]:
+  ...
+
+
+@overload
+def check_steps(steps: Any, what: str = ...) -> tuple[int, int] | None:
+  ...
+
+
+def check_steps(steps: Any, what: str = "profile_steps") -> tuple[int, int] | None:
   """Returns `steps` as a `(first, last)` tuple of ints, 1 <= first <= last, or None for None.
 
   Raises:
@@ -26,11 +36,17 @@ def check_steps(steps, what="profile_steps"):
   """
   if steps is None:
     return None
-  if (isinstance(steps, (str, bytes)) or not hasattr(steps, "__len__") or len(steps) != 2
-      or not all(checks.is_int(step) for step in steps) or not 1 <= steps[0] <= steps[1]):
+  if (
+      isinstance(steps, (str, bytes))
+      or not hasattr(steps, "__len__")
+      or len(steps) != 2
+      or not all(checks.is_int(step) for step in steps)
+      or not 1 <= steps[0] <= steps[1]
+  ):
     raise ConfigError(
         f"{what} must be None or a pair of steps (first, last) with 1 <= first <= last, e.g. (5, 10), "
-        f"got {steps!r}.")
+        f"got {steps!r}."
+    )
   return (int(steps[0]), int(steps[1]))
 
 
@@ -42,9 +58,12 @@ class ProfileWindow:
   or by an exception: a started trace is then stopped and kept).
   """
 
-  def __init__(self, *, first: int, last: int, logdir: str):
-    """Args:
-      first, last: the first and last global step to profile (1-based).
+  def __init__(self, *, first: int, last: int, logdir: str) -> None:
+    """Initializes the `ProfileWindow`.
+
+    Args:
+      first: the first global step to profile (1-based).
+      last: the last global step to profile.
       logdir: where the profiler writes its `plugins/profile` directory.
     """
     self._first, self._last = check_steps((first, last))
@@ -70,11 +89,19 @@ class ProfileWindow:
     if self._done or self._active:
       return
     if step >= self._first:
-      logging.warning("profile_steps=(%d, %d): training resumed at step %d, past step %d; no profile is taken. "
-                      "Choose steps after %d to profile this run.", self._first, self._last, step, self._first, step)
+      logging.warning(
+          "profile_steps=(%d, %d): training resumed at step %d, past step %d; no profile is taken. "
+          "Choose steps after %d to profile this run.",
+          self._first,
+          self._last,
+          step,
+          self._first,
+          step,
+      )
       self._done = True
     elif step == self._first - 1:
       import tensorflow as tf  # noqa: PLC0415
+
       tf.profiler.experimental.start(self._logdir)
       self._active = True
 
@@ -83,14 +110,20 @@ class ProfileWindow:
     if self._active and step >= self._last:
       self._stop(step)
 
-  def close(self, step: Optional[int]) -> None:
+  def close(self, step: int) -> None:
     """Stops a running trace (training ended at global step `step` before `last`)."""
     if self._active:
       self._stop(step)
 
-  def _stop(self, step):
+  def _stop(self, step: int) -> None:
     import tensorflow as tf  # noqa: PLC0415
+
     tf.profiler.experimental.stop()
     self._active, self._done = False, True
-    logging.info("Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "
-                 "(pip install 'tf-runner[tensorboard]').", self._first, min(step, self._last), self._logdir)
+    logging.info(
+        "Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "
+        "(pip install 'tf-runner[tensorboard]').",
+        self._first,
+        min(step, self._last),
+        self._logdir,
+    )

@@ -8,6 +8,7 @@ up absl logging, so Python's default (WARNING and above) would drop them;
 logging as it was.
 """
 
+from collections.abc import Iterator
 import contextlib
 import logging as python_logging
 import sys
@@ -20,7 +21,7 @@ _open = False  # Whether a `shown` block is open in this process: the outermost 
 
 
 @contextlib.contextmanager
-def shown(*, quiet):
+def shown(*, quiet: bool) -> Iterator[None]:
   """Shows (or, with `quiet`, hides) the absl INFO progress lines while the block runs; restores logging after.
 
   Not quiet: absl's verbosity is raised to INFO if it is lower, and when no

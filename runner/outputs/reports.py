@@ -1,27 +1,29 @@
 """What a run tells the user: progress lines, TensorBoard scalars and `metrics.jsonl`."""
 
+from collections.abc import Callable, Mapping
 import datetime
 import json
 import os
 import time
+from typing import Any, IO
 
 from absl import logging
 import tensorflow as tf
 
 from runner.workdir import atomic_files
 
-
 # What tf.summary.scalar (from the tensorboard package, not a dependency) attaches: TensorBoard shows these as scalars.
 _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
-    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=1).SerializeToString()
+    plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=1
+).SerializeToString()
 
 
-def summary_dir(model_dir, split):
+def summary_dir(model_dir: str, split: str) -> str:
   """Returns the directory of the TensorBoard summaries of `split` ('train' or 'eval') under `model_dir`."""
   return os.path.join(model_dir, "summaries", split)
 
 
-def train_results_at(model_dir, step):
+def train_results_at(model_dir: str, step: int) -> dict[str, float]:
   """Returns the `loss` and metrics of the last train row of `step` in `model_dir/metrics.jsonl`, or {}.
 
   {} when the file or such a row is missing; rows that do not parse (a line
@@ -32,7 +34,7 @@ def train_results_at(model_dir, step):
   return {name: value for name, value in row.items() if name not in ("steps_per_sec", "examples_per_sec")}
 
 
-def eval_results_at(model_dir, step):
+def eval_results_at(model_dir: str, step: int) -> dict[str, float]:
   """Returns the last evaluation at `step` in `model_dir/metrics.jsonl` (as `Trainer.evaluate` returned it), or {}.
 
   {} when the file or such a row is missing; rows that do not parse are skipped.
@@ -40,7 +42,7 @@ def eval_results_at(model_dir, step):
   return _last_row(model_dir, split="eval", step=step)
 
 
-def _last_row(model_dir, *, split, step):
+def _last_row(model_dir: str, *, split: str, step: int) -> dict[str, float]:
   """The values of the last row of `split` and `step` in `model_dir/metrics.jsonl` (without those two keys), or {}."""
   found = {}
   for line in _lines(os.path.join(model_dir, "metrics.jsonl")):
@@ -69,18 +71,20 @@ class Reporter:
   purge: TensorBoard shows both runs' points for the replayed steps.
   """
 
-  def __init__(self, model_dir, *, is_chief):
-    """Args:
+  def __init__(self, model_dir: str | None, *, is_chief: bool) -> None:
+    """Initializes the `Reporter`.
+
+    Args:
       model_dir: the run's directory, or None to only log.
       is_chief: whether this worker writes files.
     """
     self._dir = model_dir if is_chief else None
-    self._jsonl = None
-    self._scalars = {}  # split -> _BufferedScalars
+    self._jsonl: IO[str] | None = None
+    self._scalars: dict[str, _BufferedScalars] = {}  # split -> _BufferedScalars
     self._resumed = False  # Whether `resume_at` was called.
-    self._replayed_after = None  # The step it gave, until the rows past it are dropped.
+    self._replayed_after: int | None = None  # The step it gave, until the rows past it are dropped.
 
-  def resume_at(self, step):
+  def resume_at(self, step: int) -> None:
     """Says that training (re)starts at global step `step`: rows of `metrics.jsonl` past it are dropped.
 
     They were written by a run that stopped (killed, crashed) before its
@@ -92,8 +96,17 @@ class Reporter:
     if self._dir is not None and not self._resumed:
       self._resumed, self._replayed_after = True, step
 
-  def train_loop(self, *, step, total_steps, results, learning_rate, steps_per_sec, examples_per_sec,
-                 tracing_seconds=None):
+  def train_loop(
+      self,
+      *,
+      step: int,
+      total_steps: int,
+      results: Mapping[str, float],
+      learning_rate: float,
+      steps_per_sec: float,
+      examples_per_sec: float,
+      tracing_seconds: float | None = None,
+  ) -> None:
     """Reports one train loop.
 
     Args:
@@ -101,22 +114,46 @@ class Reporter:
       total_steps: the step training runs to.
       results: `loss` and every metric, floats.
       learning_rate: the optimizer's learning rate after the loop.
-      steps_per_sec, examples_per_sec: the loop's throughput (tracing excluded).
+      steps_per_sec: the loop's steps per second (tracing excluded).
+      examples_per_sec: the loop's examples per second (tracing excluded).
       tracing_seconds: None, or the time tracing the loop took before it
         (shown apart: the ETA counts steps only).
     """
     eta = datetime.timedelta(seconds=round((total_steps - step) / steps_per_sec)) if steps_per_sec > 0 else "?"
     traced = "" if tracing_seconds is None else f"traced in {tracing_seconds:.1f} s, then "
-    logging.info("step %d/%d: %s | %s%.1f steps/s, %.0f examples/s, ETA %s",
-                 step, total_steps, _Formatted(results), traced, steps_per_sec, examples_per_sec, eta)
+    logging.info(
+        "step %d/%d: %s | %s%.1f steps/s, %.0f examples/s, ETA %s",
+        step,
+        total_steps,
+        _Formatted(results),
+        traced,
+        steps_per_sec,
+        examples_per_sec,
+        eta,
+    )
     if self._dir is None:
       return
-    self._write_row({"split": "train", "step": step, **results,
-                     "steps_per_sec": steps_per_sec, "examples_per_sec": examples_per_sec})
-    self._write_scalars("train", step, {**results, "learning_rate": learning_rate, "steps_per_sec": steps_per_sec,
-                                        "examples_per_sec": examples_per_sec})
+    self._write_row(
+        {
+            "split": "train",
+            "step": step,
+            **results,
+            "steps_per_sec": steps_per_sec,
+            "examples_per_sec": examples_per_sec,
+        }
+    )
+    self._write_scalars(
+        "train",
+        step,
+        {
+            **results,
+            "learning_rate": learning_rate,
+            "steps_per_sec": steps_per_sec,
+            "examples_per_sec": examples_per_sec,
+        },
+    )
 
-  def evaluation(self, *, step, results, seconds):
+  def evaluation(self, *, step: int, results: Mapping[str, float], seconds: float) -> None:
     """Reports one evaluation: `results` holds `loss`, every metric and `num_examples`."""
     logging.info("eval at step %d: %s (%.1f s)", step, _Formatted(results), seconds)
     if self._dir is None:
@@ -124,14 +161,15 @@ class Reporter:
     self._write_row({"split": "eval", "step": step, **results})
     self._write_scalars("eval", step, results)
 
-  def flush(self):
+  def flush(self) -> None:
     """Writes buffered TensorBoard scalars and `metrics.jsonl` rows to disk."""
     for scalars in self._scalars.values():
       scalars.flush()
     if self._jsonl is not None:
       self._jsonl.flush()
 
-  def _write_row(self, row):
+  def _write_row(self, row: Mapping[str, Any]) -> None:
+    assert self._dir is not None  # Rows are written only where files are (`model_dir` on the chief).
     if self._replayed_after is not None:
       if self._jsonl is not None:
         self._jsonl.close()
@@ -142,17 +180,20 @@ class Reporter:
       tf.io.gfile.makedirs(self._dir)
       path = os.path.join(self._dir, "metrics.jsonl")
       # A local file is line-buffered (each row on disk at once); a remote one (gs://...) is written on flush.
-      self._jsonl = (tf.io.gfile.GFile(path, "a") if "://" in path
-                     else open(path, "a", buffering=1, encoding="utf-8"))
+      # Kept open across rows (closed before a replay drops rows); a `with` would reopen it for every row.
+      self._jsonl = (
+          tf.io.gfile.GFile(path, "a") if "://" in path else open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+      )
     self._jsonl.write(json.dumps(row) + "\n")
 
-  def _write_scalars(self, split, step, scalars):
+  def _write_scalars(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
+    assert self._dir is not None  # Scalars are written only where files are (`model_dir` on the chief).
     if split not in self._scalars:
       self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
 
 
-def _drop_rows_past(path, step):
+def _drop_rows_past(path: str, step: int) -> None:
   """Rewrites the `metrics.jsonl` at `path` without its rows past `step` (and a last row cut short), if it has any.
 
   The file is replaced whole (`atomic_files`, so a `gs://` path works too): a
@@ -173,11 +214,16 @@ def _drop_rows_past(path, step):
   if kept == lines:
     return
   atomic_files.replace(path, b"".join(kept))
-  logging.info("Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
-               "this run trains those steps again.", len(lines) - len(kept), path, step)
+  logging.info(
+      "Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
+      "this run trains those steps again.",
+      len(lines) - len(kept),
+      path,
+      step,
+  )
 
 
-def _lines(path):
+def _lines(path: str) -> list[bytes]:
   """The lines of the file at `path` as bytes, each with its newline (a last line cut short without); [] if none."""
   if not tf.io.gfile.exists(path):
     return []
@@ -185,7 +231,7 @@ def _lines(path):
     return f.read().splitlines(keepends=True)
 
 
-def _parsed(line):
+def _parsed(line: bytes) -> Any:
   """The JSON value of `line`, or None if it is not one."""
   try:
     return json.loads(line)
@@ -205,14 +251,15 @@ class _BufferedScalars:
   MAX_ROWS = 100
   MAX_SECONDS = 10.0
 
-  def __init__(self, directory):
+  def __init__(self, directory: str) -> None:
     self._writer = tf.summary.create_file_writer(directory)
-    self._names = None
-    self._write = None
-    self._steps, self._rows = [], []
+    self._names: tuple[str, ...] | None = None
+    self._write: Callable[[tf.Tensor, tf.Tensor], Any] | None = None
+    self._steps: list[int] = []
+    self._rows: list[list[float]] = []
     self._last_write = time.monotonic()
 
-  def add(self, step, scalars):
+  def add(self, step: int, scalars: Mapping[str, float]) -> None:
     """Buffers `scalars` (name -> float) at `step`; writes the buffer when it is due."""
     names = tuple(scalars)
     if names != self._names:
@@ -223,18 +270,19 @@ class _BufferedScalars:
     if len(self._rows) >= self.MAX_ROWS or time.monotonic() - self._last_write >= self.MAX_SECONDS:
       self.flush()
 
-  def flush(self):
+  def flush(self) -> None:
     if self._rows:
+      assert self._write is not None  # Made with the names of the rows added.
       self._write(tf.constant(self._steps, tf.int64), tf.constant(self._rows, tf.float32))
       self._steps, self._rows = [], []
     self._writer.flush()
     self._last_write = time.monotonic()
 
-  def _writer_function(self, names):
+  def _writer_function(self, names: tuple[str, ...]) -> Callable[[tf.Tensor, tf.Tensor], Any]:
     writer = self._writer
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(names)], tf.float32)])
-    def write(steps, rows):
+    def write(steps: tf.Tensor, rows: tf.Tensor) -> None:
       with writer.as_default():
         for i in tf.range(tf.shape(steps)[0]):
           for j, name in enumerate(names):
@@ -246,9 +294,11 @@ class _BufferedScalars:
 class _Formatted:
   """`name value` pairs, formatted only if the log line is emitted."""
 
-  def __init__(self, results):
+  def __init__(self, results: Mapping[str, float]) -> None:
     self._results = results
 
-  def __str__(self):
-    return ", ".join(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
-                     for name, value in self._results.items())
+  def __str__(self) -> str:
+    return ", ".join(
+        f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+        for name, value in self._results.items()
+    )

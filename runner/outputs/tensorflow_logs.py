@@ -7,14 +7,17 @@ come before its logging is set up and ignore `TF_CPP_MIN_LOG_LEVEL`. A user who
 sets `TF_CPP_MIN_LOG_LEVEL` themselves gets TensorFlow's output untouched.
 """
 
+from collections.abc import Callable, Iterator, Sequence
 import contextlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import logging
 import os
 import re
 import sys
 import tempfile
+import types
 
 from absl import logging as absl_logging
 
@@ -22,18 +25,22 @@ LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "2"  # C++ INFO and WARNING hidden; ERROR and FATAL shown.
 
 # Start-up lines that say nothing is wrong. Anything else printed while TensorFlow loads is replayed.
-_STARTUP_CHATTER = re.compile("|".join([
-    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
-    r"^I\d{4} .*\] oneDNN custom operations are on\.",
-    r"^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine",
-    r"^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
-    r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
-]))
+_STARTUP_CHATTER = re.compile(
+    "|".join(
+        [
+            r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
+            r"^I\d{4} .*\] oneDNN custom operations are on\.",
+            r"^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine",
+            r"^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
+            r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
+        ]
+    )
+)
 _NO_GPU_CUINIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
 _TENSORFLOW_DIR = f"{os.sep}tensorflow{os.sep}"
 
 
-def quiet_start():
+def quiet_start() -> bool:
   """Hides TensorFlow's start-up chatter from its first import on, importing nothing; returns whether it will.
 
   Call it before anything imports TensorFlow. Unless the user set
@@ -56,7 +63,7 @@ def quiet_start():
   return True
 
 
-def _quiet(tensorflow_module, load):
+def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object]) -> None:
   """Runs `load` (the import of TensorFlow's package) and lists the devices with the chatter dropped."""
   with _filtered_stderr(_is_chatter):
     load()
@@ -68,7 +75,9 @@ def _quiet(tensorflow_module, load):
 class _QuietFirstImport(importlib.abc.MetaPathFinder):
   """A finder on `sys.meta_path` that makes the first import of `tensorflow` a quiet one, then steps aside."""
 
-  def find_spec(self, fullname, path=None, target=None):
+  def find_spec(
+      self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
+  ) -> importlib.machinery.ModuleSpec | None:
     del path, target  # The top-level package only.
     if fullname != "tensorflow":
       return None
@@ -82,30 +91,31 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder):
 class _QuietLoader(importlib.abc.Loader):
   """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
 
-  def __init__(self, loader):
+  def __init__(self, loader: importlib.abc.Loader) -> None:
     self._loader = loader
 
-  def create_module(self, spec):
+  def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
     return self._loader.create_module(spec)
 
-  def exec_module(self, module):
+  def exec_module(self, module: types.ModuleType) -> None:
+    assert module.__spec__ is not None  # The import system made the module from a spec.
     module.__loader__ = module.__spec__.loader = self._loader  # What the package would have had.
     _quiet(module, lambda: self._loader.exec_module(module))
 
 
-def without_tensorflow_info(record):
+def without_tensorflow_info(record: logging.LogRecord) -> bool:
   """A logging filter: drops INFO (and DEBUG) records logged from TensorFlow's own Python code."""
   return record.levelno >= logging.WARNING or _TENSORFLOW_DIR not in record.pathname
 
 
-def _is_chatter(line):
+def _is_chatter(line: str) -> bool:
   if _STARTUP_CHATTER.search(line):
     return True
   return bool(_NO_GPU_CUINIT.search(line)) and not os.path.exists("/dev/nvidiactl")
 
 
 @contextlib.contextmanager
-def _filtered_stderr(is_dropped):
+def _filtered_stderr(is_dropped: Callable[[str], bool]) -> Iterator[None]:
   """Captures file descriptor 2 inside the block, then writes back every line `is_dropped` rejects."""
   sys.stderr.flush()
   saved = os.dup(2)
@@ -118,7 +128,10 @@ def _filtered_stderr(is_dropped):
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-              if not is_dropped(line.rstrip("\n"))]
+      kept = [
+          line
+          for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+          if not is_dropped(line.rstrip("\n"))
+      ]
       sys.stderr.write("".join(kept))
       sys.stderr.flush()

@@ -5,13 +5,15 @@ TensorFlow's multi-worker saving needs every worker to take part in a save
 others write to a temporary directory that is deleted right after.
 """
 
+from collections.abc import Iterator
 import contextlib
 import shutil
 import tempfile
+from typing import Any
 
 
 @contextlib.contextmanager
-def destination(strategy, path):
+def destination(strategy: Any, path: str) -> Iterator[str]:
   """Yields where this worker writes `path`: `path` itself on the chief, else a scratch directory.
 
   The scratch directory is deleted when the block ends, whatever happened in it.

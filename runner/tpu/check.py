@@ -22,23 +22,24 @@ It writes nothing (no checkpoint, summary or workdir) and changes no global
 state but the logical CPU split. What a CPU cannot prove is in `NOT_PROVEN`.
 """
 
+from collections.abc import Callable, Mapping, Sequence
 import copy
 import dataclasses
 import functools
-from typing import Optional, Tuple
+from typing import Any
 
 from absl import logging
+import ml_collections
 import tensorflow as tf
 
-import strategies
-from strategies import checks
-
+from runner import from_config
 from runner import interfaces
 from runner.config import run_config as config_lib
 from runner.data import pipeline as input_pipeline
-from runner import from_config
-from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.tpu import rules as tpu_rules
+from runner.training import steps_per_loop as steps_per_loop_lib
+import strategies
+from strategies import checks
 
 # A TPU v2-8 or v3-8 (8 cores), a v5e-8 or v6e-8 (8 chips); a multiple of a v4-8's or v5p-8's 4 chips.
 DEFAULT_NUM_REPLICAS = 8
@@ -46,8 +47,10 @@ DEFAULT_NUM_REPLICAS = 8
 MAX_LOGICAL_CPUS = 8
 TRAIN_STEPS = 2
 EVAL_STEPS = 2
-NOT_PROVEN = ("that the model, optimizer state and batches fit in TPU memory (HBM), and that every op XLA "
-              "compiled for the CPU has a TPU kernel")
+NOT_PROVEN = (
+    "that the model, optimizer state and batches fit in TPU memory (HBM), and that every op XLA "
+    "compiled for the CPU has a TPU kernel"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,24 +70,27 @@ class TPUCheckResult:
     eval_examples: the evaluation examples run through the padded evaluation
       step (0 when it failed before).
   """
+
   passed: bool
-  problem: Optional[str]
+  problem: str | None
   num_replicas: int
-  devices: Tuple[str, ...]
+  devices: tuple[str, ...]
   steps_per_loop: int
   train_steps: int
   eval_examples: int
 
   @property
-  def summary(self):
+  def summary(self) -> str:
     """One line: `PASS: ...` (what was proven, and what a CPU cannot prove) or `FAIL: <problem>`."""
     if not self.passed:
       return f"FAIL: {self.problem}"
-    return (f"PASS: {self.train_steps} training steps (steps_per_loop={self.steps_per_loop}) and "
-            f"{self.eval_examples} evaluation examples in padded batches compiled with XLA and ran on "
-            f"{len(self.devices)} mirrored logical CPUs; both batch sizes split over {self.num_replicas} TPU "
-            "replicas; every tensor reaching the device is dense, of static shape and a TPU dtype; no op runs "
-            f"Python, has a data-dependent shape or a non-TPU dtype. Not provable on a CPU: {NOT_PROVEN}.")
+    return (
+        f"PASS: {self.train_steps} training steps (steps_per_loop={self.steps_per_loop}) and "
+        f"{self.eval_examples} evaluation examples in padded batches compiled with XLA and ran on "
+        f"{len(self.devices)} mirrored logical CPUs; both batch sizes split over {self.num_replicas} TPU "
+        "replicas; every tensor reaching the device is dense, of static shape and a TPU dtype; no op runs "
+        f"Python, has a data-dependent shape or a non-TPU dtype. Not provable on a CPU: {NOT_PROVEN}."
+    )
 
 
 class RecordingMirroredStrategy(strategies.MirroredStrategy):
@@ -95,14 +101,23 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
   (all-reduces, variable updates). A `run` outside a trace records nothing.
   """
 
-  def __init__(self, devices):
-    """Args:
+  def __init__(self, devices: Sequence[str]) -> None:
+    """Initializes the `RecordingMirroredStrategy`.
+
+    Args:
       devices: local device names, one replica each.
     """
     super().__init__(devices)
-    self._traced = []
+    self._traced: list[tuple[tf.Graph, list[tf.Operation]]] = []
 
-  def run(self, fn, args=(), kwargs=None, options=None):
+  def run(
+      self,
+      fn: Callable[..., Any],
+      args: Sequence[Any] = (),
+      kwargs: Mapping[str, Any] | None = None,
+      options: tf.distribute.RunOptions | None = None,
+  ) -> Any:
+    """As `tf.distribute.Strategy.run`; inside a trace, it also records the ops the call added."""
     if tf.executing_eagerly():
       return super().run(fn, args, kwargs, options)
     graph = tf.compat.v1.get_default_graph()
@@ -111,13 +126,13 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
     self._traced.append((graph, graph.get_operations()[first:]))
     return result
 
-  def take_traced(self):
+  def take_traced(self) -> list[tuple[tf.Graph, list[tf.Operation]]]:
     """Returns the `(graph, ops)` recorded since the last call, and forgets them."""
     traced, self._traced = self._traced, []
     return traced
 
 
-def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
+def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = None) -> TPUCheckResult:
   """Checks on this CPU what a CPU can prove about running `config` on a TPU (see the module doc).
 
   The steps run on as many logical CPUs as there are replicas, at most
@@ -146,14 +161,17 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
   num_replicas = num_replicas or config.strategy.num_replicas or DEFAULT_NUM_REPLICAS
   devices = _logical_cpus(max(n for n in range(1, MAX_LOGICAL_CPUS + 1) if num_replicas % n == 0))
   config = _as_on_tpu(config)
-  verdict = functools.partial(_verdict, num_replicas=num_replicas, devices=tuple(devices),
-                              steps_per_loop=config.trainer.steps_per_loop)
+  verdict = functools.partial(
+      _verdict, num_replicas=num_replicas, devices=tuple(devices), steps_per_loop=config.trainer.steps_per_loop
+  )
   for field in ("global_batch_size", "eval_global_batch_size"):
     size = config.data[field]
     if size % num_replicas:
       nearest = [n for n in (size // num_replicas * num_replicas, (size // num_replicas + 1) * num_replicas) if n]
-      return verdict(f"config.data.{field}={size} does not split over the {num_replicas} replicas of the TPU; "
-                     f"use a multiple of {num_replicas}, e.g. {' or '.join(map(str, nearest))}.")
+      return verdict(
+          f"config.data.{field}={size} does not split over the {num_replicas} replicas of the TPU; "
+          f"use a multiple of {num_replicas}, e.g. {' or '.join(map(str, nearest))}."
+      )
   strategy = RecordingMirroredStrategy(devices)
   for field in ("global_batch_size", "eval_global_batch_size"):
     input_pipeline.check_global_batch_size(strategy, config.data[field])  # The CPUs may be fewer than the replicas.
@@ -163,13 +181,23 @@ def check_tpu(config, *, num_replicas=None) -> TPUCheckResult:
     if problem:
       return verdict(problem)
   trainer = from_config.create_trainer(config, strategy, None)
-  problem = _run_step(strategy, trainer, "the train step", lambda: trainer.train(
-      train_data, global_batch_size=config.data.global_batch_size, steps=TRAIN_STEPS))
+  problem = _run_step(
+      strategy,
+      trainer,
+      "the train step",
+      lambda: trainer.train(train_data, global_batch_size=config.data.global_batch_size, steps=TRAIN_STEPS),
+  )
   if problem:
     return verdict(problem, train_steps=trainer.global_step)
-  evaluated = {}
-  problem = _run_step(strategy, trainer, "the evaluation step", lambda: evaluated.update(trainer.evaluate(
-      eval_data, global_batch_size=config.data.eval_global_batch_size, steps=EVAL_STEPS)))
+  evaluated: dict[str, Any] = {}
+  problem = _run_step(
+      strategy,
+      trainer,
+      "the evaluation step",
+      lambda: evaluated.update(
+          trainer.evaluate(eval_data, global_batch_size=config.data.eval_global_batch_size, steps=EVAL_STEPS)
+      ),
+  )
   return verdict(problem, train_steps=trainer.global_step, eval_examples=evaluated.get("num_examples", 0))
 
 
@@ -183,51 +211,70 @@ class _WithoutAutotune(interfaces.DatasetProvider):
   per-device iterators MirroredStrategy adds still autotune.
   """
 
-  def __init__(self, provider):
+  def __init__(self, provider: interfaces.DatasetProvider) -> None:
     self._provider = provider
     self._options = tf.data.Options()
     self._options.autotune.enabled = False
 
-  def get_dataset(self, input_context):
+  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     return self._provider.get_dataset(input_context).with_options(self._options)
 
-  def get_repeated_dataset(self, input_context, start):
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     return self._provider.get_repeated_dataset(input_context, start).with_options(self._options)
 
-  def get_batches(self, input_context, batch_size):
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     return self._provider.get_batches(input_context, batch_size).with_options(self._options)
 
-  def get_repeated_batches(self, input_context, batch_size, start):
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
     return self._provider.get_repeated_batches(input_context, batch_size, start).with_options(self._options)
 
 
-def _verdict(problem, *, num_replicas, devices, steps_per_loop, train_steps=0, eval_examples=0):
-  return TPUCheckResult(passed=problem is None, problem=problem, num_replicas=num_replicas, devices=devices,
-                        steps_per_loop=steps_per_loop, train_steps=train_steps, eval_examples=eval_examples)
+def _verdict(
+    problem: str | None,
+    *,
+    num_replicas: int,
+    devices: tuple[str, ...],
+    steps_per_loop: int,
+    train_steps: int = 0,
+    eval_examples: int = 0,
+) -> TPUCheckResult:
+  return TPUCheckResult(
+      passed=problem is None,
+      problem=problem,
+      num_replicas=num_replicas,
+      devices=devices,
+      steps_per_loop=steps_per_loop,
+      train_steps=train_steps,
+      eval_examples=eval_examples,
+  )
 
 
-def _logical_cpus(n):
+def _logical_cpus(n: int) -> list[str]:
   """Returns the names of n logical CPUs, or of those this process has if TensorFlow already made its devices."""
   try:
     return [device.name for device in strategies.virtual_cpus(n)]
   except RuntimeError:
     existing = [device.name for device in tf.config.list_logical_devices("CPU")]
-    logging.info("TensorFlow already initialized its devices; checking on the %d logical CPU(s) it has.",
-                 len(existing))
+    logging.info("TensorFlow already initialized its devices; checking on the %d logical CPU(s) it has.", len(existing))
     return existing
 
 
-def _as_on_tpu(config):
+def _as_on_tpu(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Returns a copy of `config` built as for a TPU: jit_compile on, steps_per_loop resolved as on a TPU."""
   config = copy.deepcopy(config)
   config.trainer.jit_compile = True
   if config.trainer.steps_per_loop is None:
     config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
-        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True)
+        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True
+    )
   return config
 
 
-def _run_step(strategy, trainer, step_name, run):
+def _run_step(
+    strategy: RecordingMirroredStrategy, trainer: Any, step_name: str, run: Callable[[], object]
+) -> str | None:
   """Traces, compiles and runs a step with `run()`; returns what a TPU would reject in it, or None.
 
   The rules are applied to the traced replica step before XLA's verdict is

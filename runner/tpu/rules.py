@@ -19,20 +19,37 @@ to int32 in the input pipeline for speed. float64 does not: a TPU has no
 64-bit floating point, and XLA's emulation covers only some ops.
 """
 
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 import re
+from typing import Any
 
 import tensorflow as tf
 
 from runner.data import checks as data_checks
 
 # Dtypes a TPU computes in and takes from the host (int64 and uint64 emulated with 32-bit words).
-TPU_DTYPES = (tf.bfloat16, tf.float16, tf.float32, tf.complex64, tf.bool, tf.int8, tf.int16, tf.int32, tf.int64,
-              tf.uint8, tf.uint16, tf.uint32, tf.uint64)
+TPU_DTYPES = (
+    tf.bfloat16,
+    tf.float16,
+    tf.float32,
+    tf.complex64,
+    tf.bool,
+    tf.int8,
+    tf.int16,
+    tf.int32,
+    tf.int64,
+    tf.uint8,
+    tf.uint16,
+    tf.uint32,
+    tf.uint64,
+)
 # Dtypes an op of a TPU step must not make, and why; the fix for a dataset element.
 NOT_TPU_DTYPES = {
-    tf.string: ("a TPU has no strings",
-                "map strings to numbers in the input pipeline (e.g. keras.layers.StringLookup or "
-                "tf.strings.to_hash_bucket_fast in dataset.map)"),
+    tf.string: (
+        "a TPU has no strings",
+        "map strings to numbers in the input pipeline (e.g. keras.layers.StringLookup or "
+        "tf.strings.to_hash_bucket_fast in dataset.map)",
+    ),
     tf.float64: ("a TPU has no 64-bit floating point", "cast to float32 (or bfloat16) in the input pipeline"),
     tf.complex128: ("a TPU has no 64-bit floating point", "cast to complex64 in the input pipeline"),
 }
@@ -61,7 +78,7 @@ _ELEMENT_PARTS = ("features", "labels", "sample_weight")
 _UNIQUIFIED = re.compile(r"_\d+$")  # TensorFlow makes a reused name scope 'dense' into 'dense_1'.
 
 
-def element_problem(element_spec, data_name):
+def element_problem(element_spec: Any, data_name: str) -> str | None:
   """Returns what a TPU would reject in a dataset element, or None.
 
   Args:
@@ -77,25 +94,31 @@ def element_problem(element_spec, data_name):
     for path, leaf in data_checks.leaves(spec):
       where = f"{data_name}'s {part}{path}"
       if isinstance(leaf, tf.RaggedTensorSpec):
-        return (f"{where} is a tf.RaggedTensor ({leaf}): a TPU takes only dense tensors of static shape. Pad or "
-                "truncate it to a fixed length in the input pipeline (e.g. ragged.to_tensor(shape=[N]) after "
-                "ragged[:N]).")
+        return (
+            f"{where} is a tf.RaggedTensor ({leaf}): a TPU takes only dense tensors of static shape. Pad or "
+            "truncate it to a fixed length in the input pipeline (e.g. ragged.to_tensor(shape=[N]) after "
+            "ragged[:N])."
+        )
       if isinstance(leaf, tf.SparseTensorSpec):
-        return (f"{where} is a tf.SparseTensor ({leaf}): a TPU takes only dense tensors of static shape. Make it "
-                "dense in the input pipeline (tf.sparse.to_dense with a fixed dense_shape).")
+        return (
+            f"{where} is a tf.SparseTensor ({leaf}): a TPU takes only dense tensors of static shape. Make it "
+            "dense in the input pipeline (tf.sparse.to_dense with a fixed dense_shape)."
+        )
       if not isinstance(leaf, tf.TensorSpec):
         return f"{where} is a {type(leaf).__name__} ({leaf}): a TPU takes only dense tensors of static shape."
       if leaf.dtype not in TPU_DTYPES:
         reason, fix = NOT_TPU_DTYPES.get(leaf.dtype, (f"a TPU does not take {leaf.dtype.name}", "cast it"))
         return f"{where} is {leaf.dtype.name}: {reason}; {fix}. TPU dtypes: {_names(TPU_DTYPES)}."
       if not leaf.shape.is_fully_defined():
-        return (f"{where} has shape {_shape(leaf.shape)}: a TPU compiles each step for static shapes, so every "
-                "example must have the same shape. Pad or truncate to a fixed shape in the input pipeline (or "
-                "tf.ensure_shape where the shape is known).")
+        return (
+            f"{where} has shape {_shape(leaf.shape)}: a TPU compiles each step for static shapes, so every "
+            "example must have the same shape. Pad or truncate to a fixed shape in the input pipeline (or "
+            "tf.ensure_shape where the shape is known)."
+        )
   return None
 
 
-def op_problem(traced, model, step_name):
+def op_problem(traced: Iterable[tuple[Any, Sequence[Any]]], model: Any, step_name: str) -> str | None:
   """Returns what a TPU would reject among the ops of a replica step, or None.
 
   Args:
@@ -114,22 +137,28 @@ def op_problem(traced, model, step_name):
   for op in walk(traced):
     where = _location(op, layers)
     if op.type in PYTHON_OPS:
-      return (f"{step_name} runs op {op.type} ({PYTHON_OPS[op.type]}) {where}: it calls Python, which a TPU "
-              "program cannot. Write it with TensorFlow ops, or do the Python work in the input pipeline.")
+      return (
+          f"{step_name} runs op {op.type} ({PYTHON_OPS[op.type]}) {where}: it calls Python, which a TPU "
+          "program cannot. Write it with TensorFlow ops, or do the Python work in the input pipeline."
+      )
     if op.type in DATA_DEPENDENT_SHAPE_OPS:
       shapes = ", ".join(_shape(t.shape) for t in op.outputs)
-      return (f"{step_name} runs op {op.type} ({DATA_DEPENDENT_SHAPE_OPS[op.type]}) {where}: its output shape "
-              f"{shapes} depends on the data, and a TPU compiles each step for static shapes. Keep the shape "
-              "fixed, e.g. multiply by a 0/1 mask (tf.where(mask, x, 0)) instead of dropping elements.")
+      return (
+          f"{step_name} runs op {op.type} ({DATA_DEPENDENT_SHAPE_OPS[op.type]}) {where}: its output shape "
+          f"{shapes} depends on the data, and a TPU compiles each step for static shapes. Keep the shape "
+          "fixed, e.g. multiply by a 0/1 mask (tf.where(mask, x, 0)) instead of dropping elements."
+      )
     for output in op.outputs:
       if output.dtype in NOT_TPU_DTYPES and not _only_asserted(output):
         reason, _ = NOT_TPU_DTYPES[output.dtype]
-        return (f"{step_name} makes a {output.dtype.name} tensor in op {op.type} {where}: {reason}. Compute in "
-                "float32, bfloat16 or int32, and do string work in the input pipeline.")
+        return (
+            f"{step_name} makes a {output.dtype.name} tensor in op {op.type} {where}: {reason}. Compute in "
+            "float32, bfloat16 or int32, and do string work in the input pipeline."
+        )
   return None
 
 
-def walk(traced):
+def walk(traced: Iterable[tuple[Any, Sequence[Any]]]) -> Iterator[Any]:
   """Yields the ops of `traced`, `(graph, ops)` pairs, and of the functions they call, recursively.
 
   The ops come in the order they were made, the ops of a called function
@@ -137,7 +166,7 @@ def walk(traced):
   """
   seen = set()
 
-  def ops_of(graph, ops):
+  def ops_of(graph: Any, ops: Sequence[Any]) -> Iterator[Any]:
     for op in ops:
       yield op
       for name in _called_functions(op):
@@ -151,7 +180,7 @@ def walk(traced):
     yield from ops_of(graph, ops)
 
 
-def _called_functions(op):
+def _called_functions(op: Any) -> Iterator[str]:
   """The names of the functions `op` calls (a call, an XLA cluster, a loop body or condition, a branch)."""
   for value in op.node_def.attr.values():
     if value.HasField("func"):
@@ -160,14 +189,14 @@ def _called_functions(op):
       yield from (f.name for f in value.list.func)
 
 
-def _layers_by_name(model):
+def _layers_by_name(model: Any) -> dict[str, Any]:
   """{name: layer} for the model and every layer inside it."""
   flatten = getattr(model, "_flatten_layers", None)  # Keras's own walk over nested layers and models.
   layers = list(flatten(include_self=True)) if flatten else [model, *getattr(model, "layers", ())]
   return {layer.name: layer for layer in layers}
 
 
-def _location(op, layers):
+def _location(op: Any, layers: Mapping[str, Any]) -> str:
   """Where `op` came from: the innermost layer in its name scope, else outside the model's layers."""
   for scope in reversed(op.name.split("/")[:-1]):
     for name in (scope, _UNIQUIFIED.sub("", scope)):
@@ -177,14 +206,14 @@ def _location(op, layers):
   return f"outside the model's layers (in the task's loss, a metric or the optimizer; op name {op.name!r})"
 
 
-def _only_asserted(tensor):
+def _only_asserted(tensor: Any) -> bool:
   """Whether only Assert ops read `tensor` (their messages): XLA drops Assert, so its strings never reach a TPU."""
   return all(consumer.type == "Assert" for consumer in tensor.consumers())
 
 
-def _shape(shape):
+def _shape(shape: Any) -> str:
   return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
 
 
-def _names(dtypes):
+def _names(dtypes: Iterable[Any]) -> str:
   return ", ".join(d.name for d in dtypes)

@@ -1,2 +1,5 @@
-"""The training loop: the Trainer, its options, the inner loops (steps in `tf.function`s), the outer loop and
-its actions, and export."""
+"""The training loop: the Trainer, its options, the inner and outer loops, and export.
+
+The inner loops run steps in `tf.function`s; the outer loop calls them and
+runs the actions.
+"""

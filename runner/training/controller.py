@@ -1,12 +1,13 @@
 """The outer loop: calls the inner train loop until the target step, and runs the actions after each call."""
 
+from collections.abc import Callable, Sequence
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Any
 
-from runner import interfaces
 from runner import actions as actions_lib
-from runner.training import loops
+from runner import interfaces
 from runner.outputs import profiling
+from runner.training import loops
 from runner.training import steps_per_loop as steps_per_loop_lib
 
 
@@ -20,11 +21,20 @@ class Controller:
   between calls, outside the compiled loop.
   """
 
-  def __init__(self, *, train_loop: loops.TrainLoop, actions: Sequence[interfaces.Action],
-               steps_per_loop: Union[steps_per_loop_lib.FixedStepsPerLoop, steps_per_loop_lib.MeasuredStepsPerLoop],
-               global_batch_size: int, is_chief: bool, single_worker: bool,
-               profile: Optional[profiling.ProfileWindow] = None):
-    """Args:
+  def __init__(
+      self,
+      *,
+      train_loop: loops.TrainLoop,
+      actions: Sequence[interfaces.Action],
+      steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop,
+      global_batch_size: int,
+      is_chief: bool,
+      single_worker: bool,
+      profile: profiling.ProfileWindow | None = None,
+  ) -> None:
+    """Initializes the `Controller`.
+
+    Args:
       train_loop: the inner loop.
       actions: run after every call, in order, when due.
       steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
@@ -47,8 +57,15 @@ class Controller:
     self._single_worker = single_worker
     self._profile = profile
 
-  def run(self, iterator, *, step: int, total_steps: int, stop_signal: Callable[[], Optional[int]],
-          advance: Callable[[int, dict], None]) -> None:
+  def run(
+      self,
+      iterator: Any,
+      *,
+      step: int,
+      total_steps: int,
+      stop_signal: Callable[[], int | None],
+      advance: Callable[[int, dict], None],
+  ) -> None:
     """Trains from global step `step` until `total_steps`, or until an action stops training.
 
     Args:
@@ -75,8 +92,11 @@ class Controller:
         loop_start = time.perf_counter()
         result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
         seconds = time.perf_counter() - loop_start
-        self._steps_per_loop.record_loop(steps=result.steps_run, seconds=seconds,
-                                         host_seconds=None if previous_end is None else loop_start - previous_end)
+        self._steps_per_loop.record_loop(
+            steps=result.steps_run,
+            seconds=seconds,
+            host_seconds=None if previous_end is None else loop_start - previous_end,
+        )
         previous_end = loop_start + seconds
         step += result.steps_run
         advance(step, result.results)
@@ -84,12 +104,16 @@ class Controller:
           self._profile.after_loop(step)
         result.raise_problems(step=step)
         loop = interfaces.LoopEnd(
-            step=step, total_steps=total_steps, train_results=result.results,
+            step=step,
+            total_steps=total_steps,
+            train_results=result.results,
             steps_per_sec=result.steps_run / seconds,
             examples_per_sec=result.steps_run * self._global_batch_size / seconds,
             learning_rate=result.learning_rate,
             stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
-            is_chief=self._is_chief, tracing_seconds=tracing_seconds)
+            is_chief=self._is_chief,
+            tracing_seconds=tracing_seconds,
+        )
         tracing_seconds = None
         stop_at = self._run_actions(loop)
         if stop_at is not None:
@@ -98,29 +122,33 @@ class Controller:
       if self._profile is not None:
         self._profile.close(step)
 
-  def _ready(self, iterator):
-    """Traces the loop's function (and times a call's own cost for measured loop sizes); returns the seconds tracing
-    took, or None when it was traced before."""
+  def _ready(self, iterator: Any) -> float | None:
+    """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.
+
+    For measured loop sizes, it also times a call's own cost.
+    """
     trace_start = time.perf_counter()
     tracing_seconds = time.perf_counter() - trace_start if self._train_loop.trace(iterator) else None
     if self._steps_per_loop.needs_call_overhead:
       self._steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
     return tracing_seconds
 
-  def _run_actions(self, loop):
-    """Runs the actions due at `loop.step`, each seeing the `LoopEnd` the one before returned; returns the step the
-    actions asked training to stop at, or None."""
+  def _run_actions(self, loop: interfaces.LoopEnd) -> int | None:
+    """Runs the actions due at `loop.step`; returns the step they asked training to stop at, or None.
+
+    Each action sees the `LoopEnd` the one before returned.
+    """
     for action in self._actions:
       if actions_lib.is_due(action, loop.step):
         loop = action(loop) or loop
     return loop.stop_at
 
-  def _timed_empty_call(self, iterator):
+  def _timed_empty_call(self, iterator: Any) -> float:
     start = time.perf_counter()
     self._train_loop(iterator, 0, None)
     return time.perf_counter() - start
 
-  def _loop_size(self, step, end):
+  def _loop_size(self, step: int, end: int) -> int:
     """Steps for the next call: the loop sizes' next one, cut where an action is next due and around profiling."""
     size = self._steps_per_loop.next_size(step, end)
     for action in self._actions:

@@ -1,12 +1,14 @@
 """Export: a SavedModel whose `serving_default` signature gives the model's predictions."""
 
+from typing import Any
+
 import tensorflow as tf
 
-from runner.training import loops
 from runner.outputs import worker_files
+from runner.training import loops
 
 
-def export_saved_model(strategy, model, features_spec, path):
+def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_spec: Any, path: str) -> str:
   """Writes `model` as a SavedModel at `path` (on the chief; other workers write to a deleted temporary dir).
 
   The `serving_default` signature takes the features (one tensor named
@@ -25,14 +27,16 @@ def export_saved_model(strategy, model, features_spec, path):
     `path` on the chief, else the deleted temporary directory.
   """
   if isinstance(features_spec, dict):
-    signature = {key: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name=key)
-                 for key, spec in features_spec.items()}
+    signature = {
+        key: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name=key) for key, spec in features_spec.items()
+    }
   else:
     signature = tf.nest.map_structure(
-        lambda spec: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name="features"), features_spec)
+        lambda spec: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name="features"), features_spec
+    )
 
   @tf.function(input_signature=[signature])
-  def serve(features):
+  def serve(features: Any) -> Any:
     outputs = loops.float32_outputs(model(features, training=False))
     if isinstance(outputs, dict):
       return outputs

@@ -4,10 +4,11 @@ Each loop returns one vector per call (a single host transfer); its layout is
 defined, and decoded into a named result, here and nowhere else.
 """
 
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import math
 import signal
-from typing import Dict, Optional, Tuple
+from typing import Any
 
 import tensorflow as tf
 
@@ -19,7 +20,7 @@ from strategies.errors import ConfigError
 SUM = tf.distribute.ReduceOp.SUM
 
 
-def float32_outputs(outputs):
+def float32_outputs(outputs: Any) -> Any:
   """Returns the model's outputs with every floating tensor cast to float32 (mixed precision)."""
   return tf.nest.map_structure(lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
 
@@ -44,25 +45,26 @@ class TrainLoopResult:
     labels_out_of_range: the last step's batch held a label outside the
       loop's `valid_labels`.
   """
+
   steps_run: int
   loss: float
   learning_rate: float
-  metrics: Dict[str, float]
-  stop_signal: Optional[int] = None
-  non_finite: Optional[str] = None
-  non_finite_data: Tuple[str, ...] = ()
+  metrics: dict[str, float]
+  stop_signal: int | None = None
+  non_finite: str | None = None
+  non_finite_data: tuple[str, ...] = ()
   labels_out_of_range: bool = False
 
   @property
-  def results(self):
+  def results(self) -> dict[str, float]:
     """`{"loss": loss, <metric>: value, ...}`, what reports and actions see."""
     return {"loss": self.loss, **self.metrics}
 
-  def raise_problems(self, *, step):
+  def raise_problems(self, *, step: int) -> None:
     """Raises what the loop found wrong at its last step, the global step being `step`; returns when it was fine.
 
     Raises:
-      data_checks.LabelsOutOfRange: the batch held a label outside the
+      data_checks.LabelsOutOfRangeError: the batch held a label outside the
         loop's `valid_labels` (the Trainer names it).
       DataError: the batch held NaN or inf values; the message names the
         step and whether the features or the labels held them.
@@ -70,17 +72,19 @@ class TrainLoopResult:
         being finite (the training diverged); the message names the step.
     """
     if self.labels_out_of_range:
-      raise data_checks.LabelsOutOfRange(step)
+      raise data_checks.LabelsOutOfRangeError(step)
     if self.non_finite_data:
       raise data_checks.DataError(
           f"The training data's {' and '.join(self.non_finite_data)} hold NaN or inf values in the batch of step "
           f"{step}; training stopped there, and no checkpoint holds weights from that step on. Find them with "
-          "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter).")
+          "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter)."
+      )
     if self.non_finite:
       raise FloatingPointError(
           f"Training stopped at step {step}: {self.non_finite}. No checkpoint holds weights from that step on. "
           "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-          "(config.optimizer.clipnorm), or use float32 precision.")
+          "(config.optimizer.clipnorm), or use float32 precision."
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +98,14 @@ class EvalLoopResult:
     labels_out_of_range: a real example's label lay outside the loop's
       `valid_labels`.
   """
-  results: Dict[str, float]
+
+  results: dict[str, float]
   labels_out_of_range: bool = False
 
-  def raise_problems(self):
-    """Raises `data_checks.LabelsOutOfRange` (the Trainer names the label) when a label was out of range."""
+  def raise_problems(self) -> None:
+    """Raises `data_checks.LabelsOutOfRangeError` (the Trainer names the label) when a label was out of range."""
     if self.labels_out_of_range:
-      raise data_checks.LabelsOutOfRange(None)
+      raise data_checks.LabelsOutOfRangeError(None)
 
 
 # What one step gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
@@ -111,7 +116,7 @@ _VALUES = ("loss", "replicas", "gradients", "features", "labels", "label_range")
 _STOP_VALUES = ("sigterm", "sigint")
 
 
-def _maybe_xla(fn, xla):
+def _maybe_xla(fn: Callable[..., Any], xla: bool) -> Callable[..., Any]:
   return tf.function(fn, jit_compile=True) if xla else fn
 
 
@@ -149,11 +154,29 @@ class TrainLoop:
   each call, so they describe that call's steps.
   """
 
-  def __init__(self, *, strategy, model, optimizer, task_loss, metrics, step, global_batch_size, looping,
-               xla, clipnorm, loss_scale, valid_labels=None, multi_worker=False):
-    """Args:
+  def __init__(
+      self,
+      *,
+      strategy: tf.distribute.Strategy,
+      model: Any,
+      optimizer: Any,
+      task_loss: Callable[[Any, Any], Any],
+      metrics: Sequence[Any],
+      step: tf.Variable,
+      global_batch_size: int,
+      looping: bool,
+      xla: bool,
+      clipnorm: float | None,
+      loss_scale: bool,
+      valid_labels: Any = None,
+      multi_worker: bool = False,
+  ) -> None:
+    """Initializes the `TrainLoop`.
+
+    Args:
       strategy: the `tf.distribute.Strategy` the variables were made under.
-      model, optimizer: built Keras objects, made in `strategy.scope()`.
+      model: a built Keras model, made in `strategy.scope()`.
+      optimizer: a built Keras optimizer, made in `strategy.scope()`.
       task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
       metrics: Keras metrics made in scope, updated per replica.
       step: the global step variable, advanced by the steps run.
@@ -188,16 +211,19 @@ class TrainLoop:
     self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
     self._looping = looping
     self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
-    self._stop_values = {None: tf.constant([0.0, 0.0]), signal.SIGTERM: tf.constant([1.0, 0.0]),
-                         signal.SIGINT: tf.constant([0.0, 1.0])}
+    self._stop_values: dict[int | None, tf.Tensor] = {
+        None: tf.constant([0.0, 0.0]),
+        signal.SIGTERM: tf.constant([1.0, 0.0]),
+        signal.SIGINT: tf.constant([0.0, 1.0]),
+    }
     if self._looping:
       with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
         self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
         self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
-    self._caller = None  # A traced_calls.FlatCall for the last iterator.
+    self._caller: traced_calls.FlatCall | None = None  # The call for the last iterator.
 
-  def __call__(self, iterator, num_steps, stop_signal):
+  def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> TrainLoopResult:
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
 
     Args:
@@ -220,7 +246,7 @@ class TrainLoop:
         raise
     return self._decoded(vector)
 
-  def trace(self, iterator):
+  def trace(self, iterator: Any) -> bool:
     """Traces the loop's function for `iterator` without running a step; returns whether it was traced now.
 
     The calls that follow use this trace (the step count is a tensor), so the
@@ -237,46 +263,51 @@ class TrainLoop:
       self._caller_for(iterator, self._stop_values[None])
     return True
 
-  def _call(self, iterator, *tensors):
+  def _call(self, iterator: Any, *tensors: tf.Tensor) -> Any:
     return self._caller_for(iterator, *tensors)(*tensors)
 
-  def _caller_for(self, iterator, *tensors):
+  def _caller_for(self, iterator: Any, *tensors: tf.Tensor) -> traced_calls.FlatCall:
     if self._caller is None or self._caller.fixed is not iterator:
       self._caller = traced_calls.FlatCall(self.function, iterator, *tensors)
     return self._caller
 
-  def _steps_in(self, totals):
+  def _steps_in(self, totals: Any) -> int:
     return int(round(float(totals[1]) / self._strategy.num_replicas_in_sync))
 
-  def _decoded(self, vector):
+  def _decoded(self, vector: Any) -> TrainLoopResult:
     size = len(self._names)
     totals = dict(zip(self._names, vector[:size].tolist()))
-    last = dict(zip(self._names, vector[size:2 * size].tolist()))
+    last = dict(zip(self._names, vector[size : 2 * size].tolist()))
     steps_run = self._steps_in(vector)
     return TrainLoopResult(
-        steps_run=steps_run, loss=totals["loss"] / steps_run if steps_run else math.nan,
+        steps_run=steps_run,
+        loss=totals["loss"] / steps_run if steps_run else math.nan,
         learning_rate=float(vector[2 * size]),
-        metrics={metric.name: value for metric, value in zip(self._metrics, vector[2 * size + 1:].tolist())},
-        stop_signal=(signal.SIGINT if totals.get("sigint", 0) > 0 else
-                     signal.SIGTERM if totals.get("sigterm", 0) > 0 else None),
-        non_finite=non_finite_cause(last), non_finite_data=non_finite_data(last),
-        labels_out_of_range=not math.isfinite(last["label_range"]))
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[2 * size + 1 :].tolist())},
+        stop_signal=(
+            signal.SIGINT if totals.get("sigint", 0) > 0 else signal.SIGTERM if totals.get("sigterm", 0) > 0 else None
+        ),
+        non_finite=non_finite_cause(last),
+        non_finite_data=non_finite_data(last),
+        labels_out_of_range=not math.isfinite(last["label_range"]),
+    )
 
-  def _one_step(self, iterator, stop):
+  def _one_step(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
     values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
     self._step.assign_add(1)
     return self._results(values, values)
 
-  def _many_steps(self, iterator, num_steps, stop):
+  def _many_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
     self._totals.assign(tf.zeros_like(self._totals))
 
-    def step(i):
-      values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)),
-                                     axis=None)  # One step, summed over replicas.
+    def step(i: tf.Tensor) -> tf.Tensor:
+      values = self._strategy.reduce(
+          SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None
+      )  # One step, summed over replicas.
       self._totals.assign_add(values)
       self._last.assign(values)
       return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
@@ -286,44 +317,55 @@ class TrainLoop:
     self._step.assign_add(tf.cast(tf.round(totals[1] / self._strategy.num_replicas_in_sync), self._step.dtype))
     return self._results(totals, self._last.read_value())
 
-  def _results(self, totals, last):
+  def _results(self, totals: tf.Tensor, last: tf.Tensor) -> tf.Tensor:
     learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
-  def _replica_step(self, batch, stop):
-    """One replica's forward and backward pass, optimizer update and metrics (with `xla` and one replica, the update
-    is one XLA program); returns its values (`self._names`): its share of the global loss, 1, and the checks, each
-    finite exactly when its part was fine: the gradients, the batch's features and its labels hold only finite
-    values, and the labels lie in `valid_labels`."""
+  def _replica_step(self, batch: Sequence[Any], stop: tf.Tensor) -> tf.Tensor:
+    """One replica's forward and backward pass, optimizer update and metrics; returns its values (`self._names`).
+
+    With `xla` and one replica, the update is one XLA program. The values are
+    its share of the global loss, 1, and the checks, each finite exactly when
+    its part was fine: the gradients, the batch's features and its labels
+    hold only finite values, and the labels lie in `valid_labels`.
+    """
     loss, outputs, checks = self._update(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
     for metric in self._metrics:
       metric.update_state(batch[1], outputs, sample_weight=batch[2] if len(batch) == 3 else None)
     values = tf.stack([loss, 1.0, *checks])
     return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
 
-  def _update_and_checks(self, features, labels, sample_weight):
+  def _update_and_checks(
+      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
+  ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
     self._optimizer.apply(self._agreed_and_clipped(gradients), self._model.trainable_variables)
     # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
     gradient_check = tf.constant(0.0) if self._loss_scale else _finite_sum([g for g in gradients if g is not None])
     label_range_check = tf.math.log(tf.cast(_labels_in(labels, self._valid_labels), tf.float32))
-    return loss, outputs, (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]),
-                           label_range_check)
+    return (
+        loss,
+        outputs,
+        (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]), label_range_check),
+    )
 
-  def _loss_and_gradients(self, features, labels, sample_weight):
+  def _loss_and_gradients(
+      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
+  ) -> tuple[tf.Tensor, list[Any], Any]:
     with tf.GradientTape() as tape:
       outputs = float32_outputs(self._model(features, training=True))
       per_example_loss = self._task_loss(labels, outputs)
       if sample_weight is not None:
         sample_weight = tf.cast(sample_weight, per_example_loss.dtype)
       loss = tf.nn.compute_average_loss(
-          per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size)
+          per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size
+      )
       if self._model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in self._model.losses]))
+        loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(extra, tf.float32) for extra in self._model.losses]))
       objective = self._optimizer.scale_loss(loss) if self._loss_scale else loss
     return loss, sharded_variables.gradients(tape, objective, self._model.trainable_variables), outputs
 
-  def _agreed_and_clipped(self, gradients):
+  def _agreed_and_clipped(self, gradients: list[Any]) -> list[Any]:
     """Applies `clipnorm` to the gradient summed over replicas; makes replicas agree on finiteness.
 
     Each replica scales its own gradient by the same factor, so the sum the
@@ -365,12 +407,28 @@ class EvalLoop:
   with Python control flow on tensors evaluates as it trains.
   """
 
-  def __init__(self, *, strategy, model, task_loss, metrics, num_input_pipelines, xla, valid_labels=None):
-    """Args:
-      strategy, model, task_loss, metrics, valid_labels: as for `TrainLoop`.
+  def __init__(
+      self,
+      *,
+      strategy: tf.distribute.Strategy,
+      model: Any,
+      task_loss: Callable[[Any, Any], Any],
+      metrics: Sequence[Any],
+      num_input_pipelines: int,
+      xla: bool,
+      valid_labels: Any = None,
+  ) -> None:
+    """Initializes the `EvalLoop`.
+
+    Args:
+      strategy: as for `TrainLoop`.
+      model: as for `TrainLoop`.
+      task_loss: as for `TrainLoop`.
+      metrics: as for `TrainLoop`.
       num_input_pipelines: the dataset's input pipelines; with one, the first
         step that sees padding is the last one.
       xla: compile each replica's forward pass with XLA.
+      valid_labels: as for `TrainLoop`.
     """
     self._strategy = strategy
     self._model = model
@@ -381,53 +439,74 @@ class EvalLoop:
     self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
     self.function = tf.function(self._evaluate, autograph=False)
 
-  def __call__(self, iterator, max_steps):
+  def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
+    """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
-    results = {"loss": float(values[0]), **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
-               "num_examples": int(values[1])}
+    results = {
+        "loss": float(values[0]),
+        **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
+        "num_examples": int(values[1]),
+    }
     return EvalLoopResult(results=results, labels_out_of_range=bool(values[2] > 0))
 
-  def _evaluate(self, iterator, max_steps):
+  def _evaluate(self, iterator: Any, max_steps: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
     replicas = float(self._strategy.num_replicas_in_sync)
 
-    def step(steps, unused_done, loss_sum, count, bad_labels):
+    def step(
+        steps: tf.Tensor, unused_done: tf.Tensor, loss_sum: tf.Tensor, count: tf.Tensor, bad_labels: tf.Tensor
+    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
       # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example,
       #  replicas with a label outside valid_labels]
       sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
       done = sums[3] == 0.0
       if self._single_pipeline:
         done |= sums[2] < replicas
-      return (steps + 1, done, loss_sum + tf.cast(sums[0], tf.float64), count + tf.cast(sums[1], tf.int64),
-              bad_labels + sums[4])
+      return (
+          steps + 1,
+          done,
+          loss_sum + tf.cast(sums[0], tf.float64),
+          count + tf.cast(sums[1], tf.int64),
+          bad_labels + sums[4],
+      )
 
     _, _, loss_sum, count, bad_labels = tf.while_loop(
-        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps), step,
-        [tf.constant(0, tf.int64), tf.constant(False), tf.constant(0.0, tf.float64), tf.constant(0, tf.int64),
-         tf.constant(0.0)])
+        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps),
+        step,
+        [
+            tf.constant(0, tf.int64),
+            tf.constant(False),
+            tf.constant(0.0, tf.float64),
+            tf.constant(0, tf.int64),
+            tf.constant(0.0),
+        ],
+    )
     loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
     results = [loss, tf.cast(count, tf.float64), tf.cast(bad_labels, tf.float64)] + [
-        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics]
+        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics
+    ]
     return tf.stack(results)
 
-  def _replica_step(self, batch):
+  def _replica_step(self, batch: Sequence[Any]) -> Any:
     features, labels, weight, mask = batch
     outputs = float32_outputs(self._forward(features))
     per_example_loss = self._task_loss(labels, outputs)
     for metric in self._metrics:
       metric.update_state(labels, outputs, sample_weight=weight)
     real = tf.reduce_sum(mask)
-    return tf.stack([
-        tf.reduce_sum(tf.cast(per_example_loss, tf.float32) * weight),
-        real,
-        tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
-        tf.cast(real > 0.0, tf.float32),
-        1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
-    ])
+    return tf.stack(
+        [
+            tf.reduce_sum(tf.cast(per_example_loss, tf.float32) * weight),
+            real,
+            tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
+            tf.cast(real > 0.0, tf.float32),
+            1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
+        ]
+    )
 
 
-def _finite_sum(tensors):
+def _finite_sum(tensors: Sequence[Any]) -> tf.Tensor:
   """The sum of every floating tensor of `tensors` in float32 (0.0 when there is none): finite iff they all are.
 
   One op per tensor, far fewer than checking each element's finiteness; a
@@ -441,7 +520,7 @@ def _finite_sum(tensors):
   return sums[0] if len(sums) == 1 else tf.add_n(sums)
 
 
-def _labels_in(labels, valid_labels, mask=None):
+def _labels_in(labels: tf.Tensor, valid_labels: Any, mask: tf.Tensor | None = None) -> tf.Tensor:
   """Whether every label lies in `valid_labels` (a `LabelRange`; None: True), from the extremes: few ops per step.
 
   With a `mask` (1.0 for a real example, 0.0 for padding), padding is not checked.
@@ -461,7 +540,7 @@ def _labels_in(labels, valid_labels, mask=None):
   return valid
 
 
-def non_finite_data(values):
+def non_finite_data(values: Mapping[str, float]) -> tuple[str, ...]:
   """Returns the parts of a step's batch, of ("features", "labels"), that held NaN or inf values.
 
   Args:
@@ -471,7 +550,7 @@ def non_finite_data(values):
   return tuple(part for part in ("features", "labels") if not math.isfinite(values[part]))
 
 
-def non_finite_cause(values):
+def non_finite_cause(values: Mapping[str, float]) -> str | None:
   """Says what was not finite at a step although its batch was finite; None if all was.
 
   Args:
@@ -480,15 +559,19 @@ def non_finite_cause(values):
   """
   if non_finite_data(values) or (math.isfinite(values["loss"]) and math.isfinite(values["gradients"])):
     return None
-  what = (f"the loss became {values['loss']}" if not math.isfinite(values["loss"])
-          else f"the gradients became non-finite (the loss was {values['loss']:.4g})")
+  what = (
+      f"the loss became {values['loss']}"
+      if not math.isfinite(values["loss"])
+      else f"the gradients became non-finite (the loss was {values['loss']:.4g})"
+  )
   return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 
-def _scalar(metric):
+def _scalar(metric: Any) -> tf.Tensor:
   result = metric.result()
   if result.shape.rank != 0:
     raise ConfigError(
         f"Metric {metric.name!r} gives a result of shape {result.shape}; the Trainer reports scalar metrics "
-        "only. Return metrics with scalar results from Task.metrics().")
+        "only. Return metrics with scalar results from Task.metrics()."
+    )
   return tf.cast(result, tf.float32)

@@ -1,12 +1,14 @@
-"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy's scope."""
+"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy scope."""
 
+from collections.abc import Callable
 import dataclasses
-from typing import List
+from typing import Any
 
 from absl import logging
 import keras
 import tensorflow as tf
 
+from runner import interfaces
 from runner.training import options as trainer_options
 from runner.training import scoped_settings
 
@@ -22,9 +24,10 @@ class ModelParts:
     metrics: the task's metrics.
     step: the global step, an int64 variable read from the first replica.
   """
+
   model: keras.Model
   optimizer: keras.optimizers.Optimizer
-  metrics: List[keras.metrics.Metric]
+  metrics: list[keras.metrics.Metric]
   step: tf.Variable
 
   @property
@@ -32,7 +35,7 @@ class ModelParts:
     """The optimizer scales the loss (mixed precision): it skips steps with non-finite gradients itself."""
     return isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
 
-  def build(self, strategy: tf.distribute.Strategy, features_spec) -> bool:
+  def build(self, strategy: tf.distribute.Strategy, features_spec: Any) -> bool:
     """Builds the model's and optimizer's variables in `strategy.scope()`; returns whether they are built.
 
     A model that builds lazily is called once on zeros shaped like one batch
@@ -50,7 +53,15 @@ class ModelParts:
     return True
 
 
-def make(strategy, *, model_fn, optimizer_fn, task, precision, seed) -> ModelParts:
+def make(
+    strategy: tf.distribute.Strategy,
+    *,
+    model_fn: Callable[[], Any],
+    optimizer_fn: Callable[[], Any],
+    task: interfaces.Task,
+    precision: str,
+    seed: int | None,
+) -> ModelParts:
   """Calls `model_fn`, `optimizer_fn` and `task.metrics` in `strategy.scope()`, under `precision` and `seed`.
 
   Raises:
@@ -63,23 +74,28 @@ def make(strategy, *, model_fn, optimizer_fn, task, precision, seed) -> ModelPar
     with scoped_settings.dtype_policy(precision):
       model = trainer_options.made(model_fn(), keras.Model, role="model_fn", fn=model_fn, expected="a keras.Model")
     optimizer = trainer_options.made(
-        optimizer_fn(), keras.optimizers.Optimizer, role="optimizer_fn", fn=optimizer_fn,
-        expected="a keras.optimizers.Optimizer")
+        optimizer_fn(),
+        keras.optimizers.Optimizer,
+        role="optimizer_fn",
+        fn=optimizer_fn,
+        expected="a keras.optimizers.Optimizer",
+    )
     if precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
       optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     metrics = list(task.metrics())
-    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                       aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    step = tf.Variable(
+        0, dtype=tf.int64, trainable=False, name="global_step", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
+    )
   trainer_options.metric_names(metrics)
   return ModelParts(model=model, optimizer=optimizer, metrics=metrics, step=step)
 
 
-def is_tpu(strategy) -> bool:
+def is_tpu(strategy: tf.distribute.Strategy) -> bool:
   """Whether `strategy` runs its steps on TPUs (compiled with XLA whatever `jit_compile` says)."""
   return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
 
 
-def _warn_if_float16_on_cpu(strategy):
+def _warn_if_float16_on_cpu(strategy: tf.distribute.Strategy) -> None:
   """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
 
   Not under parameter servers: the chief does not see the workers' devices.
@@ -94,8 +110,10 @@ def _warn_if_float16_on_cpu(strategy):
     logging.warning(
         "precision='mixed_float16' without a GPU: the replicas train on %s, where float16 math is emulated on most "
         "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on "
-        "a TPU or a CPU with AVX512_BF16 or AMX.", ", ".join(sorted(device_types)))
+        "a TPU or a CPU with AVX512_BF16 or AMX.",
+        ", ".join(sorted(device_types)),
+    )
 
 
-def _zeros(spec):
+def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
   return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)

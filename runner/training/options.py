@@ -1,16 +1,17 @@
 """The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
 
+from collections.abc import Callable, Sequence
 import dataclasses
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any
 
 import keras
 import tensorflow as tf
 
 from runner import interfaces
-from runner.training import scoped_settings
 from runner.outputs import profiling
-from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.tasks import Task
+from runner.training import scoped_settings
+from runner.training import steps_per_loop as steps_per_loop_lib
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -44,24 +45,26 @@ class TrainerOptions:
   Raises:
     ConfigError: from the constructor, naming the first invalid option.
   """
-  model_dir: Optional[str] = None
-  steps_per_loop: Union[int, str] = 1
-  checkpoint_every: Optional[int] = None
-  max_to_keep: Optional[int] = 3
+
+  model_dir: str | None = None
+  steps_per_loop: int | str = 1
+  checkpoint_every: int | None = None
+  max_to_keep: int | None = 3
   jit_compile: bool = False
   precision: str = "float32"
-  clipnorm: Optional[float] = None
-  seed: Optional[int] = None
+  clipnorm: float | None = None
+  seed: int | None = None
   actions: Sequence[interfaces.Action] = ()
-  profile_steps: Optional[Tuple[int, int]] = None
+  profile_steps: tuple[int, int] | None = None
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if self.steps_per_loop != steps_per_loop_lib.AUTO:
       try:
         checks.positive_int(self.steps_per_loop, "steps_per_loop")
       except ConfigError:
-        raise ConfigError(f"steps_per_loop must be a positive int or {steps_per_loop_lib.AUTO!r}, got "
-                          f"{self.steps_per_loop!r}.") from None
+        raise ConfigError(
+            f"steps_per_loop must be a positive int or {steps_per_loop_lib.AUTO!r}, got {self.steps_per_loop!r}."
+        ) from None
     checks.positive_int(self.checkpoint_every, "checkpoint_every", optional=True)
     checks.positive_int(self.max_to_keep, "max_to_keep", optional=True)
     if self.checkpoint_every is not None and self.model_dir is None:
@@ -71,8 +74,7 @@ class TrainerOptions:
     checks.positive_number(self.clipnorm, "clipnorm", optional=True)
     if self.seed is not None and not checks.is_int(self.seed):
       raise ConfigError(f"seed must be None or an int, got {self.seed!r}.")
-    if isinstance(self.actions, interfaces.Action) or not all(
-        isinstance(a, interfaces.Action) for a in self.actions):
+    if isinstance(self.actions, interfaces.Action) or not all(isinstance(a, interfaces.Action) for a in self.actions):
       raise ConfigError(f"actions must be a list of runner.actions.Action objects, got {self.actions!r}.")
     for action in self.actions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
@@ -82,7 +84,9 @@ class TrainerOptions:
       raise ConfigError(f"profile_steps={self.profile_steps} needs a model_dir to write the trace to.")
 
 
-def check_components(*, strategy, model_fn, optimizer_fn, task):
+def check_components(
+    *, strategy: tf.distribute.Strategy, model_fn: Callable[[], Any], optimizer_fn: Callable[[], Any], task: Task
+) -> None:
   """Checks what the Trainer is handed besides its options.
 
   Raises:
@@ -91,19 +95,23 @@ def check_components(*, strategy, model_fn, optimizer_fn, task):
   """
   if not isinstance(strategy, tf.distribute.Strategy):
     raise ConfigError(
-        f"strategy must be a tf.distribute.Strategy (e.g. from strategies.create), got {type(strategy).__name__}.")
+        f"strategy must be a tf.distribute.Strategy (e.g. from strategies.create), got {type(strategy).__name__}."
+    )
   for name, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn)):
     if isinstance(fn, (keras.Model, keras.optimizers.Optimizer)) or not callable(fn):
       raise ConfigError(
           f"{name} must be a function with no arguments that makes the object inside strategy.scope(), "
-          f"got {type(fn).__name__}.")
+          f"got {type(fn).__name__}."
+      )
   if not isinstance(task, Task):
     raise ConfigError(
-        f"task must be a runner.Task (e.g. runner.tasks.Classification(), runner.tasks.Regression()), "
-        f"got {task!r}.")
+        f"task must be a runner.Task (e.g. runner.tasks.Classification(), runner.tasks.Regression()), got {task!r}."
+    )
 
 
-def made(value, expected_type, *, role, fn, expected):
+def made(
+    value: Any, expected_type: type | tuple[type, ...], *, role: str, fn: Callable[..., Any], expected: str
+) -> Any:
   """Returns `value` if the function `fn` made an `expected_type`.
 
   Args:
@@ -124,7 +132,7 @@ def made(value, expected_type, *, role, fn, expected):
   return value
 
 
-def metric_names(metrics):
+def metric_names(metrics: Sequence[Any]) -> list[str]:
   """Returns the names of `metrics`, checked to be Keras metrics with unique, unreserved names.
 
   Raises:
@@ -138,6 +146,7 @@ def metric_names(metrics):
     if metric.name in RESERVED_NAMES or metric.name in names:
       raise ConfigError(
           f"Metric name {metric.name!r} is {'reserved' if metric.name in RESERVED_NAMES else 'used twice'}; "
-          f"give each metric a unique name other than {', '.join(RESERVED_NAMES)}.")
+          f"give each metric a unique name other than {', '.join(RESERVED_NAMES)}."
+      )
     names.append(metric.name)
   return names

@@ -3,6 +3,7 @@
 Imports no TensorFlow until the dtype policy is set: the config checks use PRECISIONS before it loads.
 """
 
+from collections.abc import Iterator
 import contextlib
 import random
 
@@ -13,7 +14,7 @@ from strategies import checks
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
-def check_precision(precision):
+def check_precision(precision: str) -> str:
   """Returns `precision` if it is one of PRECISIONS.
 
   Raises:
@@ -23,13 +24,14 @@ def check_precision(precision):
 
 
 @contextlib.contextmanager
-def dtype_policy(precision):
+def dtype_policy(precision: str) -> Iterator[None]:
   """Sets the Keras global dtype policy to `precision` inside the block, then restores the previous one.
 
   Layers take the policy when they are created, so a model made inside the
   block keeps it afterwards.
   """
   import keras  # noqa: PLC0415
+
   previous = keras.mixed_precision.global_policy()
   keras.mixed_precision.set_global_policy(precision)
   try:
@@ -39,7 +41,7 @@ def dtype_policy(precision):
 
 
 @contextlib.contextmanager
-def random_seed(seed):
+def random_seed(seed: int | None) -> Iterator[None]:
   """Seeds Python's and NumPy's generators inside the block (if `seed` is not None), then restores their states.
 
   Keras draws the seeds of initializers and dropout layers from Python's

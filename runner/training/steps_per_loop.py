@@ -34,8 +34,10 @@ the largest divisor of `eval_every` and `checkpoint_every` (`fixed_auto`);
 `tpu_check` builds its steps with that value too.
 """
 
+from collections.abc import Iterable, Iterator
 import math
 import statistics
+from typing import Any, cast
 
 from strategies import description
 
@@ -50,7 +52,7 @@ _FIT_SPAN = 4  # Loop sizes this far apart fit a call's cost (MeasuredStepsPerLo
 _MOST_SIZES_FITTED = 8  # Loop sizes remembered for that fit; the least recently run go first.
 
 
-def fixed_auto(cadences, *, tpu):
+def fixed_auto(cadences: Iterable[int | None], *, tpu: bool) -> int:
   """Returns the fixed "auto" of several workers: `DEFAULT` (`ON_TPU` on a TPU), lowered to a divisor of `cadences`.
 
   Args:
@@ -58,13 +60,19 @@ def fixed_auto(cadences, *, tpu):
     tpu: whether the steps run under a TPUStrategy.
   """
   most = ON_TPU if tpu else DEFAULT
-  cadences = [cadence for cadence in cadences if cadence is not None]
-  if not cadences:
+  known = [cadence for cadence in cadences if cadence is not None]
+  if not known:
     return most
-  return _largest_divisor_at_most(math.gcd(*cadences), most)
+  return _largest_divisor_at_most(math.gcd(*known), most)
 
 
-def resolve(steps_per_loop, *, strategy, cadences, measured=None):
+def resolve(
+    steps_per_loop: int | str | None,
+    *,
+    strategy: Any,
+    cadences: Iterable[int | None],
+    measured: "dict[Any, MeasuredStepsPerLoop] | None" = None,
+) -> "FixedStepsPerLoop | MeasuredStepsPerLoop":
   """Returns the loop sizes of a `train` call: the one place the option `steps_per_loop` is turned into them.
 
   Args:
@@ -88,7 +96,7 @@ def resolve(steps_per_loop, *, strategy, cadences, measured=None):
     if cadences not in measured:
       measured[cadences] = MeasuredStepsPerLoop(cadences=cadences)
     return measured[cadences]
-  size = fixed_auto(cadences, tpu=kind == "tpu") if steps_per_loop in (None, AUTO) else steps_per_loop
+  size = fixed_auto(cadences, tpu=kind == "tpu") if steps_per_loop in (None, AUTO) else cast(int, steps_per_loop)
   if kind == "parameter_server":
     size *= strategy.extended._num_workers  # noqa: SLF001
   return FixedStepsPerLoop(size)
@@ -103,21 +111,25 @@ class FixedStepsPerLoop:
 
   needs_call_overhead = False
 
-  def __init__(self, size):
-    """Args:
+  def __init__(self, size: int) -> None:
+    """Initializes the `FixedStepsPerLoop`.
+
+    Args:
       size: the steps per loop, a positive int.
     """
     self.size = size
     self.most = size
     self.looping = size > 1  # The loop function runs many steps per call (one builds the loop-free function).
 
-  def record_call_overhead(self, seconds):
+  def record_call_overhead(self, seconds: float) -> None:
+    """Ignores the measurement: the size is fixed."""
     del seconds
 
-  def record_loop(self, *, steps, seconds, host_seconds=None):
+  def record_loop(self, *, steps: int, seconds: float, host_seconds: float | None = None) -> None:
+    """Ignores the measurement: the size is fixed."""
     del steps, seconds, host_seconds
 
-  def next_size(self, step, end):
+  def next_size(self, step: int, end: int) -> int:
     """The steps of the loop that starts at global step `step` of a call that ends at `end`."""
     return min(self.size, end - step)
 
@@ -134,41 +146,53 @@ class MeasuredStepsPerLoop:
 
   looping = True
 
-  def __init__(self, *, cadences=(), most=MOST, overhead_share=OVERHEAD_SHARE, report_seconds=REPORT_SECONDS):
-    """Args:
+  def __init__(
+      self,
+      *,
+      cadences: Iterable[int | None] = (),
+      most: int = MOST,
+      overhead_share: float = OVERHEAD_SHARE,
+      report_seconds: float = REPORT_SECONDS,
+  ) -> None:
+    """Initializes the `MeasuredStepsPerLoop`.
+
+    Args:
       cadences: the every-N-steps at which evaluations or checkpoints are due
         (None: not set); loop sizes divide their greatest common divisor.
       most: the most steps per loop.
       overhead_share: the largest share of a loop the host's cost may take.
       report_seconds: the most seconds of steps per loop.
     """
-    cadences = [cadence for cadence in cadences if cadence is not None]
-    self._cadence = math.gcd(*cadences) if cadences else None
+    known = [cadence for cadence in cadences if cadence is not None]
+    self._cadence = math.gcd(*known) if known else None
     self.most = most if self._cadence is None else _largest_divisor_at_most(self._cadence, most)
     self._overhead_share = overhead_share
     self._report_seconds = report_seconds
-    self._call_seconds = None  # A call of zero steps.
-    self._between_loops = []
-    self._loop_seconds = {}  # steps -> the seconds of the latest warm loops of that many steps
-    self._fitted_call_seconds = None  # The call's cost as `_fitted` gave it after the latest loop.
-    self._step_seconds = None
+    self._call_seconds: float | None = None  # A call of zero steps.
+    self._between_loops: list[float] = []
+    self._loop_seconds: dict[int, list[float]] = {}  # steps -> the seconds of the latest warm loops of that many steps
+    self._fitted_call_seconds: float | None = None  # The call's cost as `_fitted` gave it after the latest loop.
+    self._step_seconds: float | None = None
     self.size = min(FIRST, self.most)
 
-  def next_size(self, step, end):
-    """The steps of the loop that starts at global step `step` of a call that ends at `end`: to the next multiple of
-    `size`, as fixed sizes end loops from step 0."""
+  def next_size(self, step: int, end: int) -> int:
+    """The steps of the loop that starts at global step `step` of a call that ends at `end`.
+
+    A loop goes to the next multiple of `size`, as fixed sizes end loops from
+    step 0.
+    """
     return min(self.size - step % self.size, end - step)
 
   @property
-  def needs_call_overhead(self):
+  def needs_call_overhead(self) -> bool:
     """Whether a call's own cost is still to be recorded (`record_call_overhead`): only once per instance."""
     return self._call_seconds is None
 
-  def record_call_overhead(self, seconds):
+  def record_call_overhead(self, seconds: float) -> None:
     """Records the time of a call that runs no step."""
     self._call_seconds = seconds
 
-  def record_loop(self, *, steps, seconds, host_seconds=None):
+  def record_loop(self, *, steps: int, seconds: float, host_seconds: float | None = None) -> None:
     """Records a loop of `steps` steps that took `seconds`, and the host's time since the loop before; updates `size`.
 
     Args:
@@ -197,16 +221,16 @@ class MeasuredStepsPerLoop:
       self.size = wanted
 
   @property
-  def figures(self):
+  def figures(self) -> tuple[float | None, float | None, float | None]:
     """`(call seconds, host seconds between loops, step seconds)` as last measured (None: not yet)."""
     between = statistics.median(self._between_loops) if self._between_loops else None
     return self._call_cost(), between, self._step_seconds
 
-  def _call_cost(self):
+  def _call_cost(self) -> float | None:
     """A call's own cost: fitted from loops of different sizes (`_fitted`), at least a zero-step call's time."""
     return self._call_seconds if self._fitted_call_seconds is None else self._fitted_call_seconds
 
-  def _fitted(self):
+  def _fitted(self) -> tuple[float, float] | None:
     """`(call seconds, step seconds)` of the line through the median times of a small and a large loop size.
 
     A call costs more than a call of zero steps: its first step wakes
@@ -230,7 +254,7 @@ class MeasuredStepsPerLoop:
       return None
     return max(small_seconds - small * step_seconds, self._call_seconds or 0.0), step_seconds
 
-  def _wanted(self):
+  def _wanted(self) -> int | None:
     if self._step_seconds is None:
       return None
     host = (self._call_cost() or 0.0) + (statistics.median(self._between_loops) if self._between_loops else 0.0)
@@ -245,7 +269,7 @@ class MeasuredStepsPerLoop:
     return max(1, steps)
 
 
-def _nice_numbers():
+def _nice_numbers() -> Iterator[int]:
   scale = 1
   while True:
     for factor in (1, 2, 5):
@@ -253,23 +277,24 @@ def _nice_numbers():
     scale *= 10
 
 
-def _round_up(steps):
+def _round_up(steps: float) -> int:
   """The smallest of 1, 2, 5, 10, 20, 50, ... at least `steps`."""
   return next(n for n in _nice_numbers() if n >= steps)
 
 
-def _round_down(steps):
+def _round_down(steps: float) -> int:
   """The largest of 1, 2, 5, 10, 20, 50, ... at most `steps` (at least 1)."""
   below = 1
   for n in _nice_numbers():
     if n > steps:
-      return below
+      break
     below = n
+  return below
 
 
-def _divisors(number):
+def _divisors(number: int) -> list[int]:
   return [d for d in range(1, number + 1) if number % d == 0]
 
 
-def _largest_divisor_at_most(number, most):
+def _largest_divisor_at_most(number: int, most: int) -> int:
   return max(d for d in _divisors(number) if d <= most)

@@ -14,6 +14,8 @@ would then run in Python's deallocation with the GIL held, and hang waiting
 for input threads that need the GIL (seen with `Dataset.from_generator`).
 """
 
+from typing import Any
+
 import tensorflow as tf
 
 
@@ -28,8 +30,10 @@ class FlatCall:
   results, slower.
   """
 
-  def __init__(self, function, fixed, *example_tensors):
-    """Args:
+  def __init__(self, function: Any, fixed: Any, *example_tensors: tf.Tensor) -> None:
+    """Initializes the `FlatCall`.
+
+    Args:
       function: a `tf.function`.
       fixed: its first argument, the same in every call.
       *example_tensors: tensors shaped and typed like the other arguments of
@@ -38,22 +42,26 @@ class FlatCall:
     self._function = function
     self._fixed = fixed
     self._concrete = function.get_concrete_function(fixed, *example_tensors)
-    self._spec = getattr(fixed, "_type_spec", None)
-    self._flat = (hasattr(self._concrete, "_call_flat") and hasattr(self._spec, "_to_components") and
-                  len(self._concrete.inputs) == (len(self._fixed_components()) + len(example_tensors) +
-                                                 len(self._concrete.captured_inputs)))
+    self._spec: Any = getattr(fixed, "_type_spec", None)
+    self._flat = (
+        hasattr(self._concrete, "_call_flat")
+        and hasattr(self._spec, "_to_components")
+        and len(self._concrete.inputs)
+        == (len(self._fixed_components()) + len(example_tensors) + len(self._concrete.captured_inputs))
+    )
 
   @property
-  def fixed(self):
+  def fixed(self) -> Any:
     """The first argument of every call."""
     return self._fixed
 
-  def __call__(self, *tensors):
+  def __call__(self, *tensors: tf.Tensor) -> Any:
     """Returns `function(fixed, *tensors)`."""
     if not self._flat:
       return self._function(self._fixed, *tensors)
     return self._concrete._call_flat(  # noqa: SLF001
-        self._fixed_components() + list(tensors), self._concrete.captured_inputs)
+        self._fixed_components() + list(tensors), self._concrete.captured_inputs
+    )
 
-  def _fixed_components(self):
+  def _fixed_components(self) -> list[Any]:
     return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # noqa: SLF001

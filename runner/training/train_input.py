@@ -1,5 +1,7 @@
 """The Trainer's training input: the distributed iterator of a provider's batches, from the step a run is at."""
 
+from typing import Any
+
 from absl import logging
 
 from runner.data import pipeline as input_pipeline
@@ -7,7 +9,9 @@ from runner.data import providers as data_lib
 from runner.training import parameter_server_loops
 
 
-def training_iterator(strategy, provider, global_batch_size, *, start_step, coordinator=None):
+def training_iterator(
+    strategy: Any, provider: Any, global_batch_size: int, *, start_step: int, coordinator: Any = None
+) -> Any:
   """Returns the distributed iterator of `provider`'s batches from the batch of global step `start_step` on.
 
   A run that resumes at step S sees the batches an uninterrupted run sees
@@ -28,17 +32,25 @@ def training_iterator(strategy, provider, global_batch_size, *, start_step, coor
   """
   _warn_if_batch_exceeds_data(provider, global_batch_size)
   if start_step and coordinator is not None:
-    logging.info("Resuming at step %d: every worker's stream starts at the batch of step %d, as an uninterrupted "
-                 "run's steps would.", start_step, start_step)
+    logging.info(
+        "Resuming at step %d: every worker's stream starts at the batch of step %d, as an uninterrupted "
+        "run's steps would.",
+        start_step,
+        start_step,
+    )
   elif start_step:
-    logging.info("Resuming at step %d: each input pipeline first skips the examples it gave to the first %d steps, "
-                 "so this run sees the batches of an uninterrupted one.", start_step, start_step)
+    logging.info(
+        "Resuming at step %d: each input pipeline first skips the examples it gave to the first %d steps, "
+        "so this run sees the batches of an uninterrupted one.",
+        start_step,
+        start_step,
+    )
   if coordinator is not None:
     return parameter_server_loops.per_worker_iterator(coordinator, provider, global_batch_size, start_step=start_step)
   return iter(input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step))
 
 
-def _warn_if_batch_exceeds_data(provider, global_batch_size):
+def _warn_if_batch_exceeds_data(provider: Any, global_batch_size: int) -> None:
   """Logs a warning when the training data is known to hold fewer examples than one global batch.
 
   Known only where it is cheap (`providers.known_num_examples`): in-memory
@@ -49,4 +61,8 @@ def _warn_if_batch_exceeds_data(provider, global_batch_size):
     logging.warning(
         "The global batch of %d examples is larger than the whole training data (%d examples): every step "
         "repeats examples within its batch. Use a global batch of at most %d (config.data.global_batch_size), "
-        "or more data.", global_batch_size, num_examples, num_examples)
+        "or more data.",
+        global_batch_size,
+        num_examples,
+        num_examples,
+    )

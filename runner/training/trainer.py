@@ -6,14 +6,17 @@ metrics and step made in scope), `train_input` (the distributed training input),
 request, evaluation, the user's actions, checkpoints).
 """
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import contextlib
 import functools
 import time
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from absl import logging
 import tensorflow as tf
 
 from runner import actions as actions_lib
+from runner import interfaces
 from runner.cluster import stop_signals
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
@@ -37,13 +40,15 @@ from strategies import sharded_variables
 from strategies.errors import ConfigError
 
 _ALL_STEPS = 2**62
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def _showing_progress(method):
+def _showing_progress(method: Callable[Concatenate["Trainer", _P], _R]) -> Callable[Concatenate["Trainer", _P], _R]:
   """Runs a public Trainer method inside `progress_output.shown(quiet=self._quiet)` (its progress lines)."""
 
   @functools.wraps(method)
-  def with_progress_shown(self, *args, **kwargs):
+  def with_progress_shown(self: "Trainer", *args: _P.args, **kwargs: _P.kwargs) -> _R:
     with progress_output.shown(quiet=self._quiet):
       return method(self, *args, **kwargs)
 
@@ -65,10 +70,29 @@ class Trainer:
   row per report in `model_dir/metrics.jsonl`.
   """
 
-  def __init__(self, strategy, *, model_fn, optimizer_fn, task, model_dir=None, steps_per_loop=1,
-               checkpoint_every=None, max_to_keep=3, jit_compile=False, precision="float32", clipnorm=None,
-               seed=None, actions=(), profile_steps=None, quiet=False):
+  def __init__(
+      self,
+      strategy: tf.distribute.Strategy,
+      *,
+      model_fn: Callable[[], Any],
+      optimizer_fn: Callable[[], Any],
+      task: interfaces.Task,
+      model_dir: str | None = None,
+      steps_per_loop: int | str = 1,
+      checkpoint_every: int | None = None,
+      max_to_keep: int | None = 3,
+      jit_compile: bool = False,
+      precision: str = "float32",
+      clipnorm: float | None = None,
+      seed: int | None = None,
+      actions: Sequence[interfaces.Action] = (),
+      profile_steps: tuple[int, int] | None = None,
+      quiet: bool = False,
+  ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
+
+    The options from `model_dir` to `profile_steps` are documented in full in
+    `runner.training.options.TrainerOptions`.
 
     Args:
       strategy: any `tf.distribute.Strategy`. Under a ParameterServerStrategy
@@ -78,11 +102,21 @@ class Trainer:
         dtype policy. The model may build lazily on its first batch.
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
-      model_dir, steps_per_loop, checkpoint_every, max_to_keep, jit_compile,
-        precision, clipnorm, seed, actions, profile_steps: the options, documented in
-        `runner.training.options.TrainerOptions`. With `jit_compile`,
-        evaluation pads to full batches (static shapes); 'mixed_float16' adds
-        dynamic loss scaling; `seed` works as `scoped_settings.random_seed`.
+      model_dir: where checkpoints, summaries and metrics.jsonl go; None keeps
+        nothing on disk.
+      steps_per_loop: steps per `tf.function` call (and per report), or "auto".
+      checkpoint_every: save every this many steps (needs `model_dir`).
+      max_to_keep: how many recent checkpoints to keep (None: all).
+      jit_compile: compile with XLA; evaluation then pads to full batches
+        (static shapes).
+      precision: 'float32', 'mixed_bfloat16' or 'mixed_float16' (which adds
+        dynamic loss scaling).
+      clipnorm: None, or the bound on the global norm of the summed gradient.
+      seed: None, or an int that fixes the initial weights; it works as
+        `scoped_settings.random_seed`.
+      actions: `runner.actions.Action`s run after every train loop.
+      profile_steps: None, or `(first, last)`: the global steps to trace with
+        TensorFlow's profiler (needs `model_dir`).
       quiet: False (the default) shows the progress lines of `train`,
         `evaluate` and `export` on stderr as `python -m runner` does, also in
         a plain Python program (see `progress_output`); True shows only
@@ -96,67 +130,91 @@ class Trainer:
     trainer_options.check_components(strategy=strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task)
     self._quiet = checks.boolean(quiet, "quiet")
     self._options = trainer_options.TrainerOptions(
-        model_dir=model_dir, steps_per_loop=steps_per_loop, checkpoint_every=checkpoint_every,
-        max_to_keep=max_to_keep, jit_compile=jit_compile, precision=precision, clipnorm=clipnorm, seed=seed,
-        actions=actions, profile_steps=profile_steps)
+        model_dir=model_dir,
+        steps_per_loop=steps_per_loop,
+        checkpoint_every=checkpoint_every,
+        max_to_keep=max_to_keep,
+        jit_compile=jit_compile,
+        precision=precision,
+        clipnorm=clipnorm,
+        seed=seed,
+        actions=actions,
+        profile_steps=profile_steps,
+    )
     self._strategy = strategy
     self._coordinator = parameter_server_loops.coordinator_for(strategy, jit_compile=jit_compile)
     self._task = task
     self._xla = jit_compile and not model_parts.is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
-    self._parts = model_parts.make(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task,
-                                   precision=precision, seed=seed)
+    self._parts = model_parts.make(
+        strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, precision=precision, seed=seed
+    )
     self._model = self._parts.model
     self._step = self._parts.step
     self._checkpoints = None
     if model_dir is not None:
       self._checkpoints = checkpoints.Checkpoints(
-          strategy, model_dir, model=self._model, optimizer=self._parts.optimizer, step=self._step,
-          max_to_keep=max_to_keep)
+          strategy,
+          model_dir,
+          model=self._model,
+          optimizer=self._parts.optimizer,
+          step=self._step,
+          max_to_keep=max_to_keep,
+      )
     self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
-    if profile_steps is not None and strategy.extended.should_checkpoint:
+    if self._options.profile_steps is not None and strategy.extended.should_checkpoint:
       first, last = self._options.profile_steps
-      self._profile = profiling.ProfileWindow(
-          first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
+      assert model_dir is not None  # TrainerOptions: profile_steps needs a model_dir.
+      self._profile = profiling.ProfileWindow(first=first, last=last, logdir=reports.summary_dir(model_dir, "train"))
     self._features_spec = None
     self._outputs_spec = None  # The spec of the model's outputs for a batch, once it is built.
-    self._checked_data = {}  # purpose -> (the data last checked for it, its LabelRange)
+    self._checked_data: dict[str, tuple[Any, Any]] = {}  # purpose -> (the data last checked for it, its LabelRange)
     self._ready = False
     self._global_step = 0
-    self._evaluated_step = None
-    self._train_loops = {}
-    self._measured_steps_per_loop = {}  # cadences -> the MeasuredStepsPerLoop that "auto" keeps across train calls
-    self._train_input = None  # ((id(data), global_batch_size), data, distributed iterator)
-    self._eval_loop = None  # (the LabelRange it checks, the EvalLoop)
-    self._last_train_results = {}
-    self._last_eval_results = None
+    self._evaluated_step: int | None = None
+    self._train_loops: dict[Any, Any] = {}
+    # cadences -> the MeasuredStepsPerLoop that "auto" keeps across train calls
+    self._measured_steps_per_loop: dict[Any, Any] = {}
+    self._train_input: tuple[tuple[int, int], Any, Any] | None = None  # ((id(data), global_batch_size), data, iterator)
+    self._eval_loop: tuple[Any, loops.EvalLoop] | None = None  # (the LabelRange it checks, the EvalLoop)
+    self._last_train_results: Mapping[str, float] = {}
+    self._last_eval_results: dict[str, float] | None = None
     self._exit_on_stop = actions_lib.ExitOnStopSignal(save=self._save_for_exit)
     with progress_output.shown(quiet=self._quiet):  # It may restore a checkpoint, and say so.
       self._prepare(None)
 
   @property
-  def strategy(self):
+  def strategy(self) -> tf.distribute.Strategy:
     """The `tf.distribute.Strategy` everything runs under."""
     return self._strategy
 
   @property
-  def model(self):
+  def model(self) -> Any:
     """The Keras model (its variables are the strategy's distributed variables)."""
     return self._model
 
   @property
-  def last_eval_metrics(self):
+  def last_eval_metrics(self) -> dict[str, float] | None:
     """The results of the latest evaluation (those inside `train` included), or None."""
     return None if self._last_eval_results is None else dict(self._last_eval_results)
 
   @property
-  def global_step(self):
+  def global_step(self) -> int:
     """The number of training steps taken so far, restored checkpoints included (an int)."""
     return self._global_step
 
   @_showing_progress
-  def train(self, data, *, global_batch_size, steps, eval_data=None, eval_every=None,
-            eval_global_batch_size=None, eval_steps=None):
+  def train(
+      self,
+      data: tf.data.Dataset | interfaces.DatasetProvider,
+      *,
+      global_batch_size: int,
+      steps: int,
+      eval_data: tf.data.Dataset | interfaces.DatasetProvider | None = None,
+      eval_every: int | None = None,
+      eval_global_batch_size: int | None = None,
+      eval_steps: int | None = None,
+  ) -> dict[str, float]:
     """Trains until the global step reaches `steps`.
 
     `steps` is a total, so calling `train` again with the same arguments (in
@@ -222,7 +280,8 @@ class Trainer:
       return self._nothing_to_train(steps)
     iterator = self._train_iterator(data, provider, global_batch_size)
     evaluate = functools.partial(
-        self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps)
+        self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps
+    )
     controller = self._controller(global_batch_size, evaluate, eval_every, label_range)
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
@@ -230,8 +289,13 @@ class Trainer:
     with stop_signals.StopSignals() as signals:
       try:
         with self._user_errors(provider, label_range, steps=steps, global_batch_size=global_batch_size):
-          controller.run(iterator, step=self._global_step, total_steps=steps, stop_signal=lambda: signals.received,
-                         advance=self._advance)
+          controller.run(
+              iterator,
+              step=self._global_step,
+              total_steps=steps,
+              stop_signal=lambda: signals.received,
+              advance=self._advance,
+          )
         self._save_unless_saved()  # Before the final evaluation: one that fails or is stopped loses no step.
         if eval_data is not None and self._evaluated_step != self._global_step:
           evaluate()
@@ -242,7 +306,9 @@ class Trainer:
     return dict(self._last_train_results)
 
   @_showing_progress
-  def evaluate(self, data, *, global_batch_size, steps=None):
+  def evaluate(
+      self, data: tf.data.Dataset | interfaces.DatasetProvider, *, global_batch_size: int, steps: int | None = None
+  ) -> dict[str, float]:
     """Evaluates the model on `data`, counting every example exactly once.
 
     Each input pipeline is padded with zero-weight examples to full batches
@@ -273,16 +339,26 @@ class Trainer:
     provider = data_lib.as_provider(data)
     label_range = self._prepare_for(data, provider, "evaluation")
     dataset, num_pipelines = input_pipeline.for_evaluation(
-        strategy, provider, global_batch_size, bounded=steps is not None)
+        strategy, provider, global_batch_size, bounded=steps is not None
+    )
     if self._eval_loop is None or self._eval_loop[0] != label_range:
-      self._eval_loop = (label_range, loops.EvalLoop(
-          strategy=strategy, model=self._model, task_loss=self._task.loss, metrics=self._parts.metrics,
-          num_input_pipelines=num_pipelines, xla=self._xla, valid_labels=label_range))
+      self._eval_loop = (
+          label_range,
+          loops.EvalLoop(
+              strategy=strategy,
+              model=self._model,
+              task_loss=self._task.loss,
+              metrics=self._parts.metrics,
+              num_input_pipelines=num_pipelines,
+              xla=self._xla,
+              valid_labels=label_range,
+          ),
+      )
     start = time.perf_counter()
     try:
       evaluated = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
       evaluated.raise_problems()
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRange) as e:
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRangeError) as e:
       raise data_checks.step_error(e, provider, label_range, step=None, purpose="evaluation") from None
     results = evaluated.results
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
@@ -291,7 +367,7 @@ class Trainer:
     self._evaluated_step = self._global_step
     return dict(results)
 
-  def restore(self, *, data=None):
+  def restore(self, *, data: tf.data.Dataset | interfaces.DatasetProvider | None = None) -> int:
     """Builds the variables and restores the latest checkpoint of `model_dir`, once; returns the global step.
 
     The Trainer does this by itself before its first train, evaluate or
@@ -314,11 +390,12 @@ class Trainer:
     if not self._ready:
       raise ConfigError(
           "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
-          "or give the model an input in model_fn (keras.Input).")
+          "or give the model an input in model_fn (keras.Input)."
+      )
     return self._global_step
 
   @_showing_progress
-  def export(self, path, *, data=None):
+  def export(self, path: str, *, data: tf.data.Dataset | interfaces.DatasetProvider | None = None) -> str:
     """Writes the model as a SavedModel with a `serving_default` signature (see `export`).
 
     Args:
@@ -340,12 +417,15 @@ class Trainer:
     if not self._ready or features_spec is None:
       raise ConfigError(
           "export needs the model's input shape, which this model does not know yet: call train or evaluate "
-          "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input).")
+          "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input)."
+      )
     export.export_saved_model(self._strategy, self._model, features_spec, path)
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
-  def _prepare_for(self, data, provider, purpose):
+  def _prepare_for(
+      self, data: tf.data.Dataset | interfaces.DatasetProvider, provider: interfaces.DatasetProvider, purpose: str
+  ) -> interfaces.LabelRange | None:
     """Checks `provider`'s elements against the model and task, and builds the variables from them (once).
 
     The data last checked for a purpose (`data`, as the user gave it) is not
@@ -363,7 +443,8 @@ class Trainer:
       return checked[1]
     element_spec = input_pipeline.element_spec(provider, purpose)
     data_checks.check_features(
-        element_spec, data_checks.features_expected(self._model, self._features_spec), purpose=purpose)
+        element_spec, data_checks.features_expected(self._model, self._features_spec), purpose=purpose
+    )
     data_checks.check_one_tensor_for_sequential(element_spec, self._model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
@@ -373,7 +454,7 @@ class Trainer:
     self._checked_data[purpose] = (data, label_range)
     return label_range
 
-  def _prepare(self, features_spec):
+  def _prepare(self, features_spec: Any) -> None:
     """Builds the model and optimizer variables (once, see `ModelParts.build`), then restores the latest checkpoint."""
     if features_spec is not None and self._features_spec is None:
       self._features_spec = features_spec
@@ -385,7 +466,12 @@ class Trainer:
     if self._checkpoints is not None and self._checkpoints.restore_latest():
       self._global_step = int(self._step.numpy())
 
-  def _train_iterator(self, data, provider, global_batch_size):
+  def _train_iterator(
+      self,
+      data: tf.data.Dataset | interfaces.DatasetProvider,
+      provider: interfaces.DatasetProvider,
+      global_batch_size: int,
+  ) -> Any:
     """Returns the distributed iterator over `provider`; the same one again when `train` gets the same `data`.
 
     So consecutive `train` calls in one process continue the data stream
@@ -395,13 +481,21 @@ class Trainer:
     """
     key = (id(data), global_batch_size)
     if self._train_input is None or self._train_input[0] != key:
-      iterator = train_input.training_iterator(self._strategy, provider, global_batch_size,
-                                               start_step=self._global_step, coordinator=self._coordinator)
+      iterator = train_input.training_iterator(
+          self._strategy, provider, global_batch_size, start_step=self._global_step, coordinator=self._coordinator
+      )
       self._train_input = (key, data, iterator)
     return self._train_input[2]
 
   @contextlib.contextmanager
-  def _user_errors(self, provider, label_range, *, steps, global_batch_size):
+  def _user_errors(
+      self,
+      provider: interfaces.DatasetProvider,
+      label_range: interfaces.LabelRange | None,
+      *,
+      steps: int,
+      global_batch_size: int,
+  ) -> Iterator[None]:
     """Inside, what stops training early becomes the error a user reads.
 
     Raises:
@@ -416,22 +510,28 @@ class Trainer:
       yield
     except tf.errors.OutOfRangeError:
       raise self._data_ran_out(global_batch_size, steps, first_step) from None
-    except data_checks.LabelsOutOfRange as e:
+    except data_checks.LabelsOutOfRangeError as e:
       raise data_checks.step_error(e, provider, label_range, step=e.step, purpose="training") from None
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
       step = int(self._step.numpy()) + 1
       raise data_checks.step_error(e, provider, label_range, step=step, purpose="training") from None
     except peers.PEER_ERRORS as e:
-      saved_step = self._checkpoints and self._checkpoints.saved_step
+      saved_step = None if self._checkpoints is None else self._checkpoints.saved_step
       if self._coordinator is not None:
-        raise parameter_server_loops.lost_ps(
-            e, self._strategy, step=self._global_step, saved_step=saved_step) from None
+        raise parameter_server_loops.lost_ps(e, self._strategy, step=self._global_step, saved_step=saved_step) from None
       if description.is_single_worker(self._strategy):
         raise
-      raise peers.lost(e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step,
-                       saved_step=saved_step) from None
+      raise peers.lost(
+          e, cluster_resolver=self._strategy.cluster_resolver, step=self._global_step, saved_step=saved_step
+      ) from None
 
-  def _controller(self, global_batch_size, evaluate, eval_every, label_range):
+  def _controller(
+      self,
+      global_batch_size: int,
+      evaluate: Callable[[], Mapping[str, float]],
+      eval_every: int | None,
+      label_range: interfaces.LabelRange | None,
+  ) -> controller_lib.Controller:
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
 
     Order: report, exit on a stop request, evaluate (when due; at the last
@@ -439,43 +539,62 @@ class Trainer:
     Under parameter servers a loop is one scheduled function of
     `steps_per_loop` steps per worker.
     """
-    builtin_before = [actions_lib.ReportProgress(self._reporter), self._exit_on_stop]
+    builtin_before: list[actions_lib.Action] = [actions_lib.ReportProgress(self._reporter), self._exit_on_stop]
     if eval_every is not None:
       builtin_before.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=self._save_unless_saved))
-    builtin_after = []
+    builtin_after: list[actions_lib.Action] = []
     if self._options.checkpoint_every is not None:
       builtin_after.append(
-          actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every))
+          actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every)
+      )
     steps_per_loop = steps_per_loop_lib.resolve(
-        self._options.steps_per_loop, strategy=self._strategy, cadences=(eval_every, self._options.checkpoint_every),
-        measured=self._measured_steps_per_loop)
+        self._options.steps_per_loop,
+        strategy=self._strategy,
+        cadences=(eval_every, self._options.checkpoint_every),
+        measured=self._measured_steps_per_loop,
+    )
     return controller_lib.Controller(
-        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop), steps_per_loop=steps_per_loop,
+        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop),
+        steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
-        global_batch_size=global_batch_size, is_chief=self._strategy.extended.should_checkpoint,
-        single_worker=description.is_single_worker(self._strategy), profile=self._profile)
+        global_batch_size=global_batch_size,
+        is_chief=self._strategy.extended.should_checkpoint,
+        single_worker=description.is_single_worker(self._strategy),
+        profile=self._profile,
+    )
 
-  def _train_loop(self, global_batch_size, label_range, steps_per_loop):
+  def _train_loop(
+      self, global_batch_size: int, label_range: interfaces.LabelRange | None, steps_per_loop: Any
+  ) -> loops.TrainLoop:
     """The inner loop for this batch size, label range and loop sizes, made once and kept (its traces with it)."""
     key = (global_batch_size, label_range, steps_per_loop.looping)
     if key not in self._train_loops:
       arguments = dict(
-          strategy=self._strategy, model=self._model, optimizer=self._parts.optimizer, task_loss=self._task.loss,
-          metrics=self._parts.metrics, step=self._step, global_batch_size=global_batch_size, xla=self._xla,
-          clipnorm=self._options.clipnorm, loss_scale=self._parts.loss_scaled,
-          valid_labels=label_range)
+          strategy=self._strategy,
+          model=self._model,
+          optimizer=self._parts.optimizer,
+          task_loss=self._task.loss,
+          metrics=self._parts.metrics,
+          step=self._step,
+          global_batch_size=global_batch_size,
+          xla=self._xla,
+          clipnorm=self._options.clipnorm,
+          loss_scale=self._parts.loss_scaled,
+          valid_labels=label_range,
+      )
       if self._coordinator is not None:
         self._train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
       else:
         self._train_loops[key] = loops.TrainLoop(
-            looping=steps_per_loop.looping, multi_worker=not description.is_single_worker(self._strategy), **arguments)
+            looping=steps_per_loop.looping, multi_worker=not description.is_single_worker(self._strategy), **arguments
+        )
     return self._train_loops[key]
 
-  def _advance(self, step, train_results):
+  def _advance(self, step: int, train_results: Mapping[str, float]) -> None:
     self._global_step = step
     self._last_train_results = train_results
 
-  def _nothing_to_train(self, steps):
+  def _nothing_to_train(self, steps: int) -> dict[str, float]:
     """Says that the global step is at `steps` already; returns the results of the loop that reached it."""
     if self._checkpoints is not None and self._checkpoints.saved_step == self._global_step:
       where = f"the checkpoint in {self._checkpoints.model_dir} is at step {self._global_step}"
@@ -486,7 +605,7 @@ class Trainer:
       return reports.train_results_at(self._checkpoints.model_dir, self._global_step)
     return dict(self._last_train_results)
 
-  def _data_ran_out(self, global_batch_size, steps, first_step):
+  def _data_ran_out(self, global_batch_size: int, steps: int, first_step: int) -> ConfigError:
     """Saves the steps taken before the training data ran out; returns the error that says so."""
     self._global_step = int(self._step.numpy())
     saved = ""
@@ -497,17 +616,16 @@ class Trainer:
         f"The training data ran out at step {self._global_step} of {steps} "
         f"({self._global_step - first_step} step(s) in this call): it gave no further full batch of "
         f"{global_batch_size} examples although the Trainer repeats it. It is empty, or it cannot be iterated "
-        f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}")
+        f"twice (e.g. a one-shot Python generator); make it repeatable.{saved}"
+    )
 
-  def _save_unless_saved(self):
+  def _save_unless_saved(self) -> None:
     """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet."""
     if self._checkpoints is not None:
       self._checkpoints.save_unless_saved(self._global_step)
 
-  def _save_for_exit(self):
+  def _save_for_exit(self) -> str | None:
     """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""
     self._save_unless_saved()
     self._reporter.flush()
     return None if self._checkpoints is None else checkpoints.latest(self._checkpoints.model_dir)
-
-

@@ -1,12 +1,13 @@
 """Files replaced whole: written beside their path, then renamed over it, so a reader or a crash sees old or new."""
 
+from collections.abc import Mapping
 import os
 import uuid
 
 import tensorflow as tf
 
 
-def replace(path, contents):
+def replace(path: str, contents: str | bytes) -> None:
   """Replaces the file at `path` (local or `gs://`, through `tf.io.gfile`) with `contents`.
 
   On a local file system the rename is atomic; on Cloud Storage it is a copy,
@@ -23,7 +24,7 @@ def replace(path, contents):
   replace_all({path: contents})
 
 
-def replace_all(contents_by_path):
+def replace_all(contents_by_path: Mapping[str, str | bytes]) -> None:
   """Replaces each file of `{path: contents}` whole: all are written beside their paths first, then renamed.
 
   A failed write changes none of them; no temporary file is left either way.

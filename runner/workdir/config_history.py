@@ -12,8 +12,10 @@ A rerun on a workdir with checkpoints may change how training goes on
 holds: the fields in `CHECKPOINT_FIELDS` and the shapes of the training data.
 """
 
+from collections.abc import Mapping
 import json
 import os
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -27,7 +29,7 @@ HISTORY_FILE = "config_history.jsonl"
 CHECKPOINT_FIELDS = ("model", "task", "data.name", "optimizer.name", "trainer.precision")
 
 
-def latest(workdir):
+def latest(workdir: str) -> dict[str, Any] | None:
   """Returns the latest recorded run of `workdir` (a history entry as a dict), or None."""
   history = os.path.join(workdir, HISTORY_FILE)
   if tf.io.gfile.exists(history):
@@ -42,14 +44,17 @@ def latest(workdir):
   return None
 
 
-def changes(before, after):
+def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
   """Returns `{dotted field: [old, new]}` for every leaf field that differs between two config dicts."""
   old, new = _flat(_plain(before)), _flat(_plain(after))
-  return {field: [old.get(field), new.get(field)] for field in sorted(set(old) | set(new))
-          if old.get(field) != new.get(field)}
+  return {
+      field: [old.get(field), new.get(field)]
+      for field in sorted(set(old) | set(new))
+      if old.get(field) != new.get(field)
+  }
 
 
-def check_resumable(previous, config, data_spec, checkpoint):
+def check_resumable(previous: Mapping[str, Any] | None, config: Any, data_spec: str, checkpoint: str | None) -> None:
   """Fails when `config` would resume `checkpoint` with something the checkpoint depends on changed.
 
   Args:
@@ -64,18 +69,22 @@ def check_resumable(previous, config, data_spec, checkpoint):
   """
   if previous is None or checkpoint is None:
     return
-  blocked = {field: values for field, values in changes(previous["config"], config.to_dict()).items()
-             if any(field == f or field.startswith(f + ".") for f in CHECKPOINT_FIELDS)}
+  blocked = {
+      field: values
+      for field, values in changes(previous["config"], config.to_dict()).items()
+      if any(field == f or field.startswith(f + ".") for f in CHECKPOINT_FIELDS)
+  }
   if previous.get("data_spec") not in (None, data_spec):
     blocked["training data elements"] = [previous["data_spec"], data_spec]
   if blocked:
     listed = "; ".join(f"{field}: {old!r} -> {new!r}" for field, (old, new) in blocked.items())
     raise ConfigError(
         f"The workdir's checkpoint {os.path.basename(checkpoint)} was trained with another model, task, optimizer, "
-        f"precision or data ({listed}). Rerun with the values it was trained with, or use a new --workdir.")
+        f"precision or data ({listed}). Rerun with the values it was trained with, or use a new --workdir."
+    )
 
 
-def record(workdir, config, *, step, data_spec, previous):
+def record(workdir: str, config: Any, *, step: int, data_spec: str, previous: Mapping[str, Any] | None) -> None:
   """Writes `config.json` and appends this run to `config_history.jsonl`; logs what changed in one line.
 
   Call it on the chief only.
@@ -94,8 +103,11 @@ def record(workdir, config, *, step, data_spec, previous):
   values = _plain(config.to_dict())
   changed = changes(previous["config"], values) if previous else {}
   if changed:
-    logging.info("Resuming at step %d with a changed config: %s.", step,
-                 ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items()))
+    logging.info(
+        "Resuming at step %d with a changed config: %s.",
+        step,
+        ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items()),
+    )
   entry = {"step": step, "mode": values.get("mode"), "changed": changed, "data_spec": data_spec, "config": values}
   history = os.path.join(workdir, HISTORY_FILE)
   earlier = ""
@@ -103,21 +115,26 @@ def record(workdir, config, *, step, data_spec, previous):
     with tf.io.gfile.GFile(history) as f:
       earlier = f.read()
   try:
-    atomic_files.replace_all({
-        history: earlier + json.dumps(entry, sort_keys=True) + "\n",
-        os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n"})
+    atomic_files.replace_all(
+        {
+            history: earlier + json.dumps(entry, sort_keys=True) + "\n",
+            os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n",
+        }
+    )
   except (OSError, tf.errors.OpError) as e:
-    raise ConfigError(f"Could not write the run's {CONFIG_FILE} and {HISTORY_FILE} in {workdir} "
-                      f"({getattr(e, 'message', None) or e}); neither was changed: free some space or fix the "
-                      "permissions, then run again.") from None
+    raise ConfigError(
+        f"Could not write the run's {CONFIG_FILE} and {HISTORY_FILE} in {workdir} "
+        f"({getattr(e, 'message', None) or e}); neither was changed: free some space or fix the "
+        "permissions, then run again."
+    ) from None
 
 
-def _plain(values):
+def _plain(values: Any) -> Any:
   """The config dict as JSON has it (tuples become lists), so that old and new compare alike."""
   return json.loads(json.dumps(values))
 
 
-def _flat(values, prefix=""):
+def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
   flat = {}
   for key, value in values.items():
     if isinstance(value, dict):

@@ -35,14 +35,14 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
-from strategies.errors import ConfigError, first_line
-
 from runner.cluster import process_exit
+from strategies.errors import ConfigError
+from strategies.errors import first_line
 
 FILE_NAME = ".tf-runner.lock"
 HEARTBEAT_SECONDS = 30
@@ -71,6 +71,7 @@ class Holder:
     mode: its `config.mode`.
     command: its command line (shortened).
   """
+
   host: str
   pid: int
   process_start: str
@@ -78,7 +79,7 @@ class Holder:
   mode: str
   command: str
 
-  def describe(self):
+  def describe(self) -> str:
     """Returns e.g. "pid 12 on host h, mode 'train', since YYYY-MM-DD HH:MM:SS UTC (python -m runner ...)"."""
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
     return f"pid {self.pid} on host {self.host}, mode {self.mode!r}, since {since} ({self.command})"
@@ -87,8 +88,10 @@ class Holder:
 class WorkdirLock:
   """A held workdir lock: refreshed in a thread while held, removed by `release` (also at `exit_now`)."""
 
-  def __init__(self, *, path, text):
-    """Args:
+  def __init__(self, *, path: str, text: str) -> None:
+    """Initializes the `WorkdirLock`.
+
+    Args:
       path: the lock file, already created with `text` by this process.
       text: its contents, which tell this lock from another run's.
     """
@@ -99,7 +102,7 @@ class WorkdirLock:
     self._heartbeat.start()
     self._unregister = process_exit.on_exit_now(self.release)
 
-  def release(self):
+  def release(self) -> None:
     """Removes the lock file if it is still this lock's; stops the heartbeat. A second call does nothing."""
     if self._stop.is_set():
       return
@@ -115,7 +118,7 @@ class WorkdirLock:
     except (OSError, tf.errors.OpError) as e:
       logging.warning("Could not remove the workdir lock %s (%s); the next run will find it stale.", self.path, e)
 
-  def _beat(self):
+  def _beat(self) -> None:
     while not self._stop.wait(HEARTBEAT_SECONDS):
       try:
         if _is_remote(self.path):
@@ -126,7 +129,7 @@ class WorkdirLock:
         logging.warning("Could not refresh the workdir lock %s (%s).", self.path, e)
 
 
-def acquire(workdir, *, mode):
+def acquire(workdir: str, *, mode: str) -> WorkdirLock:
   """Takes the lock of `workdir` (which exists) for this process, taking over a stale one.
 
   Args:
@@ -141,9 +144,19 @@ def acquire(workdir, *, mode):
     OSError, tf.errors.OpError: the lock file cannot be written.
   """
   path = os.path.join(workdir, FILE_NAME)
-  text = json.dumps(dataclasses.asdict(Holder(
-      host=socket.gethostname(), pid=os.getpid(), process_start=_process_start(os.getpid()) or "",
-      since=time.time(), mode=mode, command=" ".join(sys.argv)[:_COMMAND_CHARACTERS])), sort_keys=True)
+  text = json.dumps(
+      dataclasses.asdict(
+          Holder(
+              host=socket.gethostname(),
+              pid=os.getpid(),
+              process_start=_process_start(os.getpid()) or "",
+              since=time.time(),
+              mode=mode,
+              command=" ".join(sys.argv)[:_COMMAND_CHARACTERS],
+          )
+      ),
+      sort_keys=True,
+  )
   create = _create_remote if _is_remote(path) else _create_local
   for _ in range(3):  # A stale lock taken over, then created, unless another run was quicker.
     if create(path, text):
@@ -154,27 +167,38 @@ def acquire(workdir, *, mode):
     age = time.time() - found.modified
     if not _is_stale(found):
       if found.holder is None:
-        named = (f"a run starting now (the lock {path}, written {age:.0f} s ago, {found.unreadable}; one that still "
-                 f"{found.unreadable} {UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over)")
+        named = (
+            f"a run starting now (the lock {path}, written {age:.0f} s ago, {found.unreadable}; one that still "
+            f"{found.unreadable} {UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over)"
+        )
       else:
         named = found.holder.describe()
         if found.holder.host != socket.gethostname():
-          named += (f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
-                    "taken over")
+          named += (
+              f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
+              "taken over"
+          )
       raise WorkdirInUseError(
           f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
-          f"--workdir (a killed run's lock {path} is taken over by the next run).")
+          f"--workdir (a killed run's lock {path} is taken over by the next run)."
+      )
     if found.holder is None:
-      logging.warning("Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
-                      "run holds it).", path, found.unreadable, age)
+      logging.warning(
+          "Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
+          "run holds it).",
+          path,
+          found.unreadable,
+          age,
+      )
     else:
       logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path, found.holder.describe())
     _remove_stale(path, found)
-  raise WorkdirInUseError(f"The workdir {workdir} is being taken by other runs at once; run again, or use another "
-                          "--workdir.")
+  raise WorkdirInUseError(
+      f"The workdir {workdir} is being taken by other runs at once; run again, or use another --workdir."
+  )
 
 
-def is_held(workdir):
+def is_held(workdir: str) -> bool:
   """Whether a live run holds the lock of `workdir` (a stale or damaged one does not; a failed read counts as held)."""
   try:
     found = _read_or_none(os.path.join(workdir, FILE_NAME))
@@ -183,7 +207,7 @@ def is_held(workdir):
   return found is not None and not _is_stale(found)
 
 
-def _create_local(path, text):
+def _create_local(path: str, text: str) -> bool:
   """Creates `path` holding `text` if it does not exist; returns whether it did."""
   try:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -200,7 +224,7 @@ def _create_local(path, text):
   return True
 
 
-def _create_remote(path, text):
+def _create_remote(path: str, text: str) -> bool:
   """Writes `path` if absent, then reads it back after a pause; returns whether it is this run's."""
   if tf.io.gfile.exists(path):
     return False
@@ -209,7 +233,7 @@ def _create_remote(path, text):
   return _read(path) == text.encode()
 
 
-def _write_remote(path, text):
+def _write_remote(path: str, text: str) -> None:
   with tf.io.gfile.GFile(path, "w") as f:
     f.write(text)
 
@@ -224,12 +248,13 @@ class _Found:
     unreadable: None if it names a holder; else why not, a phrase after
       "it" ("is empty", "cannot be read (UnicodeDecodeError: ...)").
   """
-  holder: Optional[Holder]
+
+  holder: Holder | None
   modified: float
-  unreadable: Optional[str]
+  unreadable: str | None
 
 
-def _read_or_none(path):
+def _read_or_none(path: str) -> "_Found | None":
   """Returns the `_Found` lock file at `path`, or None if there is none.
 
   Raises:
@@ -245,11 +270,14 @@ def _read_or_none(path):
   try:
     return _Found(holder=_holder(json.loads(data.decode("utf-8"))), modified=modified, unreadable=None)
   except (ValueError, TypeError) as error:  # Being written, or its writer died while writing, or damaged.
-    return _Found(holder=None, modified=modified,
-                  unreadable=f"cannot be read ({type(error).__name__}: {first_line(error, limit=120)})")
+    return _Found(
+        holder=None,
+        modified=modified,
+        unreadable=f"cannot be read ({type(error).__name__}: {first_line(error, limit=120)})",
+    )
 
 
-def _holder(fields):
+def _holder(fields: Any) -> Holder:
   """The `Holder` of a lock file's JSON `fields`.
 
   Raises:
@@ -257,13 +285,16 @@ def _holder(fields):
   """
   holder = Holder(**fields)
   texts = (holder.host, holder.process_start, holder.mode, holder.command)
-  if not (isinstance(holder.pid, int) and isinstance(holder.since, (int, float))
-          and all(isinstance(text, str) for text in texts)):
+  if not (
+      isinstance(holder.pid, int)
+      and isinstance(holder.since, (int, float))
+      and all(isinstance(text, str) for text in texts)
+  ):
     raise TypeError(f"not a holder's fields: {fields!r}")
   return holder
 
 
-def _read_complete(path):
+def _read_complete(path: str) -> "_Found | None":
   """`_read_or_none`, waiting up to a second for a lock file just created to hold its holder."""
   for _ in range(10):
     found = _read_or_none(path)
@@ -273,7 +304,7 @@ def _read_complete(path):
   return found
 
 
-def _is_stale(found):
+def _is_stale(found: "_Found") -> bool:
   """Whether the `_Found` lock belongs to no live run (a damaged one included)."""
   if found.holder is None:
     return time.time() - found.modified > UNREADABLE_GRACE_SECONDS
@@ -282,7 +313,7 @@ def _is_stale(found):
   return time.time() - found.modified > STALE_AFTER_SECONDS
 
 
-def _remove_stale(path, found):
+def _remove_stale(path: str, found: "_Found") -> None:
   """Removes the stale lock `found` at `path`, unless another run replaced it meanwhile."""
   if _is_remote(path):
     _remove(path)
@@ -300,7 +331,7 @@ def _remove_stale(path, found):
   os.remove(aside)
 
 
-def _process_start(pid) -> Optional[str]:
+def _process_start(pid: int) -> str | None:
   """'<boot id>:<start ticks>' of process `pid`; '' where there is no /proc but it runs; None if it is gone."""
   try:
     with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
@@ -321,15 +352,15 @@ def _process_start(pid) -> Optional[str]:
   return None if state in ("Z", "X") else f"{boot}:{start}"
 
 
-def _is_remote(path):
+def _is_remote(path: str) -> bool:
   return "://" in path
 
 
-def _read(path):
+def _read(path: str) -> bytes:
   """The bytes of `path` (bytes: a damaged lock file need not be UTF-8)."""
   with tf.io.gfile.GFile(path, "rb") as f:
     return f.read()
 
 
-def _remove(path):
+def _remove(path: str) -> None:
   tf.io.gfile.remove(path)

@@ -1,8 +1,9 @@
 """What a workdir held before a run, so that a run that fails before it trains leaves it as it was."""
 
+from collections.abc import Callable, Mapping
 import dataclasses
 import os
-from typing import FrozenSet, Mapping
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -28,20 +29,21 @@ class WorkdirState:
     outputs: `{path: size in bytes}` of every file of `_OUTPUTS` (metrics.jsonl
       and the files under checkpoints/ and summaries/).
   """
+
   workdir: str
   created: bool
-  entries: FrozenSet[str]
+  entries: frozenset[str]
   contents: Mapping[str, str]
   outputs: Mapping[str, int]
 
   @classmethod
-  def read(cls, workdir, *, created):
+  def read(cls, workdir: str, *, created: bool) -> "WorkdirState":
     """Returns the state of `workdir` now; `created`: the run just made it (empty)."""
     entries = frozenset(tf.io.gfile.listdir(workdir))
     contents = {name: _read(os.path.join(workdir, name)) for name in _REWRITTEN if name in entries}
     return cls(workdir=workdir, created=created, entries=entries, contents=contents, outputs=_outputs(workdir))
 
-  def restore_unless_trained(self):
+  def restore_unless_trained(self) -> None:
     """Puts the workdir back as it was, unless the run wrote outputs there (then they and the workdir are kept).
 
     Outputs are a `metrics.jsonl` row, a TensorBoard summary or a checkpoint
@@ -72,12 +74,12 @@ class WorkdirState:
       if not tf.io.gfile.exists(path) or _read(path) != text:
         _warn_if_fails(path, atomic_files.replace, path, text)
 
-  def _has_new_outputs(self):
+  def _has_new_outputs(self) -> bool:
     """Whether an output file is new or grew since `read` (one removed, e.g. a leftover, does not count)."""
     return any(self.outputs.get(path, -1) < size for path, size in _outputs(self.workdir).items())
 
 
-def _outputs(workdir):
+def _outputs(workdir: str) -> dict[str, int]:
   """`{path: size in bytes}` of metrics.jsonl and of every file under checkpoints/ and summaries/ in `workdir`."""
   sizes = {}
   for name in _OUTPUTS:
@@ -91,12 +93,12 @@ def _outputs(workdir):
   return sizes
 
 
-def _read(path):
+def _read(path: str) -> str:
   with tf.io.gfile.GFile(path) as f:
     return f.read()
 
 
-def _warn_if_fails(path, action, *args):
+def _warn_if_fails(path: str, action: Callable[..., object], *args: Any) -> None:
   """Calls `action(*args)` to put `path` back; an error becomes a warning naming `path`."""
   try:
     action(*args)
