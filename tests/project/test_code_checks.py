@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from testlib import paths
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = paths.REPO
 CONFIG = os.path.join(REPO, "pyproject.toml")
 PLANTED = "strategies/planted.py"  # Where a planted file claims to be: the rules of `strategies` apply to it.
 
