@@ -211,8 +211,12 @@ def _full_disk():
 
 def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
   model = ["--config.model.hidden_units=(256,256)"]  # A checkpoint of about 900 kB.
-  args = _run_args(train_steps=100, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
-  assert Run(tmp_path / "run", args, subprocess_env).wait()[0] == 0
+  # The run the full disk interrupts resumes one that ended at step 100 (trained here: no process needed).
+  finished = runner.run(runner.load_config(SYNTHETIC, [
+      "mode=train", "strategy.name=one_device", "data.num_examples=512", "model.hidden_units=(256,256)",
+      "trainer.train_steps=100", "trainer.steps_per_loop=10", "trainer.checkpoint_every=50",
+      "trainer.max_to_keep=1"]), str(tmp_path / "run"), quiet=True)
+  assert finished.global_step == 100
   more = _run_args(train_steps=200, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
   status, _, stderr = Run(tmp_path / "run", more, subprocess_env, preexec_fn=_full_disk).wait()
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
