@@ -130,17 +130,20 @@ def cli_runs(tmp_path_factory):
                                       TMPDIR=temp_dirs.get(case, env["TMPDIR"])),  # conftest sets one
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for case, args in cases.items()}
-  results = {}
-  for case, process in processes.items():
-    stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
-    results[case] = (process.returncode, stdout, stderr, workdirs[case])
-  # Then a dry run on the workdir of a finished run ("quiet", 40 steps), taking it further.
+
+  def finish(case):
+    stdout, stderr = processes[case].communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
+    return processes[case].returncode, stdout, stderr, workdirs[case]
+
+  # Once the run "quiet" (40 steps) has finished, a dry run on its workdir taking it further, beside the others.
+  results = {"quiet": finish("quiet")}
   listing = _listing(workdirs["quiet"])
-  process = subprocess.run(
+  workdirs["dry_run_resume"] = workdirs["quiet"]
+  processes["dry_run_resume"] = subprocess.Popen(
       [sys.executable, "-m", "runner", f"--workdir={workdirs['quiet']}", f"--config={SYNTHETIC}", "--dry_run",
        "--config.trainer.train_steps=100", "--config.trainer.steps_per_loop=20"],
-      env=env, cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_SECONDS)
-  results["dry_run_resume"] = (process.returncode, process.stdout, process.stderr, workdirs["quiet"])
+      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  results.update({case: finish(case) for case in processes if case != "quiet"})
   assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
   return results
 

@@ -28,11 +28,14 @@ from runner.workdir import lock as workdir_lock
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
+# A stopped run's steps: its stop comes after row 12 (step 120), past the checkpoint at step 100; the rest leaves
+# room for a stop that a busy machine delivers late, yet keeps each run within a few seconds.
+STEPS = 600
 
 
 def _run_args(**trainer):
   """The command line of a synthetic training run; by default a few seconds in loops of 10, a checkpoint every 100."""
-  trainer = {"train_steps": 1500, "steps_per_loop": 10, "checkpoint_every": 100, **trainer}
+  trainer = {"train_steps": STEPS, "steps_per_loop": 10, "checkpoint_every": 100, **trainer}
   return [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=512"] + [
       f"--config.trainer.{field}={value}" for field, value in trainer.items()]
 
@@ -82,7 +85,7 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy,
   status, _, stderr = stopped.wait()
   assert status == 128 + signum, stderr[-3000:]
   step = stopped.train_rows()[-1]["step"]
-  assert 120 <= step < 1500
+  assert 120 <= step < STEPS
   name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: r"Ctrl-C \(SIGINT\)"}[signum]
   assert len(re.findall(
       rf"Stopped by {name}: saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same command again to "
@@ -94,7 +97,7 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy,
   status, stdout, stderr = Run(tmp_path / "stopped", RUN + strategy, subprocess_env).wait()
   assert status == 0, stderr[-3000:]
   assert f"Resuming at step {step}: each input pipeline first skips" in stderr
-  assert "global step: 1500" in stdout
+  assert f"global step: {STEPS}" in stdout
   assert whole.wait()[0] == 0
   _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), rtol)
 
@@ -209,8 +212,12 @@ def _full_disk():
 
 def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
   model = ["--config.model.hidden_units=(256,256)"]  # A checkpoint of about 900 kB.
-  args = _run_args(train_steps=100, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
-  assert Run(tmp_path / "run", args, subprocess_env).wait()[0] == 0
+  # The run the full disk interrupts resumes one that ended at step 100 (trained here: no process needed).
+  finished = runner.run(runner.load_config(SYNTHETIC, [
+      "mode=train", "strategy.name=one_device", "data.num_examples=512", "model.hidden_units=(256,256)",
+      "trainer.train_steps=100", "trainer.steps_per_loop=10", "trainer.checkpoint_every=50",
+      "trainer.max_to_keep=1"]), str(tmp_path / "run"), quiet=True)
+  assert finished.global_step == 100
   more = _run_args(train_steps=200, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
   status, _, stderr = Run(tmp_path / "run", more, subprocess_env, preexec_fn=_full_disk).wait()
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]

@@ -30,7 +30,7 @@ from runner.cluster import launcher
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
 TIMEOUT_SECONDS = 240
-STEPS = 600
+STEPS = 300  # A killed job: killed after step 120, past its checkpoint at step 100, restarted to the end.
 FAST_STOP = ["--grace_seconds=5"]  # A worker whose peer died may hang in a collective: do not wait 30 s for it.
 
 
