@@ -36,6 +36,7 @@ setuptools.setup(
     extras_require={
         "test": [
             "pytest>=7",
+            "pytest-xdist>=3",  # The suite runs its files in two processes (-n 2 --dist loadfile).
             "portpicker>=1.5",
             "scikit-learn>=1.0",
             "tensorboard>=2.16",
