@@ -46,9 +46,11 @@ LOGICAL_CPUS = strategies.virtual_cpus(NUM_LOGICAL_CPUS)
 @pytest.fixture
 def cpu_devices():
   """Returns a function n -> the names of the first n logical CPUs."""
+
   def first(n):
     assert 1 <= n <= NUM_LOGICAL_CPUS, f"tests have {NUM_LOGICAL_CPUS} logical CPUs, asked for {n}"
     return [d.name for d in LOGICAL_CPUS[:n]]
+
   return first
 
 

@@ -49,8 +49,10 @@ DISTRIBUTIONS = {
 }
 # (source, module) -> why that import is neither a requirement nor the project's.
 OTHER_IMPORTS = {
-    ("benchmarks/contenders.py", "orbit"):
-        "optional, installed by hand: tf-models-official pins an older TensorFlow (contenders.OPTIONAL_MODULES)",
+    (
+        "benchmarks/contenders.py",
+        "orbit",
+    ): "optional, installed by hand: tf-models-official pins an older TensorFlow (contenders.OPTIONAL_MODULES)",
     ("tests/runner/data/test_data_providers.py", "sharded_records"): "a user's data module the test writes",
     ("tests/runner/test_run.py", "plugins"): "a user's module of functions the test writes",
 }
@@ -204,8 +206,11 @@ def test_every_label_names_a_defined_target():
 
 
 def test_every_helper_script_a_test_starts_is_its_data():
-  scripts = {os.path.basename(target["srcs"][0]): name for name, target in TARGETS.items()
-             if target["rule"] == "py_binary" and target["srcs"][0].startswith("tests/testlib/")}
+  scripts = {
+      os.path.basename(target["srcs"][0]): name
+      for name, target in TARGETS.items()
+      if target["rule"] == "py_binary" and target["srcs"][0].startswith("tests/testlib/")
+  }
   assert "tests_testlib_flags_script" in scripts.values()
   for name, target in TARGETS.items():
     sources = "".join(_source(src) for src in target["srcs"])
@@ -216,8 +221,13 @@ def test_every_helper_script_a_test_starts_is_its_data():
 
 def _declared_requirements(tmp_path, **environ):
   """Returns {section: [distribution names]} of setup.py, '' being install_requires."""
-  subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
-                 cwd=REPO, env={**os.environ, **environ}, check=True, capture_output=True)
+  subprocess.run(
+      [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path)],
+      cwd=REPO,
+      env={**os.environ, **environ},
+      check=True,
+      capture_output=True,
+  )
   section, declared = "", {"": []}
   with open(tmp_path / "tf_runner.egg-info" / "requires.txt", encoding="utf-8") as f:
     for line in filter(None, map(str.strip, f)):
@@ -255,7 +265,8 @@ def undeclared_imports(name, target, parse=_parse):
       messages.append(
           f"{src} imports {sorted(unknown)}, neither the project's nor the standard library's nor in "
           "tests/project/test_build.py's DISTRIBUTIONS: add each to DISTRIBUTIONS with its distribution, "
-          f"to {name}'s deps in BUILD as requirement(\"<distribution>\"), and to setup.py")
+          f'to {name}\'s deps in BUILD as requirement("<distribution>"), and to setup.py'
+      )
     missing = {module: d for module, d in found.items() if d not in declared}
     if missing:
       messages.append(f"{name}: BUILD lacks the requirement(...) of what {src} imports: {missing}")
@@ -294,8 +305,9 @@ def test_planted_undeclared_imports_are_found():
   src = "runner/outputs/checkpoints.py"
   target = TARGETS["runner_outputs_checkpoints"]
   assert undeclared_imports("runner_outputs_checkpoints", target) == []
-  messages = undeclared_imports("runner_outputs_checkpoints", target,
-                                parse=lambda path: ast.parse(_source(path) + planted))
+  messages = undeclared_imports(
+      "runner_outputs_checkpoints", target, parse=lambda path: ast.parse(_source(path) + planted)
+  )
   assert len(messages) == 2, messages
   assert "['matplotlib.pyplot', 'yaml']" in messages[0] and "DISTRIBUTIONS" in messages[0] and src in messages[0]
   assert "{'sklearn': 'scikit-learn'}" in messages[1] and "runner_outputs_checkpoints" in messages[1]
@@ -328,8 +340,9 @@ def test_project_deps_are_exactly_the_imported_targets(name):
   if target["rule"] == "py_test":
     imported.add(CONFTEST)  # pytest loads it; no test imports it.
   declared = {label[1:] for label in target["deps"]}
-  assert declared == imported, (
-      f"{name}: deps lack {sorted(imported - declared)} and need not list {sorted(declared - imported)}")
+  assert (
+      declared == imported
+  ), f"{name}: deps lack {sorted(imported - declared)} and need not list {sorted(declared - imported)}"
 
 
 def find_cycle(targets):
@@ -339,7 +352,7 @@ def find_cycle(targets):
 
   def visit(name):
     if name in visiting:
-      return visiting[visiting.index(name):] + [name]
+      return visiting[visiting.index(name) :] + [name]
     if name in done:
       return None
     visiting.append(name)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+
 from testlib import paths
 
 REPO = paths.REPO

@@ -1,5 +1,6 @@
 """Keeps the docs true: README.md and docs/*.md document every public name, their links lead
-somewhere, and the README's quickstart is what CI runs."""
+somewhere, and the README's quickstart is what CI runs.
+"""
 
 import ast
 import functools
@@ -16,15 +17,41 @@ from testlib import paths
 
 REPO = paths.REPO
 README_MAX_LINES = 300
-DOCS_PAGES = ("config", "strategies", "trainer", "cli", "fault_tolerance", "multi_worker", "parameter_server", "cloud_tpu",
-              "tensorboard", "benchmarks", "development")  # the README links each
+DOCS_PAGES = (
+    "config",
+    "strategies",
+    "trainer",
+    "cli",
+    "fault_tolerance",
+    "multi_worker",
+    "parameter_server",
+    "cloud_tpu",
+    "tensorboard",
+    "benchmarks",
+    "development",
+)  # the README links each
 PUBLIC_NAMES = (
-    "runner.Trainer", "runner.run", "runner.RunResult", "runner.load_config", "runner.Task", "runner.check_tpu",
-    "runner.TPUCheckResult", "runner.config_fields",
-    "runner.tasks.Classification", "runner.tasks.Regression", "runner.data.DatasetProvider",
-    "runner.actions.Action", "runner.actions.EarlyStopping",
-    "strategies.create", "strategies.default_config", "strategies.names", "strategies.describe",
-    "strategies.virtual_cpus", "strategies.flags.define_flags", "strategies.flags.create_from_flags")
+    "runner.Trainer",
+    "runner.run",
+    "runner.RunResult",
+    "runner.load_config",
+    "runner.Task",
+    "runner.check_tpu",
+    "runner.TPUCheckResult",
+    "runner.config_fields",
+    "runner.tasks.Classification",
+    "runner.tasks.Regression",
+    "runner.data.DatasetProvider",
+    "runner.actions.Action",
+    "runner.actions.EarlyStopping",
+    "strategies.create",
+    "strategies.default_config",
+    "strategies.names",
+    "strategies.describe",
+    "strategies.virtual_cpus",
+    "strategies.flags.define_flags",
+    "strategies.flags.create_from_flags",
+)
 
 
 def _read(path):
@@ -74,14 +101,21 @@ def test_ci_runs_the_readmes_test_command():
 def test_readme_is_short_and_links_every_docs_page():
   assert len(README.splitlines()) <= README_MAX_LINES
   linked = set(_relative_links("README.md"))
-  missing = [page for page in DOCS_PAGES
-             if not os.path.isfile(os.path.join(REPO, "docs", f"{page}.md")) or f"docs/{page}.md" not in linked]
+  missing = [
+      page
+      for page in DOCS_PAGES
+      if not os.path.isfile(os.path.join(REPO, "docs", f"{page}.md")) or f"docs/{page}.md" not in linked
+  ]
   assert not missing, f"docs pages missing or not linked from the README: {missing}"
 
 
 def test_every_relative_link_points_at_a_file():
-  broken = [(path, target) for path in DOC_FILES for target in _relative_links(path)
-            if not os.path.exists(os.path.join(REPO, target))]
+  broken = [
+      (path, target)
+      for path in DOC_FILES
+      for target in _relative_links(path)
+      if not os.path.exists(os.path.join(REPO, target))
+  ]
   assert not broken, f"links to nothing: {broken}"
 
 
@@ -95,8 +129,11 @@ def test_every_repository_path_in_code_names_a_file_or_folder():
 
 
 def test_every_config_field_is_documented():
-  undocumented = [path for path in _leaf_fields(config_lib.default_config())
-                  if f"`{path.rsplit('.', 1)[-1]}`" not in ALL_DOCS and f"`config.{path}`" not in ALL_DOCS]
+  undocumented = [
+      path
+      for path in _leaf_fields(config_lib.default_config())
+      if f"`{path.rsplit('.', 1)[-1]}`" not in ALL_DOCS and f"`config.{path}`" not in ALL_DOCS
+  ]
   assert not undocumented, f"the docs have no row for {undocumented}"
 
 
@@ -133,23 +170,36 @@ def _readme_trainer_example(model_dir):
 _ABSL_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \w+\.py:\d+\] ")
 
 
-def test_the_readmes_trainer_example_shows_progress_and_a_rerun_says_it_has_nothing_to_train(tmp_path,
-                                                                                            subprocess_env):
+def test_the_readmes_trainer_example_shows_progress_and_a_rerun_says_it_has_nothing_to_train(tmp_path, subprocess_env):
   script = tmp_path / "example.py"
   script.write_text(_readme_trainer_example(tmp_path / "my_run"))
-  runs = [subprocess.run([sys.executable, str(script)], env=subprocess_env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300) for _ in range(2)]
+  runs = [
+      subprocess.run(
+          [sys.executable, str(script)],
+          env=subprocess_env,
+          cwd=tmp_path,
+          capture_output=True,
+          text=True,
+          timeout=300,
+          check=False,
+      )
+      for _ in range(2)
+  ]
   for run in runs:
     assert run.returncode == 0, run.stderr[-3000:]
     assert "INFO:absl" not in run.stderr  # The CLI's format, not Python logging's default.
-  first, second = ([line.split("] ", 1)[1] for line in run.stderr.splitlines() if _ABSL_LINE.match(line)]
-                   for run in runs)  # absl's lines from Python, not TensorFlow's C++ start-up lines.
+  first, second = (
+      [line.split("] ", 1)[1] for line in run.stderr.splitlines() if _ABSL_LINE.match(line)] for run in runs
+  )  # absl's lines from Python, not TensorFlow's C++ start-up lines.
   assert [line.split(":")[0] for line in first if line.startswith("step ")] == [
-      f"step {step}/400" for step in range(50, 401, 50)]
+      f"step {step}/400" for step in range(50, 401, 50)
+  ]
   assert sum(line.startswith("eval at step ") for line in first) == 2
   assert f"Exported a SavedModel at step 400 to {tmp_path}/my_run/saved_model." in first
-  assert second == [f"Restored {tmp_path}/my_run/checkpoints/ckpt-400.",
-                    f"Nothing to train: the checkpoint in {tmp_path}/my_run is at step 400 >= steps=400.",
-                    f"Exported a SavedModel at step 400 to {tmp_path}/my_run/saved_model."]
+  assert second == [
+      f"Restored {tmp_path}/my_run/checkpoints/ckpt-400.",
+      f"Nothing to train: the checkpoint in {tmp_path}/my_run is at step 400 >= steps=400.",
+      f"Exported a SavedModel at step 400 to {tmp_path}/my_run/saved_model.",
+  ]
   results = [ast.literal_eval(run.stdout.strip()) for run in runs]
   assert set(results[0]) == {"loss", "accuracy"} and results[1] == results[0]  # Step 400's row of metrics.jsonl.

@@ -23,8 +23,13 @@ DIGITS = os.path.join(REPO, "configs", "digits.py")
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
 SUBPROCESS_TIMEOUT_SECONDS = 300
 USER_ERROR_EXIT_CODE = 2
-_OWN_FILES = {f for d in ("runner", "strategies") for _, _, files in os.walk(os.path.join(REPO, d)) for f in files
-              if f.endswith(".py")}
+_OWN_FILES = {
+    f
+    for d in ("runner", "strategies")
+    for _, _, files in os.walk(os.path.join(REPO, d))
+    for f in files
+    if f.endswith(".py")
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,32 +90,73 @@ def cli_runs(tmp_path_factory):
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   cases = {
-      "dry_run": [f"--config={DIGITS}", "--dry_run", "--mode=train", "--config.strategy.name=mirrored",
-                  "--config.strategy.virtual_cpus=2", "--config.trainer.train_steps=300",
-                  "--noconfig.trainer.jit_compile"],
+      "dry_run": [
+          f"--config={DIGITS}",
+          "--dry_run",
+          "--mode=train",
+          "--config.strategy.name=mirrored",
+          "--config.strategy.virtual_cpus=2",
+          "--config.trainer.train_steps=300",
+          "--noconfig.trainer.jit_compile",
+      ],
       "override_typo": [f"--config={DIGITS}", "--config.trainer.train_step=300"],
-      "internal_error": [f"--config={DIGITS}", "--config.model.name=explode:model", "--config.trainer.train_steps=10",
-                         "--config.trainer.steps_per_loop=10", "--config.trainer.eval_every=None"],
+      "internal_error": [
+          f"--config={DIGITS}",
+          "--config.model.name=explode:model",
+          "--config.trainer.train_steps=10",
+          "--config.trainer.steps_per_loop=10",
+          "--config.trainer.eval_every=None",
+      ],
   }
   for mistake in ("mistakes:labels", "mistakes:batched", "mistakes:dict_features", "records:short_features"):
     cases[f"data_{mistake.partition(':')[2]}"] = [
-        f"--config={SYNTHETIC}", "--mode=train", f"--config.data.name={mistake}", "--config.trainer.train_steps=10",
-        "--config.trainer.steps_per_loop=5"]
-  cases["eval_short_features"] = [f"--config={SYNTHETIC}", "--config.data.name=records:short_eval_features",
-                                  "--config.data.global_batch_size=8", "--config.trainer.train_steps=4",
-                                  "--config.trainer.steps_per_loop=2"]
-  cases["warnings"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=48",
-                       "--config.trainer.precision=mixed_float16", "--config.trainer.train_steps=2",
-                       "--config.trainer.steps_per_loop=2"]
-  cases["own_field"] = [f"--config={SYNTHETIC}", "--dry_run", "--config.data.name=owndata:files",
-                        "--config.data.train_files=/data/train-*.rec"]
-  cases["own_field_typo"] = [f"--config={SYNTHETIC}", "--config.data.name=owndata:files",
-                             "--config.data.train_file=/data/train-*.rec"]
-  cases["nan_features"] = [f"--config={SYNTHETIC}", "--mode=train", "--config.data.name=nans:data",
-                           "--config.trainer.train_steps=10", "--config.trainer.steps_per_loop=5"]
+        f"--config={SYNTHETIC}",
+        "--mode=train",
+        f"--config.data.name={mistake}",
+        "--config.trainer.train_steps=10",
+        "--config.trainer.steps_per_loop=5",
+    ]
+  cases["eval_short_features"] = [
+      f"--config={SYNTHETIC}",
+      "--config.data.name=records:short_eval_features",
+      "--config.data.global_batch_size=8",
+      "--config.trainer.train_steps=4",
+      "--config.trainer.steps_per_loop=2",
+  ]
+  cases["warnings"] = [
+      f"--config={SYNTHETIC}",
+      "--mode=train",
+      "--config.data.num_examples=48",
+      "--config.trainer.precision=mixed_float16",
+      "--config.trainer.train_steps=2",
+      "--config.trainer.steps_per_loop=2",
+  ]
+  cases["own_field"] = [
+      f"--config={SYNTHETIC}",
+      "--dry_run",
+      "--config.data.name=owndata:files",
+      "--config.data.train_files=/data/train-*.rec",
+  ]
+  cases["own_field_typo"] = [
+      f"--config={SYNTHETIC}",
+      "--config.data.name=owndata:files",
+      "--config.data.train_file=/data/train-*.rec",
+  ]
+  cases["nan_features"] = [
+      f"--config={SYNTHETIC}",
+      "--mode=train",
+      "--config.data.name=nans:data",
+      "--config.trainer.train_steps=10",
+      "--config.trainer.steps_per_loop=5",
+  ]
   # TensorFlow's log level as a user leaves it (unset: start-up chatter hidden) or sets it (0: everything).
-  cases["quiet"] = [f"--config={SYNTHETIC}", "--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2",
-                    "--config.trainer.train_steps=40", "--config.trainer.steps_per_loop=20"]
+  cases["quiet"] = [
+      f"--config={SYNTHETIC}",
+      "--config.strategy.name=mirrored",
+      "--config.strategy.virtual_cpus=2",
+      "--config.trainer.train_steps=40",
+      "--config.trainer.steps_per_loop=20",
+  ]
   cases["verbose"] = [f"--config={SYNTHETIC}", "--dry_run"]
   cases["help"] = ["--help"]
   cases["bad_flag"] = [f"--config={SYNTHETIC}", "--mode=trian"]
@@ -119,17 +165,28 @@ def cli_runs(tmp_path_factory):
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
     cases[f"worker_{index}"] = [
-        f"--config={SYNTHETIC}", "--config.strategy.name=multi_worker_mirrored",
-        f"--config.strategy.worker_hosts={hosts!r}", f"--config.strategy.task_index={index}"]
+        f"--config={SYNTHETIC}",
+        "--config.strategy.name=multi_worker_mirrored",
+        f"--config.strategy.worker_hosts={hosts!r}",
+        f"--config.strategy.task_index={index}",
+    ]
   workdirs = {case: tmp / ("workers" if case.startswith("worker_") else case) for case in cases}  # one shared
   (tmp / "quiet_tmpdir").mkdir()
   temp_dirs = {"quiet": str(tmp / "quiet_tmpdir")}  # The run's own temporary folder, checked after it.
   processes = {
-      case: subprocess.Popen([sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args,
-                             env=dict(_with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
-                                      TMPDIR=temp_dirs.get(case, env["TMPDIR"])),  # conftest sets one
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for case, args in cases.items()}
+      case: subprocess.Popen(
+          [sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args,
+          env=dict(
+              _with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
+              TMPDIR=temp_dirs.get(case, env["TMPDIR"]),
+          ),  # conftest sets one
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for case, args in cases.items()
+  }
 
   def finish(case):
     stdout, stderr = processes[case].communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
@@ -140,9 +197,22 @@ def cli_runs(tmp_path_factory):
   listing = _listing(workdirs["quiet"])
   workdirs["dry_run_resume"] = workdirs["quiet"]
   processes["dry_run_resume"] = subprocess.Popen(
-      [sys.executable, "-m", "runner", f"--workdir={workdirs['quiet']}", f"--config={SYNTHETIC}", "--dry_run",
-       "--config.trainer.train_steps=100", "--config.trainer.steps_per_loop=20"],
-      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      [
+          sys.executable,
+          "-m",
+          "runner",
+          f"--workdir={workdirs['quiet']}",
+          f"--config={SYNTHETIC}",
+          "--dry_run",
+          "--config.trainer.train_steps=100",
+          "--config.trainer.steps_per_loop=20",
+      ],
+      env=env,
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+  )
   results.update({case: finish(case) for case in processes if case != "quiet"})
   assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
   return results
@@ -151,18 +221,32 @@ def cli_runs(tmp_path_factory):
 def _write_records(path, *, num_values):
   """Writes 8 tf.train.Examples whose feature 'x' holds `num_values` floats (records.py's parse reads 16)."""
   import tensorflow as tf  # noqa: PLC0415  # Only this fixture needs it.
+
   with tf.io.TFRecordWriter(path) as writer:
     for label in range(8):
-      writer.write(tf.train.Example(features=tf.train.Features(feature={
-          "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * num_values)),
-          "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))})).SerializeToString())
+      writer.write(
+          tf.train.Example(
+              features=tf.train.Features(
+                  feature={
+                      "x": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0] * num_values)),
+                      "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                  }
+              )
+          ).SerializeToString()
+      )
 
 
 def _listing(directory):
   """Every file under `directory` with its size and modification time."""
-  return sorted((os.path.join(root, name), os.stat(os.path.join(root, name)).st_size,
-                 os.stat(os.path.join(root, name)).st_mtime_ns)
-                for root, _, names in os.walk(directory) for name in names)
+  return sorted(
+      (
+          os.path.join(root, name),
+          os.stat(os.path.join(root, name)).st_size,
+          os.stat(os.path.join(root, name)).st_mtime_ns,
+      )
+      for root, _, names in os.walk(directory)
+      for name in names
+  )
 
 
 def _with_log_level(env, level):
@@ -183,8 +267,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(cli_runs):
   assert "per-replica batch size: train 32, eval 32" in stdout
   assert f"workdir: {workdir} does not exist yet: a new run" in stdout
   # At most 1000 steps, lowered to a divisor of the evaluations' cadence (eval_every=500).
-  assert ("plan: mode train: train to step 300 in loops of a size chosen from the measured step time (auto: at most "
-          "500 steps, host overhead under 2%)") in stdout
+  assert (
+      "plan: mode train: train to step 300 in loops of a size chosen from the measured step time (auto: at most "
+      "500 steps, host overhead under 2%)"
+  ) in stdout
   assert not workdir.exists()
 
 
@@ -192,8 +278,10 @@ def test_a_dry_run_on_a_finished_workdir_says_it_would_resume_and_from_which_ste
   returncode, stdout, stderr, workdir = cli_runs["dry_run_resume"]  # The fixture checks it wrote nothing.
   assert returncode == 0, stderr[-3000:]
   assert f"workdir: {workdir} holds a run at step 40 (checkpoint ckpt-40): it would resume from step 40" in stdout
-  assert ("plan: mode train_and_eval: train from step 40 to step 100 in 3 loop(s) of up to 20 steps; then evaluate "
-          "all of the eval split") in stdout
+  assert (
+      "plan: mode train_and_eval: train from step 40 to step 100 in 3 loop(s) of up to 20 steps; then evaluate "
+      "all of the eval split"
+  ) in stdout
 
 
 def test_help_prints_the_usage_and_exits_0(cli_runs):
@@ -207,7 +295,8 @@ def test_a_positional_argument_is_one_error_line_with_status_2(cli_runs):
   returncode, _, stderr, workdir = cli_runs["positional"]
   assert returncode == USER_ERROR_EXIT_CODE and "Traceback" not in stderr
   assert _error_lines(stderr) == [
-      "error: Unexpected arguments ['train']; give overrides as --config.SECTION.FIELD=VALUE."]
+      "error: Unexpected arguments ['train']; give overrides as --config.SECTION.FIELD=VALUE."
+  ]
   assert not workdir.exists()
 
 
@@ -215,7 +304,9 @@ def test_a_bad_flag_value_is_one_error_line_with_status_2(cli_runs):
   returncode, _, stderr, workdir = cli_runs["bad_flag"]
   assert returncode == USER_ERROR_EXIT_CODE
   assert "Traceback" not in stderr and "FATAL" not in stderr
-  assert len(_error_lines(stderr)) == 1 and _error_lines(stderr)[0].startswith("error: flag --mode=trian: value should be one of")
+  assert len(_error_lines(stderr)) == 1 and _error_lines(stderr)[0].startswith(
+      "error: flag --mode=trian: value should be one of"
+  )
   assert not workdir.exists()
 
 
@@ -226,7 +317,8 @@ def test_a_typo_in_an_override_is_one_line_without_traceback(cli_runs):
   assert _error_lines(stderr) == [
       "error: Override 'trainer.train_step=300': config.trainer has no field 'train_step'. Did you mean "
       "'train_steps'? Fields of config.trainer: checkpoint_every, eval_every, eval_steps, jit_compile, "
-      "max_to_keep, precision, profile_steps, seed, steps_per_loop, train_steps."]
+      "max_to_keep, precision, profile_steps, seed, steps_per_loop, train_steps."
+  ]
   assert not workdir.exists()
 
 
@@ -248,8 +340,13 @@ def test_the_same_command_trains_on_two_workers(cli_runs):
     eval_lines += [line for line in stdout.splitlines() if line.startswith("eval: ")]
   assert len(eval_lines) == 2 and eval_lines[0] == eval_lines[1]  # the workers agree
   assert eval_lines[0].endswith(" num_examples=512")  # every eval example counted once over both workers
-  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "config_history.jsonl", "metrics.jsonl",
-                                        "summaries"]
+  assert sorted(os.listdir(workdir)) == [
+      "checkpoints",
+      "config.json",
+      "config_history.jsonl",
+      "metrics.jsonl",
+      "summaries",
+  ]
 
 
 def test_a_dataset_functions_declared_fields_are_set_and_shown_by_the_dry_run(cli_runs):
@@ -267,7 +364,8 @@ def test_a_typo_in_a_declared_field_is_one_line_with_a_did_you_mean(cli_runs):
   assert _error_lines(stderr) == [
       "error: Override 'data.train_file=/data/train-*.rec': config.data has no field 'train_file'. Did you mean "
       "'train_files'? Fields of config.data: eval_global_batch_size, global_batch_size, name, sharding, "
-      "shuffle_buffer, train_files."]
+      "shuffle_buffer, train_files."
+  ]
   assert not workdir.exists()
 
 
@@ -277,8 +375,11 @@ _LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ (?P<file>[\w.]+):\d+\] ")
 
 def _foreign_lines(stderr):
   """The lines of `stderr` that are neither the project's own log lines nor an `error:` line."""
-  return [line for line in stderr.splitlines() if not line.startswith("error:")
-          and not (_LOG_LINE.match(line) and _LOG_LINE.match(line)["file"] in _OWN_FILES)]
+  return [
+      line
+      for line in stderr.splitlines()
+      if not line.startswith("error:") and not (_LOG_LINE.match(line) and _LOG_LINE.match(line)["file"] in _OWN_FILES)
+  ]
 
 
 def test_a_successful_run_prints_only_the_projects_own_lines_on_stderr(cli_runs):
@@ -305,9 +406,11 @@ def test_a_user_who_sets_the_log_level_sees_tensorflows_output(cli_runs):
 
 
 def test_lines_other_than_the_start_up_chatter_are_kept(capfd):
-  chatter = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-             "I0000 00:00:1795419967.489718    8804 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
-             "GPU will not be used.\n")
+  chatter = (
+      "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+      "I0000 00:00:1795419967.489718    8804 cudart_stub.cc:31] Could not find cuda drivers on your machine, "
+      "GPU will not be used.\n"
+  )
   real = "E0000 00:00:1795419967.5 8804 some_op.cc:12] a real error\nTraceback (most recent call last):\n"
   with tensorflow_logs._filtered_stderr(tensorflow_logs._is_chatter):  # noqa: SLF001
     os.write(2, (chatter + real).encode())
@@ -320,30 +423,46 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
   assert _error_lines(stderr) == [
       "error: The training data's features hold NaN or inf values in the batch of step 1; training stopped there, "
       "and no checkpoint holds weights from that step on. Find them with tf.debugging.check_numerics in the "
-      "dataset, or leave such examples out (dataset.filter)."]
+      "dataset, or leave such examples out (dataset.filter)."
+  ]
   assert "Traceback" not in stderr
   assert not workdir.exists()  # The run created it and wrote no checkpoint: it is gone.
 
 
-@pytest.mark.parametrize("case, message", [
-    ("data_labels", "error: The training data's batch of step 1 holds a label outside the task's range: example 10 of "
-                    "the data (counting from 0) has label 10, but labels must be integers in [0, 10) (class ids of a "
-                    "model with 10 outputs (classes))."),
-    ("data_batched", "error: The training data looks batched: every part of its elements has a first dimension of "
-                     "unknown size (element spec (TensorSpec(shape=(None, 16), dtype=tf.float32, name=None), "
-                     "TensorSpec(shape=(None,), dtype=tf.int32, name=None))). The Trainer batches the data itself; "
-                     "return an unbatched dataset of one example per element (drop the .batch(...))."),
-    ("data_dict_features", "error: The training data's features are a dict with the keys 'a' ({'a': TensorSpec("
-                           "shape=(16,), dtype=tf.float32, name=None)} per example), but the model 'mlp' is a "
-                           "keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
-                           "dataset (tf.concat([features['a'], ...], axis=-1) after flattening each), or use a model "
-                           "with one keras.Input per part (a functional keras.Model, as an import path in "
-                           "config.model.name)."),
-    ("data_short_features", "error: The training data cannot be parsed at step 1: {tmp}/short.tfrecord, record 0 "
-                            "(counting from 0): its feature 'x' holds float_list of 3 values, but parse_fn reads it as "
-                            "float32 of shape [16] (16 values). Write the files with the features parse_fn reads, or "
-                            "change the features it reads."),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (
+            "data_labels",
+            "error: The training data's batch of step 1 holds a label outside the task's range: example 10 of "
+            "the data (counting from 0) has label 10, but labels must be integers in [0, 10) (class ids of a "
+            "model with 10 outputs (classes)).",
+        ),
+        (
+            "data_batched",
+            "error: The training data looks batched: every part of its elements has a first dimension of "
+            "unknown size (element spec (TensorSpec(shape=(None, 16), dtype=tf.float32, name=None), "
+            "TensorSpec(shape=(None,), dtype=tf.int32, name=None))). The Trainer batches the data itself; "
+            "return an unbatched dataset of one example per element (drop the .batch(...)).",
+        ),
+        (
+            "data_dict_features",
+            "error: The training data's features are a dict with the keys 'a' ({'a': TensorSpec("
+            "shape=(16,), dtype=tf.float32, name=None)} per example), but the model 'mlp' is a "
+            "keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
+            "dataset (tf.concat([features['a'], ...], axis=-1) after flattening each), or use a model "
+            "with one keras.Input per part (a functional keras.Model, as an import path in "
+            "config.model.name).",
+        ),
+        (
+            "data_short_features",
+            "error: The training data cannot be parsed at step 1: {tmp}/short.tfrecord, record 0 "
+            "(counting from 0): its feature 'x' holds float_list of 3 values, but parse_fn reads it as "
+            "float32 of shape [16] (16 values). Write the files with the features parse_fn reads, or "
+            "change the features it reads.",
+        ),
+    ],
+)
 def test_a_data_mistake_is_one_error_line_with_status_2_and_no_workdir(cli_runs, case, message):
   returncode, _, stderr, workdir = cli_runs[case]
   assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
@@ -358,7 +477,8 @@ def test_evaluation_records_of_another_schema_are_one_error_line_with_status_2_a
   assert _error_lines(stderr) == [
       f"error: The evaluation data cannot be parsed: {workdir.parent}/short.tfrecord, record 0 (counting from 0): its "
       "feature 'x' holds float_list of 3 values, but parse_fn reads it as float32 of shape [16] (16 values). Write the "
-      "files with the features parse_fn reads, or change the features it reads."]
+      "files with the features parse_fn reads, or change the features it reads."
+  ]
   assert "Traceback" not in stderr
   assert sorted(os.listdir(workdir / "checkpoints")) == ["checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
   with open(workdir / "metrics.jsonl", encoding="utf-8") as f:  # The steps trained are kept; no eval row.
@@ -375,7 +495,8 @@ def test_a_batch_larger_than_the_data_and_float16_on_cpus_train_with_one_warning
       "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on a "
       "TPU or a CPU with AVX512_BF16 or AMX.",
       "The global batch of 64 examples is larger than the whole training data (48 examples): every step repeats "
-      "examples within its batch. Use a global batch of at most 48 (config.data.global_batch_size), or more data."]
+      "examples within its batch. Use a global batch of at most 48 (config.data.global_batch_size), or more data.",
+  ]
 
 
 def test_tensorflow_imported_by_the_configs_own_module_starts_quietly_too(cli_runs):
@@ -386,36 +507,68 @@ def test_tensorflow_imported_by_the_configs_own_module_starts_quietly_too(cli_ru
 # Answers that need no device, each (arguments after `python`, exit status, the start of its one `error:` line).
 _ANSWERS_WITHOUT_TENSORFLOW = {
     "help": (["-m", "runner", "--help"], 0, None),
-    "dry_run_typo": (["-m", "runner", f"--config={DIGITS}", "--dry_run", "--config.trainer.train_stepz=5"], 2,
-                     "error: Override 'trainer.train_stepz=5': config.trainer has no field 'train_stepz'. "
-                     "Did you mean 'train_steps'?"),
-    "mode": (["-m", "runner", f"--config={DIGITS}", "--config.mode=trian"], 2,
-             "error: config.mode='trian' is not valid. Did you mean 'train'?"),
-    "strategy_name": (["-m", "runner", f"--config={DIGITS}", "--config.strategy.name=mirored"], 2,
-                      "error: config.strategy.name='mirored' is not valid. Did you mean 'mirrored'?"),
-    "unused_field": (["-m", "runner", f"--config={DIGITS}", "--config.strategy.name=one_device",
-                      "--config.strategy.num_packs=2"], 2,
-                     "error: config.strategy.num_packs=2 is not used by strategy 'one_device'"),
-    "type": (["-m", "runner", f"--config={DIGITS}", "--config.trainer.train_steps=abc"], 2,
-             "error: Override 'trainer.train_steps=abc': config.trainer.train_steps must be an int, got 'abc'."),
-    "dataset": (["-m", "runner", f"--config={DIGITS}", "--config.data.name=digitz"], 2,
-                "error: Unknown dataset 'digitz'. Did you mean 'digits'?"),
-    "precision": (["-m", "runner", f"--config={DIGITS}", "--config.trainer.precision=float16"], 2,
-                  "error: config.trainer.precision='float16' is not valid."),
+    "dry_run_typo": (
+        ["-m", "runner", f"--config={DIGITS}", "--dry_run", "--config.trainer.train_stepz=5"],
+        2,
+        "error: Override 'trainer.train_stepz=5': config.trainer has no field 'train_stepz'. "
+        "Did you mean 'train_steps'?",
+    ),
+    "mode": (
+        ["-m", "runner", f"--config={DIGITS}", "--config.mode=trian"],
+        2,
+        "error: config.mode='trian' is not valid. Did you mean 'train'?",
+    ),
+    "strategy_name": (
+        ["-m", "runner", f"--config={DIGITS}", "--config.strategy.name=mirored"],
+        2,
+        "error: config.strategy.name='mirored' is not valid. Did you mean 'mirrored'?",
+    ),
+    "unused_field": (
+        ["-m", "runner", f"--config={DIGITS}", "--config.strategy.name=one_device", "--config.strategy.num_packs=2"],
+        2,
+        "error: config.strategy.num_packs=2 is not used by strategy 'one_device'",
+    ),
+    "type": (
+        ["-m", "runner", f"--config={DIGITS}", "--config.trainer.train_steps=abc"],
+        2,
+        "error: Override 'trainer.train_steps=abc': config.trainer.train_steps must be an int, got 'abc'.",
+    ),
+    "dataset": (
+        ["-m", "runner", f"--config={DIGITS}", "--config.data.name=digitz"],
+        2,
+        "error: Unknown dataset 'digitz'. Did you mean 'digits'?",
+    ),
+    "precision": (
+        ["-m", "runner", f"--config={DIGITS}", "--config.trainer.precision=float16"],
+        2,
+        "error: config.trainer.precision='float16' is not valid.",
+    ),
     "no_config": (["-m", "runner", "--dry_run"], 2, "error: --config is required"),
     "no_file": (["-m", "runner", "--config=configs/nope.py"], 2, "error: Config file 'configs/nope.py' does not exist"),
     "variant": (["-m", "runner", f"--config={DIGITS}:tpux"], 2, "error: configs/digits.py has no variant 'tpux'"),
     "strategies_help": (["-m", "strategies", "--help"], 0, None),
-    "strategies_flag": (["-m", "strategies", "--strategy=mirored"], 2,
-                        "error: flag --strategy=mirored: --strategy='mirored' is not valid."),
+    "strategies_flag": (
+        ["-m", "strategies", "--strategy=mirored"],
+        2,
+        "error: flag --strategy=mirored: --strategy='mirored' is not valid.",
+    ),
     "launch_help": (["-m", "runner.launch", "--help"], 0, None),
-    "config_syntax": (["-m", "runner", "--config={tmp}/broken.py"], 2,
-                      "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
-    "config_syntax_verbose": (["-m", "runner", "--config={tmp}/broken.py", "--verbose"], 2,
-                              "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax"),
-    "config_exit": (["-m", "runner", "--config={tmp}/exits.py"], 2,
-                    "error: Config file '{tmp}/exits.py', line 2: the config file tried to end the process with "
-                    "SystemExit('bye');"),
+    "config_syntax": (
+        ["-m", "runner", "--config={tmp}/broken.py"],
+        2,
+        "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax",
+    ),
+    "config_syntax_verbose": (
+        ["-m", "runner", "--config={tmp}/broken.py", "--verbose"],
+        2,
+        "error: Config file '{tmp}/broken.py', line 2: SyntaxError: invalid syntax",
+    ),
+    "config_exit": (
+        ["-m", "runner", "--config={tmp}/exits.py"],
+        2,
+        "error: Config file '{tmp}/exits.py', line 2: the config file tried to end the process with "
+        "SystemExit('bye');",
+    ),
 }
 _WITH_TRACEBACK = {"config_syntax_verbose"}
 _IMPORT_TIME = re.compile(r"^import time: +\d+ \| +\d+ \| +(?P<module>[\w.]+)$")
@@ -430,17 +583,27 @@ def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
   (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n  pass\n")
   (tmp_path / "exits.py").write_text("import sys\nsys.exit('bye')\n")
   env = dict(os.environ, PYTHONPATH=REPO)
-  processes = {case: subprocess.Popen([sys.executable, "-X", "importtime"] + [a.format(tmp=tmp_path) for a in args],
-                                      env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()}
+  processes = {
+      case: subprocess.Popen(
+          [sys.executable, "-X", "importtime"] + [a.format(tmp=tmp_path) for a in args],
+          env=env,
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()
+  }
   for case, process in processes.items():
     _, status, error = _ANSWERS_WITHOUT_TENSORFLOW[case]
     stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     assert process.returncode == status, (case, stderr[-3000:])
     errors = _error_lines(stderr)
-    assert (len(errors) == 1 and errors[0].startswith(error.format(tmp=tmp_path))) if error else (
-        "--" in stdout and not errors), case
+    assert (
+        (len(errors) == 1 and errors[0].startswith(error.format(tmp=tmp_path)))
+        if error
+        else ("--" in stdout and not errors)
+    ), case
     assert ("Traceback (most recent call last)" in stderr) == (case in _WITH_TRACEBACK), (case, stderr[-3000:])
     assert "absl" in _imported(stderr), case  # What -X importtime prints is read.
     assert not {"tensorflow", "keras", "sklearn"} & _imported(stderr), case

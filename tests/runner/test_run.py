@@ -12,10 +12,10 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-from testlib import paths
-from testlib import process_testlib
 import runner
 from strategies import ConfigError
+from testlib import paths
+from testlib import process_testlib
 
 REPO = paths.REPO
 DIGITS = os.path.join(REPO, "configs", "digits.py")
@@ -35,9 +35,13 @@ def digits_default(tmp_path_factory):
 
 def _quick(mode="train_and_eval", **sections):
   """A synthetic config that trains 40 steps in loops of 20 on one device."""
-  config = {"mode": mode, "strategy": {"name": "one_device"},
-            "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256, "num_eval_examples": 100},
-            "model": {"hidden_units": (16,)}, "trainer": {"train_steps": 40, "steps_per_loop": 20}}
+  config = {
+      "mode": mode,
+      "strategy": {"name": "one_device"},
+      "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256, "num_eval_examples": 100},
+      "model": {"hidden_units": (16,)},
+      "trainer": {"train_steps": 40, "steps_per_loop": 20},
+  }
   for section, fields in sections.items():
     config[section] = {**config.get(section, {}), **fields}
   return config
@@ -66,13 +70,22 @@ def test_readme_command_and_mirrored_over_two_virtual_cpus_agree(digits_default,
   """The README's first command (one_device in a fresh process), then with a 2-replica MirroredStrategy."""
   command = [sys.executable, "-m", "runner", f"--config={DIGITS}"]
   mirrored = ["--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2"]
-  processes = [subprocess.Popen(command + [f"--workdir={tmp_path / name}"] + extra, env=subprocess_env, cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name, extra in (("one_device", []), ("mirrored", mirrored))]
+  processes = [
+      subprocess.Popen(
+          command + [f"--workdir={tmp_path / name}"] + extra,
+          env=subprocess_env,
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for name, extra in (("one_device", []), ("mirrored", mirrored))
+  ]
   outputs = [p.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS) for p in processes]
   accuracies = []
-  for process, (stdout, stderr), strategy in zip(processes, outputs, ("one_device: 1 replica on CPU:0",
-                                                                       "mirrored: 2 replicas on CPU:0, CPU:1")):
+  for process, (stdout, stderr), strategy in zip(
+      processes, outputs, ("one_device: 1 replica on CPU:0", "mirrored: 2 replicas on CPU:0, CPU:1")
+  ):
     assert process.returncode == 0, stderr[-3000:]
     assert f"strategy: {strategy}" in stdout and "workdir: " in stdout
     match = re.search(r"^eval: accuracy=([0-9.]+) loss=[0-9.]+ num_examples=360$", stdout, re.M)
@@ -101,8 +114,11 @@ def test_modes_train_eval_export_and_resume(tmp_path):
 
 
 def test_mirrored_in_process_and_separate_eval_batch_size(tmp_path, cpu_devices):
-  config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(2))},
-                  data={"eval_global_batch_size": 50}, trainer={"eval_steps": 1})
+  config = _quick(
+      strategy={"name": "mirrored", "devices": tuple(cpu_devices(2))},
+      data={"eval_global_batch_size": 50},
+      trainer={"eval_steps": 1},
+  )
   result = runner.run(config, str(tmp_path))
   assert result.num_replicas == 2
   assert result.eval_metrics["num_examples"] == 50  # eval_steps=1 batch of eval_global_batch_size=50
@@ -131,14 +147,17 @@ def test_import_path_model_dataset_and_task_are_called_as_designed(tmp_path, mon
         return tasks.Regression()
       """))
   monkeypatch.syspath_prepend(str(tmp_path))
-  config = {"strategy": {"name": "one_device"},
-            "data": {"name": "plugins:line_data", "global_batch_size": 16, "slope": 3.0},
-            "model": {"name": "plugins:line_model", "units": 1},
-            "task": {"name": "plugins:mse"},
-            "optimizer": {"learning_rate": 0.1},
-            "trainer": {"train_steps": 100, "steps_per_loop": 50}}
+  config = {
+      "strategy": {"name": "one_device"},
+      "data": {"name": "plugins:line_data", "global_batch_size": 16, "slope": 3.0},
+      "model": {"name": "plugins:line_model", "units": 1},
+      "task": {"name": "plugins:mse"},
+      "optimizer": {"learning_rate": 0.1},
+      "trainer": {"train_steps": 100, "steps_per_loop": 50},
+  }
   result = runner.run(config, str(tmp_path / "work"))
   import plugins  # noqa: PLC0415
+
   assert ("model", 1) in plugins.CALLS and ("task", "plugins:mse") in plugins.CALLS
   assert ("data", "train", 3.0) in plugins.CALLS and ("data", "eval", 3.0) in plugins.CALLS
   assert result.eval_metrics["mae"] < 0.1
@@ -147,14 +166,18 @@ def test_import_path_model_dataset_and_task_are_called_as_designed(tmp_path, mon
 
 def test_batch_size_not_divisible_by_replicas_fails_before_training(tmp_path, cpu_devices):
   config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(3))})
-  with pytest.raises(ConfigError, match=r"config.data.global_batch_size: global_batch_size=32 does not split "
-                                        r"over the 3 replicas.*multiple of 3, e.g. 30 or 33"):
+  with pytest.raises(
+      ConfigError,
+      match=r"config.data.global_batch_size: global_batch_size=32 does not split "
+      r"over the 3 replicas.*multiple of 3, e.g. 30 or 33",
+  ):
     runner.run(config, str(tmp_path))
   assert os.listdir(tmp_path) == []  # nothing written, nothing trained
-  config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(2))},
-                  data={"eval_global_batch_size": 25})
-  with pytest.raises(ConfigError, match=r"config.data.eval_global_batch_size: global_batch_size=25 does not "
-                                        r"split over the 2 replicas"):
+  config = _quick(strategy={"name": "mirrored", "devices": tuple(cpu_devices(2))}, data={"eval_global_batch_size": 25})
+  with pytest.raises(
+      ConfigError,
+      match=r"config.data.eval_global_batch_size: global_batch_size=25 does not split over the 2 replicas",
+  ):
     runner.run(config, str(tmp_path))
 
 
@@ -184,13 +207,21 @@ def test_functions_returning_the_wrong_thing_are_config_errors(tmp_path, monkeyp
         return 42
       """))
   monkeypatch.syspath_prepend(str(tmp_path))
-  cases = [({"model": {"name": "wrongs:not_a_model"}},
-            r"model_fn wrongs:not_a_model returned str; it must return a keras\.Model\."),
-           ({"data": {"name": "wrongs:not_a_dataset"}},
-            r"What the dataset 'wrongs:not_a_dataset' returned for split 'train' must be an unbatched "
-            r"tf\.data\.Dataset .* or a runner\.data\.DatasetProvider, got list\."),
-           ({"task": {"name": "wrongs:not_a_task"}},
-            r"the task function wrongs:not_a_task returned int; it must return a runner\.Task\.")]
+  cases = [
+      (
+          {"model": {"name": "wrongs:not_a_model"}},
+          r"model_fn wrongs:not_a_model returned str; it must return a keras\.Model\.",
+      ),
+      (
+          {"data": {"name": "wrongs:not_a_dataset"}},
+          r"What the dataset 'wrongs:not_a_dataset' returned for split 'train' must be an unbatched "
+          r"tf\.data\.Dataset .* or a runner\.data\.DatasetProvider, got list\.",
+      ),
+      (
+          {"task": {"name": "wrongs:not_a_task"}},
+          r"the task function wrongs:not_a_task returned int; it must return a runner\.Task\.",
+      ),
+  ]
   for i, (sections, message) in enumerate(cases):
     config = {**_quick(), **sections}
     with pytest.raises(ConfigError, match=message):
@@ -203,9 +234,12 @@ def test_a_rerun_that_changes_what_the_checkpoint_holds_fails_and_changes_nothin
   runner.run(_quick(mode="train"), workdir)
   before = process_testlib.files_of(workdir)
   changed_model = _quick(mode="train", model={"hidden_units": (8,)}, trainer={"train_steps": 80})
-  with pytest.raises(ConfigError, match=r"The workdir's checkpoint ckpt-40 was trained with another model, task, "
-                                        r"optimizer, precision or data \(model\.hidden_units: \[16\] -> \[8\]\)\. "
-                                        r"Rerun with the values it was trained with, or use a new --workdir\."):
+  with pytest.raises(
+      ConfigError,
+      match=r"The workdir's checkpoint ckpt-40 was trained with another model, task, "
+      r"optimizer, precision or data \(model\.hidden_units: \[16\] -> \[8\]\)\. "
+      r"Rerun with the values it was trained with, or use a new --workdir\.",
+  ):
     runner.run(changed_model, workdir)
   changed_data = _quick(mode="train", data={"num_features": 8})
   with pytest.raises(ConfigError, match=r"\(training data elements: .*shape=\(16,\).* -> .*shape=\(8,\).*\)"):
@@ -219,11 +253,15 @@ def test_a_rerun_that_changes_how_training_goes_on_resumes_and_keeps_the_history
   with caplog.at_level("INFO", logger="absl"):
     result = runner.run(_quick(mode="train", optimizer={"learning_rate": 5e-4}, trainer={"train_steps": 60}), workdir)
   assert result.global_step == 60
-  assert ("Resuming at step 40 with a changed config: optimizer.learning_rate 0.001 -> 0.0005, "
-          "trainer.train_steps 40 -> 60.") in caplog.text
+  assert (
+      "Resuming at step 40 with a changed config: optimizer.learning_rate 0.001 -> 0.0005, "
+      "trainer.train_steps 40 -> 60."
+  ) in caplog.text
   history = process_testlib.config_history(workdir)
   assert [(entry["step"], entry["changed"]) for entry in history] == [
-      (0, {}), (40, {"optimizer.learning_rate": [0.001, 0.0005], "trainer.train_steps": [40, 60]})]
+      (0, {}),
+      (40, {"optimizer.learning_rate": [0.001, 0.0005], "trainer.train_steps": [40, 60]}),
+  ]
   assert history[1]["config"]["optimizer"]["learning_rate"] == 0.0005
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f) == history[1]["config"]
@@ -253,18 +291,29 @@ def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path,
       print(before, logging.get_verbosity())
       """))
   workdir = tmp_path / "run"
-  process = subprocess.run([sys.executable, str(script), str(workdir)], env=subprocess_env, cwd=REPO,
-                           capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_SECONDS)
+  process = subprocess.run(
+      [sys.executable, str(script), str(workdir)],
+      env=subprocess_env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=SUBPROCESS_TIMEOUT_SECONDS,
+      check=False,
+  )
   assert process.returncode == 0, process.stderr[-3000:]
   shown, quiet = process.stderr.split("=== quiet ===\n")
   assert re.search(rf"from_config.py:\d+\] Mode train in the workdir {re.escape(str(workdir))} \(new\)\.\n", shown)
   progress = re.findall(r"reports.py:\d+\] (step \d+/\d+: .*)", shown)
   assert len(progress) == 2, shown[-3000:]
   # The first loop's line shows the tracing apart; its steps/s (and ETA) count the steps only.
-  assert re.fullmatch(r"step 20/40: loss [\d.]+, accuracy [\d.]+ \| traced in \d+\.\d s, then [\d.]+ steps/s, "
-                      r"\d+ examples/s, ETA 0:00:\d\d", progress[0]), progress[0]
-  assert re.fullmatch(r"step 40/40: loss [\d.]+, accuracy [\d.]+ \| [\d.]+ steps/s, \d+ examples/s, ETA 0:00:00",
-                      progress[1]), progress[1]
+  assert re.fullmatch(
+      r"step 20/40: loss [\d.]+, accuracy [\d.]+ \| traced in \d+\.\d s, then [\d.]+ steps/s, "
+      r"\d+ examples/s, ETA 0:00:\d\d",
+      progress[0],
+  ), progress[0]
+  assert re.fullmatch(
+      r"step 40/40: loss [\d.]+, accuracy [\d.]+ \| [\d.]+ steps/s, \d+ examples/s, ETA 0:00:00", progress[1]
+  ), progress[1]
   assert re.search(rf"checkpoints.py:\d+\] Saved checkpoint {re.escape(str(workdir))}/checkpoints/ckpt-40\.\n", shown)
   assert shown.count("step 20/40: ") == 1 and "INFO:absl:" not in shown  # Each line once, in the CLI's format.
   assert not re.search(r"^I\d{4} .*(functional_saver|tensorflow)", shown, re.MULTILINE)  # TensorFlow's INFO hidden.

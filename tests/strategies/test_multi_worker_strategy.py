@@ -16,10 +16,23 @@ SCRIPT = os.path.join(paths.TESTLIB, "flags_script.py")
 def test_two_workers_from_worker_hosts_flags_agree_on_the_all_reduce(subprocess_env):
   subprocess_env.pop("TF_CONFIG", None)
   hosts = ",".join(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
-  workers = [subprocess.Popen(
-      [sys.executable, SCRIPT, "--strategy=multi_worker_mirrored", f"--worker_hosts={hosts}",
-       f"--task_index={index}", "--timeout_seconds=60"],
-      env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for index in range(2)]
+  workers = [
+      subprocess.Popen(
+          [
+              sys.executable,
+              SCRIPT,
+              "--strategy=multi_worker_mirrored",
+              f"--worker_hosts={hosts}",
+              f"--task_index={index}",
+              "--timeout_seconds=60",
+          ],
+          env=subprocess_env,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for index in range(2)
+  ]
   reports = []
   try:
     for index, worker in enumerate(workers):
@@ -34,4 +47,5 @@ def test_two_workers_from_worker_hosts_flags_agree_on_the_all_reduce(subprocess_
     assert (report["replicas"], report["all_reduce_sum"], report["variable"]) == (2, 3.0, 3.0)
     assert report["strategy"] == (
         f"multi_worker_mirrored: 2 replicas on 2 workers; this is worker:{index} on "
-        f"/job:worker/replica:0/task:{index}/device:CPU:0")
+        f"/job:worker/replica:0/task:{index}/device:CPU:0"
+    )

@@ -37,8 +37,9 @@ def test_a_sharded_variable_is_saved_whole_and_restored_into_any_sharding():
   sharded = _sharded()
   assert sorted(sharded._serialize_to_tensors()) == ["VARIABLE_VALUE"]  # noqa: SLF001
   np.testing.assert_array_equal(sharded._serialize_to_tensors()["VARIABLE_VALUE"], VALUE)  # noqa: SLF001
-  other = sharded_variables.ShardedVariable([tf.Variable(np.zeros((5, 3), np.float32)),
-                                             tf.Variable(np.zeros((5, 3), np.float32))])
+  other = sharded_variables.ShardedVariable(
+      [tf.Variable(np.zeros((5, 3), np.float32)), tf.Variable(np.zeros((5, 3), np.float32))]
+  )
   other._restore_from_tensors({"VARIABLE_VALUE": tf.constant(VALUE)})  # noqa: SLF001
   np.testing.assert_array_equal(other.variables[0].numpy(), VALUE[:5])
   np.testing.assert_array_equal(tf.convert_to_tensor(other), VALUE)

@@ -36,7 +36,8 @@ def test_replicas_are_the_requested_devices(strategy, cpu_devices):
   assert isinstance(strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy))
   assert [tf.DeviceSpec.from_string(d).device_index for d in strategy.extended.worker_devices] == list(range(n))
   assert strategies.describe(strategy).endswith(
-      f"{n} replica{'s' if n > 1 else ''} on {', '.join(f'CPU:{i}' for i in range(n))}")
+      f"{n} replica{'s' if n > 1 else ''} on {', '.join(f'CPU:{i}' for i in range(n))}"
+  )
 
 
 def test_run_and_local_results(strategy):
@@ -72,7 +73,8 @@ def test_gather(strategy):
 def test_values_from_function(strategy):
   n = strategy.num_replicas_in_sync
   values = strategy.experimental_distribute_values_from_function(
-      lambda context: tf.constant(10 * context.replica_id_in_sync_group + context.num_replicas_in_sync))
+      lambda context: tf.constant(10 * context.replica_id_in_sync_group + context.num_replicas_in_sync)
+  )
   assert local_values(strategy, values) == [10 * i + n for i in range(n)]
 
 
@@ -115,8 +117,9 @@ def test_variables_in_scope_are_mirrored_and_stay_in_sync(strategy):
 @pytest.mark.parametrize("cross_device_ops, num_packs", [("reduce_to_one", 1), ("hierarchical_copy", 2)])
 def test_named_cross_device_ops_all_reduce(cpu_devices, cross_device_ops, num_packs):
   strategy = strategies.MirroredStrategy(cpu_devices(2), cross_device_ops=cross_device_ops, num_packs=num_packs)
-  per_replica = tf.function(lambda: strategy.run(
-      lambda: tf.distribute.get_replica_context().all_reduce(SUM, replica_number() * tf.ones([3]))))()
+  per_replica = tf.function(
+      lambda: strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(SUM, replica_number() * tf.ones([3])))
+  )()
   assert local_values(strategy, per_replica) == [[3.0, 3.0, 3.0]] * 2
 
 
@@ -136,6 +139,9 @@ def test_strategies_over_different_devices_coexist_in_one_process(cpu_devices):
   first, second = strategies.MirroredStrategy(cpu_devices(2)), strategies.MirroredStrategy(cpu_devices(4))
   for strategy in (first, second, first):
     n = strategy.num_replicas_in_sync
-    gathered = tf.function(lambda s=strategy: s.run(
-        lambda: tf.distribute.get_replica_context().all_gather(tf.reshape(replica_number(), [1]), axis=0)))()
+    gathered = tf.function(
+        lambda s=strategy: s.run(
+            lambda: tf.distribute.get_replica_context().all_gather(tf.reshape(replica_number(), [1]), axis=0)
+        )
+    )()
     assert local_values(strategy, gathered) == [[float(i + 1) for i in range(n)]] * n

@@ -34,9 +34,11 @@ def closed_local_address():
 @no_local_tpu
 def test_empty_tpu_name_without_a_tpu_says_how_to_name_one(no_tpu_environment):
   del no_tpu_environment
-  with pytest.raises(strategies.ConfigError,
-                     match=r"strategy 'tpu' with tpu='' found no TPU: TPU_NAME is not set .* Name the TPU: "
-                           r"--config.strategy.tpu=local .* on a TPU VM, a Cloud TPU name .*grpc://10.0.0.2:8470"):
+  with pytest.raises(
+      strategies.ConfigError,
+      match=r"strategy 'tpu' with tpu='' found no TPU: TPU_NAME is not set .* Name the TPU: "
+      r"--config.strategy.tpu=local .* on a TPU VM, a Cloud TPU name .*grpc://10.0.0.2:8470",
+  ):
     strategies.create({"name": "tpu"})
 
 
@@ -50,8 +52,9 @@ def test_local_tpu_on_a_machine_without_one(no_tpu_environment):
 def test_grpc_address_where_nothing_listens_fails_within_seconds(no_tpu_environment):
   del no_tpu_environment
   address = closed_local_address()
-  with pytest.raises(strategies.ConfigError,
-                     match=rf"No TPU is reachable at tpu='{address}': .*\(waited at most 5 s\). Name the TPU"):
+  with pytest.raises(
+      strategies.ConfigError, match=rf"No TPU is reachable at tpu='{address}': .*\(waited at most 5 s\). Name the TPU"
+  ):
     strategies.create({"name": "tpu", "tpu": address})
 
 
@@ -65,9 +68,11 @@ def test_tpu_name_off_google_cloud_needs_zone_and_project(no_tpu_environment, tm
   product_name = tmp_path / "product_name"
   product_name.write_text("Standard PC\n")
   no_tpu_environment.setattr(tpu_lib, "DMI_PRODUCT_NAME_FILE", str(product_name))
-  with pytest.raises(strategies.ConfigError,
-                     match=r"tpu='my-tpu' is a Cloud TPU name, and this machine is not on Google Cloud, so zone "
-                           r"and project must be given"):
+  with pytest.raises(
+      strategies.ConfigError,
+      match=r"tpu='my-tpu' is a Cloud TPU name, and this machine is not on Google Cloud, so zone "
+      r"and project must be given",
+  ):
     strategies.create({"name": "tpu", "tpu": "my-tpu"})
 
 
@@ -79,17 +84,25 @@ def test_tpu_name_whose_lookup_fails(no_tpu_environment):
     strategies.TPUStrategy("my-tpu")
 
 
-@pytest.mark.parametrize("arguments, message", [
-    ({"tpu": "local", "zone": "us-central1-b"}, r"zone and project look up a Cloud TPU by name; tpu='local' does "
-                                                r"not use them."),
-    ({"tpu": "grpc://localhost:1", "project": "p"}, r"tpu='grpc://localhost:1' does not use them"),
-    ({"computation_shape": [1, 0, 1, 1]}, r"computation_shape must be a list of positive ints, one per TPU mesh "
-                                          r"axis, such as \[1, 1, 1, 2\]; got \[1, 0, 1, 1\]."),
-    ({"computation_shape": "1,1,1,2"}, r"computation_shape must be a list of positive ints"),
-    ({"num_replicas": 0}, r"num_replicas must be a positive int, got 0."),
-    ({"spmd_xla_partitioning": "yes"}, r"spmd_xla_partitioning must be True or False, got 'yes'."),
-    ({"tpu": 3}, r"tpu must be a string \('', 'local', a TPU name or grpc://host:port\), got 3."),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (
+            {"tpu": "local", "zone": "us-central1-b"},
+            r"zone and project look up a Cloud TPU by name; tpu='local' does not use them.",
+        ),
+        ({"tpu": "grpc://localhost:1", "project": "p"}, r"tpu='grpc://localhost:1' does not use them"),
+        (
+            {"computation_shape": [1, 0, 1, 1]},
+            r"computation_shape must be a list of positive ints, one per TPU mesh "
+            r"axis, such as \[1, 1, 1, 2\]; got \[1, 0, 1, 1\].",
+        ),
+        ({"computation_shape": "1,1,1,2"}, r"computation_shape must be a list of positive ints"),
+        ({"num_replicas": 0}, r"num_replicas must be a positive int, got 0."),
+        ({"spmd_xla_partitioning": "yes"}, r"spmd_xla_partitioning must be True or False, got 'yes'."),
+        ({"tpu": 3}, r"tpu must be a string \('', 'local', a TPU name or grpc://host:port\), got 3."),
+    ],
+)
 def test_bad_tpu_arguments_fail_before_any_connection(no_tpu_environment, arguments, message):
   del no_tpu_environment
   with pytest.raises(strategies.ConfigError, match=message):
@@ -117,8 +130,14 @@ def test_real_tpu_runs_a_strategy(subprocess_env):
   # even when pytest runs with TPU_LOAD_LIBRARY=0 (as docs/cloud_tpu.md says) to stay off the TPU itself.
   script = os.path.join(paths.TESTLIB, "flags_script.py")
   env = {k: v for k, v in subprocess_env.items() if k != "TPU_LOAD_LIBRARY"}
-  result = subprocess.run([sys.executable, script, "--strategy=tpu"], env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_SECONDS, check=False)
+  result = subprocess.run(
+      [sys.executable, script, "--strategy=tpu"],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=TIMEOUT_SECONDS,
+      check=False,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   report = json.loads(result.stdout.splitlines()[-1])
   n = report["replicas"]

@@ -17,8 +17,9 @@ def topology(mesh_shape):
   """A one-host topology with a device at every point of `mesh_shape` (x, y, z, core)."""
   x, y, z, cores = mesh_shape
   coordinates = [[i, j, k, c] for k in range(z) for j in range(y) for i in range(x) for c in range(cores)]
-  return tf.tpu.experimental.Topology(mesh_shape=list(mesh_shape),
-                                      device_coordinates=np.array([coordinates], dtype=np.int32))
+  return tf.tpu.experimental.Topology(
+      mesh_shape=list(mesh_shape), device_coordinates=np.array([coordinates], dtype=np.int32)
+  )
 
 
 V3_8 = (2, 2, 1, 2)  # 4 chips of 2 cores: 8 cores
@@ -32,14 +33,18 @@ def no_tpu_environment(monkeypatch):
   return monkeypatch
 
 
-@pytest.mark.parametrize("name, kind, connects, zone_and_project", [
-    ("local", "local", False, False),
-    ("my-tpu", "name", True, True),
-    ("grpc://10.0.0.2:8470", "address", True, False),
-])
+@pytest.mark.parametrize(
+    "name, kind, connects, zone_and_project",
+    [
+        ("local", "local", False, False),
+        ("my-tpu", "name", True, True),
+        ("grpc://10.0.0.2:8470", "address", True, False),
+    ],
+)
 def test_resolver_form_of_each_name_form(name, kind, connects, zone_and_project):
   assert tpu_lib.resolver_form(name) == tpu_lib.ResolverForm(
-      kind=kind, connects=connects, uses_zone_and_project=zone_and_project)
+      kind=kind, connects=connects, uses_zone_and_project=zone_and_project
+  )
 
 
 def test_an_empty_name_is_the_environments_tpu(no_tpu_environment):
@@ -95,8 +100,9 @@ def test_each_tpu_system_is_initialized_once_per_process():
 def test_a_failed_initialization_is_an_error_and_is_tried_again():
   initialize = CountingInitializer(failures=1)
   systems = tpu_lib.TPUSystems(initialize=initialize)
-  with pytest.raises(strategies.ConfigError,
-                     match=r"Could not initialize the TPU system of tpu='my-tpu': Socket closed. Name the TPU"):
+  with pytest.raises(
+      strategies.ConfigError, match=r"Could not initialize the TPU system of tpu='my-tpu': Socket closed. Name the TPU"
+  ):
     systems.topology("my-tpu", None)
   assert "my-tpu" not in systems
   assert list(systems.topology("my-tpu", None).mesh_shape) == list(V3_8)
@@ -107,15 +113,18 @@ def test_every_tpu_strategy_shares_the_process_table():
   assert isinstance(tpu_lib.SYSTEMS, tpu_lib.TPUSystems)
 
 
-@pytest.mark.parametrize("mesh, shape, num_replicas, replicas, cores_per_replica", [
-    (V3_8, None, None, 8, 1),              # data parallelism: one core per replica
-    (V3_8, [1, 1, 1, 2], None, 4, 2),      # both cores of a chip per replica
-    (V3_8, [2, 1, 1, 2], None, 2, 4),
-    (V3_8, [1, 1, 1, 2], 2, 2, 2),         # fewer replicas than fit
-    (V3_8, [2, 2, 1, 2], None, 1, 8),      # one replica over the whole slice
-    (V4_8, [1, 2, 1, 1], None, 2, 2),
-    ((3, 3, 1, 1), [2, 2, 1, 1], None, 1, 4),  # whole blocks only: 1, not 9 // 4 = 2
-])
+@pytest.mark.parametrize(
+    "mesh, shape, num_replicas, replicas, cores_per_replica",
+    [
+        (V3_8, None, None, 8, 1),  # data parallelism: one core per replica
+        (V3_8, [1, 1, 1, 2], None, 4, 2),  # both cores of a chip per replica
+        (V3_8, [2, 1, 1, 2], None, 2, 4),
+        (V3_8, [1, 1, 1, 2], 2, 2, 2),  # fewer replicas than fit
+        (V3_8, [2, 2, 1, 2], None, 1, 8),  # one replica over the whole slice
+        (V4_8, [1, 2, 1, 1], None, 2, 2),
+        ((3, 3, 1, 1), [2, 2, 1, 1], None, 1, 4),  # whole blocks only: 1, not 9 // 4 = 2
+    ],
+)
 def test_device_assignment_places_whole_blocks(mesh, shape, num_replicas, replicas, cores_per_replica):
   assignment = tpu_lib.device_assignment(topology(mesh), shape, num_replicas)
   assert (assignment.num_replicas, assignment.num_cores_per_replica) == (replicas, cores_per_replica)
@@ -127,24 +136,44 @@ def test_each_replica_of_a_device_assignment_is_one_block_of_the_shape():
   assignment = tpu_lib.device_assignment(topology(V3_8), [1, 1, 1, 2], None)
   for replica in assignment.core_assignment.tolist():
     assert [c[:3] for c in replica] == [replica[0][:3]] * 2  # one chip
-    assert sorted(c[3] for c in replica) == [0, 1]           # both of its cores
+    assert sorted(c[3] for c in replica) == [0, 1]  # both of its cores
 
 
-@pytest.mark.parametrize("mesh, shape, num_replicas, message", [
-    (V3_8, [1, 1, 2], None,
-     r"computation_shape=\[1, 1, 2\] needs 4 entries, one per axis of the TPU mesh \[2, 2, 1, 2\] "
-     r"\(x, y, z, core; 8 cores\)."),
-    (V3_8, [1, 1, 1, 4], None,
-     r"computation_shape=\[1, 1, 1, 4\] does not fit the TPU mesh \[2, 2, 1, 2\] \(x, y, z, core; 8 cores\): "
-     r"along axis core it asks for 4 cores, the mesh has 2."),
-    (V3_8, [1, 1, 1, 2], 8,
-     r"computation_shape=\[1, 1, 1, 2\] with num_replicas=8 needs 16 cores, and only 4 replica\(s\) of that "
-     r"shape fit the TPU mesh \[2, 2, 1, 2\] \(x, y, z, core; 8 cores\). Use num_replicas <= 4"),
-    (V3_8, None, 9, r"computation_shape=\[1, 1, 1, 1\] with num_replicas=9 needs 9 cores, and only 8 replica"),
-    # A 2x2 block on a 3x3 mesh: 9 cores would hold 2 blocks by count, but only 1 fits.
-    ((3, 3, 1, 1), [2, 2, 1, 1], 2, r"with num_replicas=2 needs 8 cores, and only 1 replica\(s\) of that shape fit "
-                                    r"the TPU mesh \[3, 3, 1, 1\] \(x, y, z, core; 9 cores\)"),
-])
+@pytest.mark.parametrize(
+    "mesh, shape, num_replicas, message",
+    [
+        (
+            V3_8,
+            [1, 1, 2],
+            None,
+            r"computation_shape=\[1, 1, 2\] needs 4 entries, one per axis of the TPU mesh \[2, 2, 1, 2\] "
+            r"\(x, y, z, core; 8 cores\).",
+        ),
+        (
+            V3_8,
+            [1, 1, 1, 4],
+            None,
+            r"computation_shape=\[1, 1, 1, 4\] does not fit the TPU mesh \[2, 2, 1, 2\] \(x, y, z, core; 8 cores\): "
+            r"along axis core it asks for 4 cores, the mesh has 2.",
+        ),
+        (
+            V3_8,
+            [1, 1, 1, 2],
+            8,
+            r"computation_shape=\[1, 1, 1, 2\] with num_replicas=8 needs 16 cores, and only 4 replica\(s\) of that "
+            r"shape fit the TPU mesh \[2, 2, 1, 2\] \(x, y, z, core; 8 cores\). Use num_replicas <= 4",
+        ),
+        (V3_8, None, 9, r"computation_shape=\[1, 1, 1, 1\] with num_replicas=9 needs 9 cores, and only 8 replica"),
+        # A 2x2 block on a 3x3 mesh: 9 cores would hold 2 blocks by count, but only 1 fits.
+        (
+            (3, 3, 1, 1),
+            [2, 2, 1, 1],
+            2,
+            r"with num_replicas=2 needs 8 cores, and only 1 replica\(s\) of that shape fit "
+            r"the TPU mesh \[3, 3, 1, 1\] \(x, y, z, core; 9 cores\)",
+        ),
+    ],
+)
 def test_device_assignment_that_does_not_fit_says_why(mesh, shape, num_replicas, message):
   with pytest.raises(strategies.ConfigError, match=message):
     tpu_lib.device_assignment(topology(mesh), shape, num_replicas)

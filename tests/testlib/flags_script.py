@@ -31,15 +31,21 @@ def main(argv):
       replica_number = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
       counter.assign_add(replica_number)
       return context.all_reduce(tf.distribute.ReduceOp.SUM, replica_number)
+
     return strategy.run(replica_fn)
 
   summed = strategy.experimental_local_results(step())[0]
-  print(json.dumps({
-      "replicas": strategy.num_replicas_in_sync,
-      "all_reduce_sum": float(summed),
-      "variable": float(counter.read_value()),
-      "strategy": strategies.describe(strategy),
-  }), flush=True)
+  print(
+      json.dumps(
+          {
+              "replicas": strategy.num_replicas_in_sync,
+              "all_reduce_sum": float(summed),
+              "variable": float(counter.read_value()),
+              "strategy": strategies.describe(strategy),
+          }
+      ),
+      flush=True,
+  )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,18 @@ def start_servers(cluster):
   """Starts every worker and ps task of `cluster` (a dict of job -> hosts) in this process."""
   spec = tf.train.ClusterSpec({job: hosts for job, hosts in cluster.items() if job != "chief"})
   worker_config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=len(cluster["worker"]) + 1)
-  return [tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc",
-                               config=worker_config if job == "worker" else None, start=True)
-          for job in ("worker", "ps") for index in range(len(cluster[job]))]
+  return [
+      tf.distribute.Server(
+          spec,
+          job_name=job,
+          task_index=index,
+          protocol="grpc",
+          config=worker_config if job == "worker" else None,
+          start=True,
+      )
+      for job in ("worker", "ps")
+      for index in range(len(cluster[job]))
+  ]
 
 
 def main(argv):
@@ -37,8 +46,7 @@ def main(argv):
     total = tf.Variable(0.0)
 
   def per_worker_dataset_fn():
-    return strategy.distribute_datasets_from_function(
-        lambda input_context: tf.data.Dataset.from_tensors(1.0).repeat())
+    return strategy.distribute_datasets_from_function(lambda input_context: tf.data.Dataset.from_tensors(1.0).repeat())
 
   iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
@@ -47,16 +55,22 @@ def main(argv):
     def replica_fn(value):
       total.assign_add(value)
       return value
+
     return strategy.run(replica_fn, args=(next(iterator),))
 
   results = [coordinator.schedule(step, args=(iterator,)) for _ in range(STEPS)]
   coordinator.join()
-  print(json.dumps({
-      "steps": sum(float(r.fetch()) for r in results),
-      "variable": float(total.numpy()),
-      "strategy": strategies.describe(strategy),
-      "servers": len(servers),
-  }), flush=True)
+  print(
+      json.dumps(
+          {
+              "steps": sum(float(r.fetch()) for r in results),
+              "variable": float(total.numpy()),
+              "strategy": strategies.describe(strategy),
+              "servers": len(servers),
+          }
+      ),
+      flush=True,
+  )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ class Process:
     self._out = open(stem + ".out", "w+", encoding="utf-8")  # noqa: SIM115
     self._err = open(stem + ".err", "w+", encoding="utf-8")  # noqa: SIM115
     self.process = subprocess.Popen(
-        command, cwd=paths.REPO, env=env, stdout=self._out, stderr=self._err, preexec_fn=preexec_fn)  # noqa: PLW1509
+        command, cwd=paths.REPO, env=env, stdout=self._out, stderr=self._err, preexec_fn=preexec_fn  # noqa: PLW1509
+    )
 
   def wait(self, timeout=TIMEOUT_SECONDS):
     """Waits for the exit (killing the process past `timeout`); returns `(status, stdout, stderr)`."""

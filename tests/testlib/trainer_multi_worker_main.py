@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for `testlib`
-from testlib import trainer_testlib
 import runner
+from testlib import trainer_testlib
 
 
 class SeenLoops(runner.actions.Action):
@@ -33,15 +33,21 @@ def main(out_dir):
   task_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   seen = SeenLoops()
-  trainer = trainer_testlib.make_trainer(strategy, model_dir=os.path.join(out_dir, "model_dir"), checkpoint_every=2,
-                                         actions=[seen])
-  trainer.train(trainer_testlib.classification_data(), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
-                steps=trainer_testlib.MULTI_WORKER_STEPS)
+  trainer = trainer_testlib.make_trainer(
+      strategy, model_dir=os.path.join(out_dir, "model_dir"), checkpoint_every=2, actions=[seen]
+  )
+  trainer.train(
+      trainer_testlib.classification_data(),
+      global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+      steps=trainer_testlib.MULTI_WORKER_STEPS,
+  )
   np.savez(os.path.join(out_dir, f"weights_{task_index}.npz"), *trainer.model.get_weights())
   with open(os.path.join(out_dir, f"actions_{task_index}.json"), "w", encoding="utf-8") as f:
     json.dump(seen.seen, f)
-  results = trainer.evaluate(trainer_testlib.UnevenShards(trainer_testlib.classification_data(1001, seed=2)),
-                             global_batch_size=trainer_testlib.MULTI_WORKER_BATCH)
+  results = trainer.evaluate(
+      trainer_testlib.UnevenShards(trainer_testlib.classification_data(1001, seed=2)),
+      global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+  )
   with open(os.path.join(out_dir, f"eval_{task_index}.json"), "w", encoding="utf-8") as f:
     json.dump(results, f)
 

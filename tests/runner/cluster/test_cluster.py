@@ -23,8 +23,15 @@ TIMEOUT_SECONDS = 180
 STEPS = 12
 # Unshuffled data and a global batch every worker count divides: each global batch is the same examples
 # whichever the number of workers, so the run must equal one process's.
-OVERRIDES = ["mode=train", "data.global_batch_size=48", "data.num_examples=480", "data.shuffle=false",
-             f"trainer.train_steps={STEPS}", "trainer.steps_per_loop=4", "trainer.checkpoint_every=4"]
+OVERRIDES = [
+    "mode=train",
+    "data.global_batch_size=48",
+    "data.num_examples=480",
+    "data.shuffle=false",
+    f"trainer.train_steps={STEPS}",
+    "trainer.steps_per_loop=4",
+    "trainer.checkpoint_every=4",
+]
 CHIEF_FILES = {"checkpoints", "summaries", "metrics.jsonl", "config.json", "config_history.jsonl"}
 
 
@@ -39,7 +46,8 @@ def _cluster_overrides(hosts, index):
 def _runner(hosts, index, workdir, *args):
   """The `python -m runner` command line of worker `index`."""
   return [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", *args] + [
-      f"--config.{override}" for override in _cluster_overrides(hosts, index)]
+      f"--config.{override}" for override in _cluster_overrides(hosts, index)
+  ]
 
 
 def _finish(processes):
@@ -58,21 +66,40 @@ def _start(command, env):
   A shell without job control starts background jobs with SIGINT ignored, and
   Python then keeps it ignored instead of raising KeyboardInterrupt.
   """
-  return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  return subprocess.Popen(
+      command,
+      cwd=REPO,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+  )
 
 
 @pytest.mark.parametrize("num_workers", [2, 3])
-def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes(num_workers, tmp_path,
-                                                                                 subprocess_env):
+def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes(num_workers, tmp_path, subprocess_env):
   scratch = tmp_path / "tmp"
   scratch.mkdir()
   env = dict(subprocess_env, TMPDIR=str(scratch))
   workdir = tmp_path / "job"
   hosts = _hosts(num_workers)
-  results = _finish([
-      _start([sys.executable, AGREEMENT_MAIN, str(tmp_path / f"weights_{i}.npz"), str(workdir), *OVERRIDES,
-              *_cluster_overrides(hosts, i)], env) for i in range(num_workers)])
+  results = _finish(
+      [
+          _start(
+              [
+                  sys.executable,
+                  AGREEMENT_MAIN,
+                  str(tmp_path / f"weights_{i}.npz"),
+                  str(workdir),
+                  *OVERRIDES,
+                  *_cluster_overrides(hosts, i),
+              ],
+              env,
+          )
+          for i in range(num_workers)
+      ]
+  )
   for status, stdout, stderr in results:
     assert status == 0, stderr[-3000:]
     assert stdout.splitlines()[-1] == f"global step: {STEPS}"
@@ -84,8 +111,7 @@ def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes
   for other in per_worker[1:]:
     for got, want in zip(other, per_worker[0]):
       np.testing.assert_array_equal(got, want)
-  single = runner.run(runner.load_config(SYNTHETIC, OVERRIDES + ["strategy.name=one_device"]),
-                      str(tmp_path / "single"))
+  single = runner.run(runner.load_config(SYNTHETIC, OVERRIDES + ["strategy.name=one_device"]), str(tmp_path / "single"))
   assert single.global_step == STEPS
   expected = single.model.get_weights()
   assert len(per_worker[0]) == len(expected) == 4
@@ -98,8 +124,12 @@ def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes
   assert not [name for name in os.listdir(scratch) if name.startswith("tf_runner_worker_")]
 
   if num_workers == 2:  # The same job exports: the chief writes the SavedModel, which loads and serves.
-    results = _finish([_start(_runner(hosts, i, workdir, "--mode=export", *[f"--config.{o}" for o in OVERRIDES[1:]]),
-                              env) for i in range(2)])
+    results = _finish(
+        [
+            _start(_runner(hosts, i, workdir, "--mode=export", *[f"--config.{o}" for o in OVERRIDES[1:]]), env)
+            for i in range(2)
+        ]
+    )
     assert [status for status, _, _ in results] == [0, 0], [stderr[-2000:] for _, _, stderr in results]
     assert set(os.listdir(workdir)) == CHIEF_FILES | {"export"}
     served = tf.saved_model.load(str(workdir / "export")).signatures["serving_default"]
@@ -111,20 +141,24 @@ def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes
 def test_a_worker_whose_peer_never_comes_gives_up_at_the_timeout_naming_it(tmp_path, subprocess_env):
   hosts = _hosts(3)
   workdir = tmp_path / "job"
-  (status, stdout, stderr), = _finish([_start(
-      _runner(hosts, 1, workdir, "--config.strategy.timeout_seconds=3"), subprocess_env)])
+  ((status, stdout, stderr),) = _finish(
+      [_start(_runner(hosts, 1, workdir, "--config.strategy.timeout_seconds=3"), subprocess_env)]
+  )
   assert status == 4, stderr[-3000:]
   assert stderr.splitlines()[-1] == (
       f"error: worker:1 waited 3 s for the other tasks and gave up: nothing listens at worker:0 ({hosts[0]}), "
       f"worker:2 ({hosts[2]}). Start every task (the same command with its own TF_CONFIG or task_index), or "
-      "raise config.strategy.timeout_seconds.")
+      "raise config.strategy.timeout_seconds."
+  )
   assert "Traceback" not in stderr and "global step" not in stdout
   assert not workdir.exists()  # Nothing was written.
 
 
 def test_sigterm_and_ctrl_c_end_a_worker_that_waits_for_its_peers(tmp_path, subprocess_env):
-  waiting = {signum: _start(_runner(_hosts(2), 0, tmp_path / signal.Signals(signum).name), subprocess_env)
-             for signum in (signal.SIGTERM, signal.SIGINT)}
+  waiting = {
+      signum: _start(_runner(_hosts(2), 0, tmp_path / signal.Signals(signum).name), subprocess_env)
+      for signum in (signal.SIGTERM, signal.SIGINT)
+  }
   for process in waiting.values():
     _wait_for_line(process, "waiting for worker:1 (at most 300 s)")
   for signum, process in waiting.items():
@@ -141,8 +175,12 @@ def test_sigterm_and_ctrl_c_end_a_worker_that_waits_for_its_peers(tmp_path, subp
 
 def test_a_worker_that_dies_mid_run_stops_the_others_with_one_line_naming_it(tmp_path, subprocess_env):
   hosts = _hosts(2)
-  args = ["--mode=train", "--config.trainer.train_steps=1000000", "--config.trainer.steps_per_loop=10",
-          "--config.trainer.checkpoint_every=50"]
+  args = [
+      "--mode=train",
+      "--config.trainer.train_steps=1000000",
+      "--config.trainer.steps_per_loop=10",
+      "--config.trainer.checkpoint_every=50",
+  ]
   survivor, victim = [_start(_runner(hosts, i, tmp_path / "job", *args), subprocess_env) for i in range(2)]
   _wait_for_line(survivor, "step 100/1000000")
   victim.kill()
@@ -150,8 +188,10 @@ def test_a_worker_that_dies_mid_run_stops_the_others_with_one_line_naming_it(tmp
   assert status == 4, stderr[-3000:]
   last = stderr.splitlines()[-1]
   assert last.startswith("error: worker:0 stopped after step ")
-  assert f"worker:1 ({hosts[1]})" in last and "Restart every task with the same command; the job resumes from its " \
-      "last checkpoint, at step " in last
+  assert (
+      f"worker:1 ({hosts[1]})" in last
+      and "Restart every task with the same command; the job resumes from its last checkpoint, at step " in last
+  )
   step = int(last.split("stopped after step ")[1].split(":")[0])
   saved = int(last.rsplit("at step ", 1)[1].rstrip("."))
   assert saved == step - step % 50 and saved >= 100
@@ -160,22 +200,32 @@ def test_a_worker_that_dies_mid_run_stops_the_others_with_one_line_naming_it(tmp
 
 def test_the_lost_peer_message_names_the_peers_in_tensorflows_error():
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2", "localhost:3"]}), task_type="worker", task_id=0)
-  error = tf.errors.UnavailableError(None, None, (
-      "Collective ops is aborted by: Error reported from /job:worker/task:0: The following tasks are unhealthy "
-      "(stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe tasks have crashed."))
+      tf.train.ClusterSpec({"worker": ["localhost:1", "localhost:2", "localhost:3"]}), task_type="worker", task_id=0
+  )
+  error = tf.errors.UnavailableError(
+      None,
+      None,
+      (
+          "Collective ops is aborted by: Error reported from /job:worker/task:0: The following tasks are unhealthy "
+          "(stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe tasks have crashed."
+      ),
+  )
   message = str(peers.lost(error, cluster_resolver=resolver, step=40, saved_step=None))
-  assert message.startswith("worker:0 stopped after step 40: worker:2 stopped sending heartbeats (it crashed, was "
-                            "killed or hangs). Nothing listens at worker:1 (localhost:2), worker:2 (localhost:3). ")
-  assert message.endswith("Restart every task with the same command; the job resumes from step 0 (no checkpoint "
-                          "yet).")
+  assert message.startswith(
+      "worker:0 stopped after step 40: worker:2 stopped sending heartbeats (it crashed, was "
+      "killed or hangs). Nothing listens at worker:1 (localhost:2), worker:2 (localhost:3). "
+  )
+  assert message.endswith("Restart every task with the same command; the job resumes from step 0 (no checkpoint yet).")
 
 
 def test_a_taken_port_is_named_before_any_waiting():
   with socket_holding_a_port() as port:
     spec = tf.train.ClusterSpec({"worker": [f"localhost:{port}", "localhost:1"]})
-    with pytest.raises(ClusterError, match=rf"^worker:0 cannot listen at localhost:{port}: .*Another process holds "
-                                           "the port; choose free ports for the cluster\\.$"):
+    with pytest.raises(
+        ClusterError,
+        match=rf"^worker:0 cannot listen at localhost:{port}: .*Another process holds "
+        "the port; choose free ports for the cluster\\.$",
+    ):
       peers.join(lambda: None, cluster_spec=spec, task_type="worker", task_id=0, timeout_seconds=1)
 
 
@@ -184,6 +234,7 @@ class socket_holding_a_port:  # noqa: N801
 
   def __enter__(self):
     import socket  # noqa: PLC0415
+
     self._socket = socket.socket()
     self._socket.bind(("", 0))
     self._socket.listen(1)

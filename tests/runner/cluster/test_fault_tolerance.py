@@ -21,10 +21,10 @@ import portpicker
 import pytest
 import tensorflow as tf
 
-from testlib import paths
-from testlib import process_testlib
 import runner
 from runner.workdir import lock as workdir_lock
+from testlib import paths
+from testlib import process_testlib
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -37,7 +37,8 @@ def _run_args(**trainer):
   """The command line of a synthetic training run; by default a few seconds in loops of 10, a checkpoint every 100."""
   trainer = {"train_steps": STEPS, "steps_per_loop": 10, "checkpoint_every": 100, **trainer}
   return [f"--config={SYNTHETIC}", "--mode=train", "--config.data.num_examples=512"] + [
-      f"--config.trainer.{field}={value}" for field, value in trainer.items()]
+      f"--config.trainer.{field}={value}" for field, value in trainer.items()
+  ]
 
 
 RUN = _run_args()
@@ -49,15 +50,23 @@ class Run(process_testlib.TrainingProcess):
   """`python -m runner --workdir=WORKDIR ARGS` in a child process, its output in files."""
 
   def __init__(self, workdir, args, env, preexec_fn=None):
-    super().__init__([sys.executable, "-m", "runner", f"--workdir={workdir}", *args], workdir=workdir, env=env,
-                     name="run", preexec_fn=preexec_fn)
+    super().__init__(
+        [sys.executable, "-m", "runner", f"--workdir={workdir}", *args],
+        workdir=workdir,
+        env=env,
+        name="run",
+        preexec_fn=preexec_fn,
+    )
 
 
 def _final_values(workdir):
   """{variable name: value} of the latest checkpoint (the model's and the optimizer's variables)."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
-  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-          if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")}
+  return {
+      name: reader.get_tensor(name)
+      for name in reader.get_variable_to_shape_map()
+      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
+  }
 
 
 def _assert_same_values(got, want, rtol):
@@ -73,11 +82,14 @@ def _no_traceback(stderr):
   assert "Traceback" not in stderr, stderr[-3000:]
 
 
-@pytest.mark.parametrize("strategy, signum, rtol", [(ONE_DEVICE, signal.SIGTERM, 0),
-                                                    (MIRRORED_2, signal.SIGINT, 1e-6)],
-                         ids=["sigterm_one_device", "ctrl_c_mirrored_2"])
-def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy, signum, rtol, tmp_path,
-                                                                       subprocess_env):
+@pytest.mark.parametrize(
+    "strategy, signum, rtol",
+    [(ONE_DEVICE, signal.SIGTERM, 0), (MIRRORED_2, signal.SIGINT, 1e-6)],
+    ids=["sigterm_one_device", "ctrl_c_mirrored_2"],
+)
+def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(
+    strategy, signum, rtol, tmp_path, subprocess_env
+):
   whole = Run(tmp_path / "whole", RUN + strategy, subprocess_env)
   stopped = Run(tmp_path / "stopped", RUN + strategy, subprocess_env)
   stopped.wait_for_rows(12)  # Past the checkpoint at step 100, mid-way to the next one.
@@ -87,9 +99,16 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(strategy,
   step = stopped.train_rows()[-1]["step"]
   assert 120 <= step < STEPS
   name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: r"Ctrl-C \(SIGINT\)"}[signum]
-  assert len(re.findall(
-      rf"Stopped by {name}: saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same command again to "
-      rf"resume from there\.", stderr)) == 1, stderr[-3000:]
+  assert (
+      len(
+          re.findall(
+              rf"Stopped by {name}: saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same command again to "
+              rf"resume from there\.",
+              stderr,
+          )
+      )
+      == 1
+  ), stderr[-3000:]
   _no_traceback(stderr)
   assert tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints")).endswith(f"ckpt-{step}")
   assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "stopped")  # Released before the exit.
@@ -109,10 +128,10 @@ def _catches(pid, signum):
   return bool(caught >> (signum - 1) & 1)
 
 
-@pytest.mark.parametrize("signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")],
-                         ids=["SIGTERM", "SIGINT"])
-def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(signum, name, tmp_path,
-                                                                               subprocess_env):
+@pytest.mark.parametrize(
+    "signum, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")], ids=["SIGTERM", "SIGINT"]
+)
+def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(signum, name, tmp_path, subprocess_env):
   run = Run(tmp_path / "run", RUN + ONE_DEVICE, subprocess_env)
   run.wait_for(lambda: _catches(run.process.pid, signal.SIGTERM), "a SIGTERM handler", timeout=30)
   time.sleep(random.Random(signum).uniform(0, 0.8))  # Within start-up: loading TensorFlow alone takes longer.
@@ -155,8 +174,9 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env)
   checkpoints = str(tmp_path / "run" / "checkpoints")
   run.wait_for(lambda: tf.train.latest_checkpoint(checkpoints) is not None, "the first loop's checkpoint")
   run.process.send_signal(signal.SIGINT)
-  run.wait_for(lambda: "Press Ctrl-C again to abort without saving." in run.stderr(), "the first Ctrl-C's line",
-               timeout=5)  # Said at once, not when the loop ends.
+  run.wait_for(
+      lambda: "Press Ctrl-C again to abort without saving." in run.stderr(), "the first Ctrl-C's line", timeout=5
+  )  # Said at once, not when the loop ends.
   run.process.send_signal(signal.SIGINT)
   sent = time.monotonic()
   status, _, stderr = run.wait()
@@ -213,10 +233,23 @@ def _full_disk():
 def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
   model = ["--config.model.hidden_units=(256,256)"]  # A checkpoint of about 900 kB.
   # The run the full disk interrupts resumes one that ended at step 100 (trained here: no process needed).
-  finished = runner.run(runner.load_config(SYNTHETIC, [
-      "mode=train", "strategy.name=one_device", "data.num_examples=512", "model.hidden_units=(256,256)",
-      "trainer.train_steps=100", "trainer.steps_per_loop=10", "trainer.checkpoint_every=50",
-      "trainer.max_to_keep=1"]), str(tmp_path / "run"), quiet=True)
+  finished = runner.run(
+      runner.load_config(
+          SYNTHETIC,
+          [
+              "mode=train",
+              "strategy.name=one_device",
+              "data.num_examples=512",
+              "model.hidden_units=(256,256)",
+              "trainer.train_steps=100",
+              "trainer.steps_per_loop=10",
+              "trainer.checkpoint_every=50",
+              "trainer.max_to_keep=1",
+          ],
+      ),
+      str(tmp_path / "run"),
+      quiet=True,
+  )
   assert finished.global_step == 100
   more = _run_args(train_steps=200, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
   status, _, stderr = Run(tmp_path / "run", more, subprocess_env, preexec_fn=_full_disk).wait()
@@ -225,11 +258,15 @@ def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays
   assert errors[0].startswith("error: Could not write the checkpoint of step 150 to ")
   assert "File too large" in errors[0] or "too large" in errors[0].lower()
   assert "{{function_node" not in errors[0] and "[Op:" not in errors[0]  # TensorFlow's wrapping, not the user's.
-  assert errors[0].endswith("ckpt-100 is intact: free some space or fix the permissions, then run again to resume "
-                            "from it.")
+  assert errors[0].endswith(
+      "ckpt-100 is intact: free some space or fix the permissions, then run again to resume from it."
+  )
   _no_traceback(stderr)
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["checkpoint", "ckpt-100.data-00000-of-00001",
-                                                                  "ckpt-100.index"]
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+      "checkpoint",
+      "ckpt-100.data-00000-of-00001",
+      "ckpt-100.index",
+  ]
   status, stdout, stderr = Run(tmp_path / "run", more, subprocess_env).wait()
   assert status == 0 and "global step: 200" in stdout, stderr[-3000:]
   assert "Restored " in stderr and "ckpt-100." in stderr
@@ -243,14 +280,16 @@ def _one_kilobyte_files(command, env):
   Returns:
     `(status, stdout, stderr, pid)`.
   """
+
   def limit():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-  with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                        preexec_fn=limit) as process:
+
+  with subprocess.Popen(
+      command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit  # noqa: PLW1509
+  ) as process:
     stdout, stderr = process.communicate(timeout=process_testlib.TIMEOUT_SECONDS)
   return process.returncode, stdout, stderr, process.pid
-
 
 
 def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it_was(tmp_path, subprocess_env):
@@ -260,16 +299,23 @@ def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it
   before = process_testlib.files_of(workdir)
   assert len(before["config.json"]) > 1024 and len(before["config_history.jsonl"]) > 1024
   status, stdout, stderr, pid = _one_kilobyte_files(
-      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"] + [
-          f"--config.{override}" for override in overrides] + ["--config.trainer.train_steps=40"], subprocess_env)
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"]
+      + [f"--config.{override}" for override in overrides]
+      + ["--config.trainer.train_steps=40"],
+      subprocess_env,
+  )
   assert status == 2 and stdout == "", stderr[-3000:]
   _no_traceback(stderr)
   [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert re.fullmatch(
-      re.escape(f"error: Could not write the run's config.json and config_history.jsonl in {workdir} ({workdir}/"
-                f"config_history.jsonl.tmp-{pid}-") + r"[0-9a-f]{8}" + re.escape(
-                    "; File too large); neither was changed: free some space or fix the permissions, then run "
-                    "again."), error), error
+      re.escape(
+          f"error: Could not write the run's config.json and config_history.jsonl in {workdir} ({workdir}/"
+          f"config_history.jsonl.tmp-{pid}-"
+      )
+      + r"[0-9a-f]{8}"
+      + re.escape("; File too large); neither was changed: free some space or fix the permissions, then run again."),
+      error,
+  ), error
   # Byte for byte: config files, metrics.jsonl, checkpoints; no lock, no .tmp-*.
   assert process_testlib.files_of(workdir) == before
 
@@ -314,25 +360,32 @@ def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):
         return tf.data.Dataset.zip(features, tf.data.Dataset.range(10_000).map(lambda i: tf.cast(i % 10, tf.int32)))
       """))
   env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
-  short = [f"--config={SYNTHETIC}", "--mode=train", "--config.strategy.name=one_device",
-           "--config.trainer.train_steps=20", "--config.trainer.steps_per_loop=10"]
+  short = [
+      f"--config={SYNTHETIC}",
+      "--mode=train",
+      "--config.strategy.name=one_device",
+      "--config.trainer.train_steps=20",
+      "--config.trainer.steps_per_loop=10",
+  ]
   cases = [("ok", short, 0), ("raises", short + ["--config.data.name=failing:data"], 1)] * 6  # A 1-in-4 hang: 82%.
   for start in range(0, len(cases), 4):
-    runs = [(Run(tmp_path / f"{kind}{start + i}", args, env), status)
-            for i, (kind, args, status) in enumerate(cases[start:start + 4])]
+    runs = [
+        (Run(tmp_path / f"{kind}{start + i}", args, env), status)
+        for i, (kind, args, status) in enumerate(cases[start : start + 4])
+    ]
     for run, expected in runs:
       status, stdout, stderr = run.wait(timeout=90)
       assert status == expected, stderr[-3000:]
       assert ("global step: 20" in stdout) if expected == 0 else ("Traceback" in stderr)
 
 
-def test_a_signal_to_one_of_two_workers_stops_both_at_the_same_step_and_they_resume_exactly(tmp_path,
-                                                                                          subprocess_env):
+def test_a_signal_to_one_of_two_workers_stops_both_at_the_same_step_and_they_resume_exactly(tmp_path, subprocess_env):
   def workers(name):
     hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
     args = RUN + ["--config.strategy.name=multi_worker_mirrored", f"--config.strategy.worker_hosts={hosts!r}"]
-    return [Run(tmp_path / name, args + [f"--config.strategy.task_index={index}"], subprocess_env)
-            for index in range(2)]  # One workdir: every worker restores from the chief's checkpoints.
+    return [
+        Run(tmp_path / name, args + [f"--config.strategy.task_index={index}"], subprocess_env) for index in range(2)
+    ]  # One workdir: every worker restores from the chief's checkpoints.
 
   stopped = workers("stopped")
   stopped[0].wait_for_rows(12)

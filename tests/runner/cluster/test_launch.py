@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from runner.cluster import launcher
 from testlib import paths
 from testlib import process_testlib
-
-from runner.cluster import launcher
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -38,15 +37,21 @@ def _runner_args(workdir, **trainer):
   """The runner's arguments for a synthetic 2-worker job; by default a few seconds in loops of 10."""
   trainer = {"train_steps": STEPS, "steps_per_loop": 10, "checkpoint_every": 100, **trainer}
   return [f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train", "--config.data.num_examples=512"] + [
-      f"--config.trainer.{field}={value}" for field, value in trainer.items()]
+      f"--config.trainer.{field}={value}" for field, value in trainer.items()
+  ]
 
 
 class Launch(process_testlib.TrainingProcess):
   """`python -m runner.launch LAUNCHER_ARGS -- RUNNER_ARGS` in a child process, its output in files."""
 
   def __init__(self, workdir, launcher_args, runner_args, env, preexec_fn=None):
-    super().__init__([sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args], workdir=workdir,
-                     env=env, name="launch", preexec_fn=preexec_fn)
+    super().__init__(
+        [sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args],
+        workdir=workdir,
+        env=env,
+        name="launch",
+        preexec_fn=preexec_fn,
+    )
 
   def pids(self, task):
     """The pids of `task` (e.g. 'worker:1'), one per start of the job, from the launcher's `[launch]` lines."""
@@ -56,14 +61,25 @@ class Launch(process_testlib.TrainingProcess):
 def _final_values(workdir):
   """{variable name: value} of the latest checkpoint (the model's and the optimizer's variables)."""
   reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
-  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-          if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")}
+  return {
+      name: reader.get_tensor(name)
+      for name in reader.get_variable_to_shape_map()
+      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
+  }
 
 
 def _launcher(args, env, timeout=60, **kwargs):
   """Runs `python -m runner.launch ARGS` to its end; returns the CompletedProcess."""
-  return subprocess.run([sys.executable, "-m", "runner.launch", *args], cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=timeout, check=False, **kwargs)
+  return subprocess.run(
+      [sys.executable, "-m", "runner.launch", *args],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      check=False,
+      **kwargs,
+  )
 
 
 def _latest_step(workdir):
@@ -99,21 +115,32 @@ def test_the_tf_config_of_each_of_two_workers():
 
 def test_the_tf_config_of_a_parameter_server_job():
   cluster = launcher.cluster_spec(workers=2, ps=1, ports=[5000, 5001, 5002, 5003])
-  assert cluster == {"chief": ["localhost:5000"], "worker": ["localhost:5001", "localhost:5002"],
-                     "ps": ["localhost:5003"]}
+  assert cluster == {
+      "chief": ["localhost:5000"],
+      "worker": ["localhost:5001", "localhost:5002"],
+      "ps": ["localhost:5003"],
+  }
   assert [task.name for task in launcher.tasks(cluster)] == ["chief", "worker:0", "worker:1", "ps:0"]
-  assert [launcher.tf_config(cluster=cluster, task_type=t.type, index=t.index)["task"] for t in launcher.tasks(cluster)] \
-      == [{"type": "chief", "index": 0}, {"type": "worker", "index": 0}, {"type": "worker", "index": 1},
-          {"type": "ps", "index": 0}]
+  assert [
+      launcher.tf_config(cluster=cluster, task_type=t.type, index=t.index)["task"] for t in launcher.tasks(cluster)
+  ] == [
+      {"type": "chief", "index": 0},
+      {"type": "worker", "index": 0},
+      {"type": "worker", "index": 1},
+      {"type": "ps", "index": 0},
+  ]
   assert len(set(launcher.free_ports(4))) == 4
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(workers=0, ps=0, ports=[]), "--workers must be an integer >= 1, got 0."),
-    (dict(workers=2, ps=-1, ports=[1, 2]), "--ps must be an integer >= 0 (0: no parameter servers), got -1."),
-    (dict(workers=2, ps=1, ports=[1, 2, 3]), "needs 4 distinct ports, got [1, 2, 3]."),
-    (dict(workers=2, ps=0, ports=[7, 7]), "needs 2 distinct ports, got [7, 7]."),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(workers=0, ps=0, ports=[]), "--workers must be an integer >= 1, got 0."),
+        (dict(workers=2, ps=-1, ports=[1, 2]), "--ps must be an integer >= 0 (0: no parameter servers), got -1."),
+        (dict(workers=2, ps=1, ports=[1, 2, 3]), "needs 4 distinct ports, got [1, 2, 3]."),
+        (dict(workers=2, ps=0, ports=[7, 7]), "needs 2 distinct ports, got [7, 7]."),
+    ],
+)
 def test_a_bad_cluster_is_refused(kwargs, message):
   with pytest.raises(ValueError) as error:
     launcher.cluster_spec(**kwargs)
@@ -130,16 +157,25 @@ def test_a_task_outside_the_cluster_is_refused():
 
 def test_the_runner_arguments_get_the_jobs_strategy():
   assert launcher.runner_arguments(["--config=c.py", "--workdir=/w"], ps=0) == [
-      "--config=c.py", "--workdir=/w", "--config.strategy.name=multi_worker_mirrored"]
+      "--config=c.py",
+      "--workdir=/w",
+      "--config.strategy.name=multi_worker_mirrored",
+  ]
   assert launcher.runner_arguments(["--workdir", "/w"], ps=1) == [
-      "--workdir", "/w", "--config.strategy.name=parameter_server"]
+      "--workdir",
+      "/w",
+      "--config.strategy.name=parameter_server",
+  ]
   named = ["--workdir=/w", "--config.strategy.name=multi_worker_mirrored"]
   assert launcher.runner_arguments(named, ps=0) == named
 
 
 def test_exit_statuses():
   assert [launcher.describe_exit(code) for code in (2, 143, -9)] == [
-      "exited with status 2", "exited with status 143", "was killed by SIGKILL"]
+      "exited with status 2",
+      "exited with status 143",
+      "was killed by SIGKILL",
+  ]
   assert [launcher.exit_status(code) for code in (1, 2, 3, 143, 255, -9, -15)] == [1, 2, 3, 143, 255, 1, 1]
 
 
@@ -148,16 +184,19 @@ def test_the_workdir_and_its_latest_checkpoint_are_read_without_tensorflow(tmp_p
   assert launcher.workdir_of(["-workdir", "gs://bucket/run", "--mode=train"]) == "gs://bucket/run"
   assert launcher.workdir_of(["--config=c.py", "--workdir"]) is None
   assert launcher.stop_outcome(str(tmp_path), None) == (
-      "no checkpoint was written; a rerun of the same command starts from step 0")
+      "no checkpoint was written; a rerun of the same command starts from step 0"
+  )
   (tmp_path / "checkpoints").mkdir()
   for name in ("checkpoint", "ckpt-20.index", "ckpt-40.index", "ckpt-40.data-00000-of-00001", "ckpt-60_temp"):
     (tmp_path / "checkpoints" / name).write_text("")  # A damaged list, and what a killed save of step 60 left.
   assert launcher.latest_checkpoint(str(tmp_path)) == ("ckpt-40", 40)
   assert launcher.stop_outcome(str(tmp_path), None) == (
-      "saved ckpt-40 at step 40; rerun the same command to resume from there")
+      "saved ckpt-40 at step 40; rerun the same command to resume from there"
+  )
   assert launcher.stop_outcome(str(tmp_path), ("ckpt-40", 40)) == (
       "no checkpoint was written by this stop; the latest is ckpt-40 (step 40), where a rerun of the same command "
-      "resumes")
+      "resumes"
+  )
   assert launcher.stop_outcome("gs://bucket/run", None).endswith("(the workdir is not local)")
 
 
@@ -165,32 +204,48 @@ RUNNER = ["--", f"--config={SYNTHETIC}", "--workdir=/tmp/never-made"]
 EXAMPLE = "e.g. python -m runner.launch --workers=2 -- --config=configs/synthetic.py --workdir=/tmp/job"
 
 
-@pytest.mark.parametrize("args, message", [
-    (RUNNER, f"--workers is required, {EXAMPLE}"),
-    (["--workers=0"] + RUNNER, "--workers must be an integer >= 1, got 0."),
-    (["--workers=two"] + RUNNER, "flag --workers=two: invalid literal for int() with base 10: 'two'"),
-    (["--workers=2", "--ps=-1"] + RUNNER, "--ps must be an integer >= 0 (0: no parameter servers), got -1."),
-    (["--workers=2", "--max_restarts=-1"] + RUNNER, "--max_restarts must be >= 0 (0: never restart), got -1."),
-    (["--workers=2", "--grace_seconds=-1"] + RUNNER, "--grace_seconds must be >= 0, got -1.0."),
-    (["--workers=2"], f"Give the runner's arguments after --, {EXAMPLE}"),
-    (["--workers=2", "--"], f"Give the runner's arguments after --, {EXAMPLE}"),
-    (["--workers=2", f"--config={SYNTHETIC}"], f"Unknown command line flag 'config'; the runner's arguments go "
-                                               f"after --, {EXAMPLE}"),
-    (["--workers=2", "train"] + RUNNER, f"Unexpected arguments ['train'] before --; the runner's arguments go after "
-                                        f"--, {EXAMPLE}"),
-    (["--workers=2", "--", f"--config={SYNTHETIC}"],
-     "The runner arguments have no --workdir=DIR: every task and every restart must use the same workdir (all tasks "
-     "restore from the chief's checkpoints there), and without one each task would make its own temporary "
-     "directory."),
-    (["--workers=2"] + RUNNER + ["--config.strategy.name=mirrored"],
-     "--config.strategy.name=mirrored does not fit this job: a job without --ps runs "
-     "--config.strategy.name=multi_worker_mirrored (the launcher adds it when the arguments do not name it)."),
-    (["--workers=2", "--ps=1"] + RUNNER + ["--config.strategy.name=multi_worker_mirrored"],
-     "--config.strategy.name=multi_worker_mirrored does not fit this job: a job with --ps runs "
-     "--config.strategy.name=parameter_server (the launcher adds it when the arguments do not name it)."),
-    (["--workers=2"] + RUNNER + ["--config.strategy.task_index=1"],
-     "Remove --config.strategy.task_index=1: the launcher gives every task its place in the cluster in TF_CONFIG."),
-], ids=lambda value: None if isinstance(value, list) else re.sub(r"\W+", "_", value[:40]))
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (RUNNER, f"--workers is required, {EXAMPLE}"),
+        (["--workers=0"] + RUNNER, "--workers must be an integer >= 1, got 0."),
+        (["--workers=two"] + RUNNER, "flag --workers=two: invalid literal for int() with base 10: 'two'"),
+        (["--workers=2", "--ps=-1"] + RUNNER, "--ps must be an integer >= 0 (0: no parameter servers), got -1."),
+        (["--workers=2", "--max_restarts=-1"] + RUNNER, "--max_restarts must be >= 0 (0: never restart), got -1."),
+        (["--workers=2", "--grace_seconds=-1"] + RUNNER, "--grace_seconds must be >= 0, got -1.0."),
+        (["--workers=2"], f"Give the runner's arguments after --, {EXAMPLE}"),
+        (["--workers=2", "--"], f"Give the runner's arguments after --, {EXAMPLE}"),
+        (
+            ["--workers=2", f"--config={SYNTHETIC}"],
+            f"Unknown command line flag 'config'; the runner's arguments go after --, {EXAMPLE}",
+        ),
+        (
+            ["--workers=2", "train"] + RUNNER,
+            f"Unexpected arguments ['train'] before --; the runner's arguments go after --, {EXAMPLE}",
+        ),
+        (
+            ["--workers=2", "--", f"--config={SYNTHETIC}"],
+            "The runner arguments have no --workdir=DIR: every task and every restart must use the same workdir (all tasks "
+            "restore from the chief's checkpoints there), and without one each task would make its own temporary "
+            "directory.",
+        ),
+        (
+            ["--workers=2"] + RUNNER + ["--config.strategy.name=mirrored"],
+            "--config.strategy.name=mirrored does not fit this job: a job without --ps runs "
+            "--config.strategy.name=multi_worker_mirrored (the launcher adds it when the arguments do not name it).",
+        ),
+        (
+            ["--workers=2", "--ps=1"] + RUNNER + ["--config.strategy.name=multi_worker_mirrored"],
+            "--config.strategy.name=multi_worker_mirrored does not fit this job: a job with --ps runs "
+            "--config.strategy.name=parameter_server (the launcher adds it when the arguments do not name it).",
+        ),
+        (
+            ["--workers=2"] + RUNNER + ["--config.strategy.task_index=1"],
+            "Remove --config.strategy.task_index=1: the launcher gives every task its place in the cluster in TF_CONFIG.",
+        ),
+    ],
+    ids=lambda value: None if isinstance(value, list) else re.sub(r"\W+", "_", value[:40]),
+)
 def test_bad_input_is_one_error_line_and_exit_2(args, message, subprocess_env):
   result = _launcher(args, subprocess_env)
   assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {message}\n")
@@ -199,9 +254,11 @@ def test_bad_input_is_one_error_line_and_exit_2(args, message, subprocess_env):
 def test_a_tf_config_in_the_environment_is_refused(subprocess_env):
   result = _launcher(["--workers=2"] + RUNNER, dict(subprocess_env, TF_CONFIG='{"cluster": {}}'))
   assert (result.returncode, result.stdout) == (2, "")
-  assert result.stderr == ("error: TF_CONFIG is set in this environment, and the launcher gives every task its own: "
-                           "unset it. (On a real cluster, set TF_CONFIG on each host and run python -m runner "
-                           "there.)\n")
+  assert result.stderr == (
+      "error: TF_CONFIG is set in this environment, and the launcher gives every task its own: "
+      "unset it. (On a real cluster, set TF_CONFIG on each host and run python -m runner "
+      "there.)\n"
+  )
 
 
 def test_help_exits_0_and_the_launcher_imports_no_tensorflow(subprocess_env):
@@ -211,22 +268,35 @@ def test_help_exits_0_and_the_launcher_imports_no_tensorflow(subprocess_env):
   for flag in ("--workers", "--ps", "--max_restarts", "--grace_seconds"):
     assert f"  {flag}: " in result.stdout
   imported = subprocess.run(
-      [sys.executable, "-c", "import sys, runner.launch; print(sorted({m.split('.')[0] for m in sys.modules} & "
-                             "{'tensorflow', 'keras', 'numpy'}))"],
-      cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=60, check=True)
+      [
+          sys.executable,
+          "-c",
+          "import sys, runner.launch; print(sorted({m.split('.')[0] for m in sys.modules} & "
+          "{'tensorflow', 'keras', 'numpy'}))",
+      ],
+      cwd=REPO,
+      env=subprocess_env,
+      capture_output=True,
+      text=True,
+      timeout=60,
+      check=True,
+  )
   assert imported.stdout == "[]\n"
 
 
 def test_a_two_worker_job_trains_to_the_configured_step(tmp_path, subprocess_env):
-  job = Launch(tmp_path / "job", FAST_STOP + ["--workers=2"], _runner_args(tmp_path / "job", train_steps=400),
-               subprocess_env)
+  job = Launch(
+      tmp_path / "job", FAST_STOP + ["--workers=2"], _runner_args(tmp_path / "job", train_steps=400), subprocess_env
+  )
   status, stdout, stderr = job.wait()
   assert status == 0, stderr[-3000:]
   assert len(job.pids("worker:0")) == 1 and len(job.pids("worker:1")) == 1
   for worker in (0, 1):
     assert f"[worker:{worker}] global step: 400\n" in stdout
-    assert (f"[worker:{worker}] strategy: multi_worker_mirrored: 2 replicas on 2 workers; this is worker:{worker} on "
-            in stdout)
+    assert (
+        f"[worker:{worker}] strategy: multi_worker_mirrored: 2 replicas on 2 workers; this is worker:{worker} on "
+        in stdout
+    )
   assert all(re.match(r"\[(worker:[01]|launch)\] ", line) for line in stdout.splitlines() + stderr.splitlines())
   rows = job.train_rows()  # The chief's alone: one row per loop of 10 steps.
   assert [row["step"] for row in rows] == list(range(10, 401, 10))
@@ -238,19 +308,27 @@ def test_a_two_worker_job_trains_to_the_configured_step(tmp_path, subprocess_env
 
 def test_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_one(tmp_path, subprocess_env):
   whole = Launch(tmp_path / "whole", FAST_STOP + ["--workers=2"], _runner_args(tmp_path / "whole"), subprocess_env)
-  killed = Launch(tmp_path / "killed", FAST_STOP + ["--workers=2", "--max_restarts=1"],
-                  _runner_args(tmp_path / "killed"), subprocess_env)
+  killed = Launch(
+      tmp_path / "killed",
+      FAST_STOP + ["--workers=2", "--max_restarts=1"],
+      _runner_args(tmp_path / "killed"),
+      subprocess_env,
+  )
   killed.wait_for_rows(12)  # Past the checkpoint at step 100.
   [pid] = killed.pids("worker:1")
   os.kill(pid, signal.SIGKILL)
 
   status, stdout, stderr = killed.wait()
   assert status == 0, stderr[-3000:]
-  assert stderr.count("[launch] worker:1 was killed by SIGKILL; stopping the other tasks (SIGTERM, SIGKILL after 5 "
-                      "s).\n") == 1
+  assert (
+      stderr.count("[launch] worker:1 was killed by SIGKILL; stopping the other tasks (SIGTERM, SIGKILL after 5 s).\n")
+      == 1
+  )
   assert len(re.findall(r"^\[launch\] restart", stderr, re.M)) == 1
-  assert ("[launch] restart 1 of 1: worker:1 was killed by SIGKILL; the job resumes from the last checkpoint in its "
-          "workdir.\n") in stderr
+  assert (
+      "[launch] restart 1 of 1: worker:1 was killed by SIGKILL; the job resumes from the last checkpoint in its "
+      "workdir.\n"
+  ) in stderr
   assert [len(killed.pids(task)) for task in ("worker:0", "worker:1")] == [2, 2]
   resumed = re.findall(r"^\[worker:([01])\] .*Resuming at step (\d+): ", stderr, re.M)
   assert sorted(worker for worker, _ in resumed) == ["0", "1"] and len({step for _, step in resumed}) == 1
@@ -275,27 +353,49 @@ def test_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_one(tmp
 
 
 def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(tmp_path, subprocess_env):
-  job = Launch(tmp_path / "job", FAST_STOP + ["--workers=2", "--max_restarts=3"],
-               _runner_args(tmp_path / "job", train_steps=-1), subprocess_env)
+  job = Launch(
+      tmp_path / "job",
+      FAST_STOP + ["--workers=2", "--max_restarts=3"],
+      _runner_args(tmp_path / "job", train_steps=-1),
+      subprocess_env,
+  )
   status, stdout, stderr = job.wait()
   assert (status, stdout) == (2, ""), stderr[-3000:]
   errors = re.findall(r"^(?:\[[\w:]+\] )?error: .*$", stderr, re.M)  # The tasks' `error:` lines, prefixed.
   assert 1 <= len(errors) <= 2, stderr[-3000:]  # One per worker that got to print it before being stopped.
-  assert all(re.fullmatch(r"\[worker:[01]\] error: config\.trainer\.train_steps must be a positive int, got -1\.",
-                          line) for line in errors), errors
-  assert re.search(r"^\[launch\] the job failed: worker:[01] exited with status 2 \(a user error\), which a restart "
-                   r"would repeat; exit status 2\.$", stderr, re.M), stderr[-3000:]
+  assert all(
+      re.fullmatch(r"\[worker:[01]\] error: config\.trainer\.train_steps must be a positive int, got -1\.", line)
+      for line in errors
+  ), errors
+  assert re.search(
+      r"^\[launch\] the job failed: worker:[01] exited with status 2 \(a user error\), which a restart "
+      r"would repeat; exit status 2\.$",
+      stderr,
+      re.M,
+  ), stderr[-3000:]
   assert "restart" not in stderr.replace("which a restart would repeat", "")
   assert [len(job.pids(task)) for task in ("worker:0", "worker:1")] == [1, 1]
   assert "Traceback" not in stderr
 
 
-def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_every_task_ends(tmp_path,
-                                                                                              subprocess_env):
+def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_every_task_ends(
+    tmp_path, subprocess_env
+):
   steps = 60
-  job = _launcher(["--workers=2", "--ps=1", "--", f"--config={SYNTHETIC}", f"--workdir={tmp_path / 'job'}",
-                   "--mode=train", f"--config.trainer.train_steps={steps}", "--config.trainer.steps_per_loop=10"],
-                  subprocess_env, timeout=TIMEOUT_SECONDS)
+  job = _launcher(
+      [
+          "--workers=2",
+          "--ps=1",
+          "--",
+          f"--config={SYNTHETIC}",
+          f"--workdir={tmp_path / 'job'}",
+          "--mode=train",
+          f"--config.trainer.train_steps={steps}",
+          "--config.trainer.steps_per_loop=10",
+      ],
+      subprocess_env,
+      timeout=TIMEOUT_SECONDS,
+  )
   assert job.returncode == 0, job.stderr[-3000:]
   assert f"[chief] global step: {steps}\n" in job.stdout
   for task in ("worker:0", "worker:1", "ps:0"):
@@ -312,10 +412,12 @@ def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_e
 NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
 
 
-@pytest.mark.parametrize("signum, moment", [(signal.SIGTERM, "start-up"), (signal.SIGINT, "training")],
-                         ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum, moment", [(signal.SIGTERM, "start-up"), (signal.SIGINT, "training")], ids=["SIGTERM", "SIGINT"]
+)
 def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_says_what_was_saved(
-    signum, moment, tmp_path, subprocess_env):
+    signum, moment, tmp_path, subprocess_env
+):
   """SIGTERM to the launcher, or Ctrl-C at its terminal (SIGINT to its whole process group), at a random moment.
 
   SIGTERM comes within 2 s of the tasks' start (start-up, where nothing may
@@ -324,8 +426,13 @@ def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_
   is checked whichever comes.
   """
   workdir = tmp_path / "job"
-  job = Launch(workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
-               subprocess_env, preexec_fn=os.setsid)  # A terminal's process group: the launcher leads it.
+  job = Launch(
+      workdir,
+      ["--workers=2"],
+      _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
+      subprocess_env,
+      preexec_fn=os.setsid,
+  )  # A terminal's process group: the launcher leads it.
   job.wait_for(lambda: job.pids("worker:1"), "the tasks' start")
   if moment == "training":
     job.wait_for_rows(1)
@@ -340,11 +447,13 @@ def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_
   step = _latest_step(workdir)
   if step is None:
     assert stderr.splitlines()[-1] == (
-        f"[launch] stopped by {name}: no checkpoint was written; a rerun of the same command starts from step 0.")
+        f"[launch] stopped by {name}: no checkpoint was written; a rerun of the same command starts from step 0."
+    )
     assert not workdir.exists() or not os.listdir(workdir)  # Stopped during start-up: nothing written.
   else:
     assert stderr.splitlines()[-1] == (
-        f"[launch] stopped by {name}: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
+        f"[launch] stopped by {name}: saved ckpt-{step} at step {step}; rerun the same command to resume from there."
+    )
     assert job.train_rows()[-1]["step"] == step
     assert {"config.json", "config_history.jsonl", "metrics.jsonl", "checkpoints"} <= set(os.listdir(workdir))
     for worker in (0, 1):  # Both stopped after the same loop (the non-chief may not see the chief's file yet).
@@ -352,12 +461,19 @@ def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_
   assert "Could not write" not in stderr and "Traceback" not in stderr
 
 
-def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worker_is_no_error(tmp_path,
-                                                                                           subprocess_env):
+def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worker_is_no_error(tmp_path, subprocess_env):
   """A stop at a random moment of training saves; the same command resumes, loses a worker and ends at train_steps."""
   workdir, steps = tmp_path / "job", 400
-  command = (["--workers=2", "--ps=1"], [f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train",
-                                         f"--config.trainer.train_steps={steps}", "--config.trainer.steps_per_loop=10"])
+  command = (
+      ["--workers=2", "--ps=1"],
+      [
+          f"--config={SYNTHETIC}",
+          f"--workdir={workdir}",
+          "--mode=train",
+          f"--config.trainer.train_steps={steps}",
+          "--config.trainer.steps_per_loop=10",
+      ],
+  )
   stopped = Launch(workdir, *command, subprocess_env)
   rng = random.Random(6)
   stopped.wait_for_rows(1)
@@ -367,14 +483,17 @@ def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worke
   assert status == 143, stderr[-3000:]
   step = _latest_step(workdir)
   assert step is not None and step < steps and stopped.train_rows()[-1]["step"] == step
-  assert re.search(rf"^\[chief\] .*Stopped by SIGTERM: saved a checkpoint at step {step} \(", stderr,
-                   re.M), stderr[-3000:]
+  assert re.search(rf"^\[chief\] .*Stopped by SIGTERM: saved a checkpoint at step {step} \(", stderr, re.M), stderr[
+      -3000:
+  ]
   assert stderr.splitlines()[-1] == (
-      f"[launch] stopped by SIGTERM: saved ckpt-{step} at step {step}; rerun the same command to resume from there.")
+      f"[launch] stopped by SIGTERM: saved ckpt-{step} at step {step}; rerun the same command to resume from there."
+  )
   assert "[launch] killed" not in stderr  # No task needed SIGKILL: the servers served until the chief was done.
   for task in ("worker:0", "worker:1", "ps:0"):
-    assert re.search(rf"^\[{task}\] .*(is done \(its port closed\)|SIGTERM received: {task} serves until)", stderr,
-                     re.M), stderr[-3000:]
+    assert re.search(
+        rf"^\[{task}\] .*(is done \(its port closed\)|SIGTERM received: {task} serves until)", stderr, re.M
+    ), stderr[-3000:]
   assert "stopped serving at once" not in stderr and "Traceback" not in stderr
 
   resumed = Launch(workdir, *command, subprocess_env)
@@ -382,8 +501,10 @@ def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worke
   os.kill(resumed.pids("worker:1")[0], signal.SIGKILL)
   status, stdout, stderr = resumed.wait()
   assert status == 0, stderr[-3000:]
-  assert ("[launch] worker:1 was killed by SIGKILL; not an error under parameter servers: the chief trains on with "
-          "the other workers (it is not started again).\n") in stderr
+  assert (
+      "[launch] worker:1 was killed by SIGKILL; not an error under parameter servers: the chief trains on with "
+      "the other workers (it is not started again).\n"
+  ) in stderr
   assert re.search(rf"^\[chief\] .*Resuming at step {step}: ", stderr, re.M), stderr[-3000:]
   final = int(re.search(r"^\[chief\] global step: (\d+)$", stdout, re.M).group(1))
   assert final >= steps and _latest_step(workdir) == final  # A lost function's steps stay applied: maybe a few more.
@@ -391,8 +512,9 @@ def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worke
 
 def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one_step(tmp_path, subprocess_env):
   workdir = tmp_path / "job"
-  job = Launch(workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
-               subprocess_env)
+  job = Launch(
+      workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER), subprocess_env
+  )
   job.wait_for_rows(random.Random(7).randint(1, 20))
   workers = job.pids("worker:0") + job.pids("worker:1")
   job.process.kill()

@@ -18,11 +18,10 @@ import portpicker
 import pytest
 import tensorflow as tf
 
-from testlib import paths
-from testlib import process_testlib
-
 import runner
 from runner.training import parameter_server_loops
+from testlib import paths
+from testlib import process_testlib
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -31,8 +30,12 @@ STEPS = 60
 # step 60 (2.20 in the first loop, ln 10 = 2.30 untrained); evaluation loss 1.175 to 1.183. Asynchronous training
 # varies a little from run to run, hence the margin.
 MAX_FINAL_TRAIN_LOSS = 1.6
-ARGS = [f"--config={SYNTHETIC}", "--config.strategy.name=parameter_server", f"--config.trainer.train_steps={STEPS}",
-        "--config.trainer.steps_per_loop=10"]
+ARGS = [
+    f"--config={SYNTHETIC}",
+    "--config.strategy.name=parameter_server",
+    f"--config.trainer.train_steps={STEPS}",
+    "--config.trainer.steps_per_loop=10",
+]
 
 
 class Task(process_testlib.Process):
@@ -45,7 +48,7 @@ class Task(process_testlib.Process):
 
 def _cluster(workers, ps):
   hosts = [f"localhost:{portpicker.pick_unused_port()}" for _ in range(1 + workers + ps)]
-  return {"chief": hosts[:1], "worker": hosts[1:1 + workers], "ps": hosts[1 + workers:]}
+  return {"chief": hosts[:1], "worker": hosts[1 : 1 + workers], "ps": hosts[1 + workers :]}
 
 
 def _start(cluster, args, env, logs):
@@ -64,11 +67,14 @@ def _rows(workdir, split):
     return [row for row in map(json.loads, f) if row["split"] == split]
 
 
-@pytest.mark.parametrize("num_steps, sizes", [
-    (20, [10, 10]),  # a full loop (steps_per_loop 10 per worker): one function of 10 steps per worker
-    (7, [4, 3]),  # cut short at an action: still one function per worker
-    (1, [1]),
-])
+@pytest.mark.parametrize(
+    "num_steps, sizes",
+    [
+        (20, [10, 10]),  # a full loop (steps_per_loop 10 per worker): one function of 10 steps per worker
+        (7, [4, 3]),  # cut short at an action: still one function per worker
+        (1, [1]),
+    ],
+)
 def test_a_loop_is_split_into_one_function_per_worker(num_steps, sizes):
   assert parameter_server_loops.function_sizes(num_steps, 2) == sizes
 
@@ -77,15 +83,20 @@ def test_a_cluster_of_one_command_trains_shards_checkpoints_and_restores_on_one_
   workdir = str(tmp_path / "run")
   cluster = _cluster(workers=2, ps=2)
   # 1 KiB shards: the hidden layer's kernel (16 x 64 floats, 4 KiB) is split over both ps tasks.
-  tasks = _start(cluster, ARGS + [f"--workdir={workdir}", "--config.strategy.min_shard_bytes=1024"], subprocess_env,
-                 str(tmp_path / "logs"))
+  tasks = _start(
+      cluster,
+      ARGS + [f"--workdir={workdir}", "--config.strategy.min_shard_bytes=1024"],
+      subprocess_env,
+      str(tmp_path / "logs"),
+  )
   results = {name: task.wait() for name, task in tasks.items()}
   for name, (status, _, stderr) in results.items():
     assert status == 0, f"{name}: {stderr[-3000:]}"
     assert "Traceback" not in stderr, f"{name}: {stderr[-3000:]}"
   for name in ("worker:0", "worker:1", "ps:0", "ps:1"):
-    assert results[name][1] == (f"serving as {name} of a parameter-server cluster until the coordinator "
-                                f"({cluster['chief'][0]}) is done\n")
+    assert results[name][1] == (
+        f"serving as {name} of a parameter-server cluster until the coordinator ({cluster['chief'][0]}) is done\n"
+    )
   _, stdout, stderr = results["chief:0"]
   assert "strategy: parameter_server: 2 workers, 2 parameter servers\n" in stdout
   assert f"global step: {STEPS}\n" in stdout
@@ -110,8 +121,10 @@ def test_a_cluster_of_one_command_trains_shards_checkpoints_and_restores_on_one_
   config = runner.load_config(SYNTHETIC, ["strategy.name=one_device", "mode=eval"])
   restored = runner.run(config, workdir)
   assert restored.global_step == STEPS
-  saved = [reader.get_tensor(f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE")
-           for i in range(len(restored.model.trainable_variables))]
+  saved = [
+      reader.get_tensor(f"optimizer/_trainable_variables/{i}/.ATTRIBUTES/VARIABLE_VALUE")
+      for i in range(len(restored.model.trainable_variables))
+  ]
   assert [w.shape for w in saved] == [(16, 64), (64,), (64, 10), (10,)]
   for variable, value in zip(restored.model.trainable_variables, saved):
     np.testing.assert_array_equal(variable.numpy(), value)
@@ -123,32 +136,44 @@ def test_a_cluster_of_one_command_trains_shards_checkpoints_and_restores_on_one_
 def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_line(tmp_path, subprocess_env):
   # A long run on 1 worker and 1 ps; the ps is stopped once training is under way.
   workdir = str(tmp_path / "run")
-  long_run = ARGS + [f"--workdir={workdir}", "--config.trainer.train_steps=1000000",
-                     "--config.trainer.checkpoint_every=100"]
+  long_run = ARGS + [
+      f"--workdir={workdir}",
+      "--config.trainer.train_steps=1000000",
+      "--config.trainer.checkpoint_every=100",
+  ]
   cluster = _cluster(workers=1, ps=1)
   tasks = _start(cluster, long_run, subprocess_env, str(tmp_path / "logs"))
   # A worker whose chief never comes, and a chief (of another cluster) whose tasks never come.
   server = Task(_cluster(workers=1, ps=1), "worker", 0, ARGS, subprocess_env, str(tmp_path / "lonely"))
   lonely = _cluster(workers=1, ps=1)
-  chief = Task(lonely, "chief", 0, ARGS + ["--config.strategy.timeout_seconds=2", f"--workdir={tmp_path / 'alone'}"],
-               subprocess_env, str(tmp_path / "alone_logs"))
+  chief = Task(
+      lonely,
+      "chief",
+      0,
+      ARGS + ["--config.strategy.timeout_seconds=2", f"--workdir={tmp_path / 'alone'}"],
+      subprocess_env,
+      str(tmp_path / "alone_logs"),
+  )
 
   status, _, stderr = chief.wait()
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert status == 4 and errors == [
       "error: chief:0 waited 2 s for the other tasks and gave up: nothing listens at "
       f"worker:0 ({lonely['worker'][0]}), ps:0 ({lonely['ps'][0]}). Start every task (the same command with its own "
-      "TF_CONFIG or task_index), or raise config.strategy.timeout_seconds."], stderr[-3000:]
+      "TF_CONFIG or task_index), or raise config.strategy.timeout_seconds."
+  ], stderr[-3000:]
 
   server.wait_for(lambda: "serving as worker:0" in server.stdout(), "serving line")
   server.process.send_signal(signal.SIGINT)
   status, _, stderr = server.wait(timeout=30)
   assert status == 130 and stderr.splitlines()[-1] == (
       "Ctrl-C (SIGINT) received: worker:0 stopped serving at once (the coordinator writes the checkpoints; it fails "
-      "if a ps task it needs is gone)."), stderr[-3000:]
+      "if a ps task it needs is gone)."
+  ), stderr[-3000:]
 
-  tasks["chief:0"].wait_for(lambda: os.path.exists(os.path.join(workdir, "checkpoints", "checkpoint")),
-                            "first checkpoint")
+  tasks["chief:0"].wait_for(
+      lambda: os.path.exists(os.path.join(workdir, "checkpoints", "checkpoint")), "first checkpoint"
+  )
   tasks["ps:0"].process.send_signal(signal.SIGKILL)  # A SIGTERM would let it serve until the chief is done.
   assert tasks["ps:0"].wait(timeout=30)[0] == -signal.SIGKILL
   status, _, stderr = tasks["chief:0"].wait()
@@ -156,9 +181,11 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   assert status == 4 and len(errors) == 1, stderr[-3000:]
   saved = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
   assert errors[0].startswith(f"error: The coordinator lost ps:0 ({cluster['ps'][0]}) after step ")
-  assert errors[0].endswith("; the variables it held are gone, so training cannot go on. Restart every task with the "
-                            "same command; the run resumes from its last checkpoint, at step "
-                            f"{saved.rpartition('-')[2]}."), errors[0]
+  assert errors[0].endswith(
+      "; the variables it held are gone, so training cannot go on. Restart every task with the "
+      "same command; the run resumes from its last checkpoint, at step "
+      f"{saved.rpartition('-')[2]}."
+  ), errors[0]
   assert "Traceback" not in stderr
   status, _, stderr = tasks["worker:0"].wait()
   assert status == 0, stderr[-3000:]  # Its coordinator is gone: nothing left to serve.

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import runner
-import strategies
-from runner.config import run_config as config_lib
+from runner import tasks
 from runner.config import optimizers
 from runner.config import registry
-from runner import tasks
+from runner.config import run_config as config_lib
+import strategies
 from strategies import ConfigError
 from testlib import paths
 
@@ -70,8 +70,18 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
   assert set(config) == {"mode", "strategy", "data", "model", "task", "optimizer", "trainer"}
   assert {"name", "global_batch_size", "eval_global_batch_size"} <= set(config.data)
   assert set(config.optimizer) == {"name", "learning_rate", "schedule", "warmup_steps", "weight_decay", "clipnorm"}
-  assert set(config.trainer) == {"train_steps", "steps_per_loop", "eval_every", "eval_steps", "checkpoint_every",
-                                 "max_to_keep", "jit_compile", "precision", "seed", "profile_steps"}
+  assert set(config.trainer) == {
+      "train_steps",
+      "steps_per_loop",
+      "eval_every",
+      "eval_steps",
+      "checkpoint_every",
+      "max_to_keep",
+      "jit_compile",
+      "precision",
+      "seed",
+      "profile_steps",
+  }
   assert config.mode == "train_and_eval"
   assert (config.data.name, config.model.name, config.task.name) == ("synthetic", "mlp", "classification")
   assert config.data.num_classes == config.model.num_outputs == 10  # the default config is coherent
@@ -79,10 +89,19 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
 
 
 def test_load_config_completes_overrides_and_locks():
-  config = runner.load_config(DIGITS, ["trainer.train_steps=300", "strategy.name=mirrored",
-                                       "strategy.devices=/cpu:0", "strategy.devices=/cpu:1",
-                                       "model.hidden_units=(32, 16)", "trainer.jit_compile",
-                                       "trainer.eval_every=None", "optimizer.learning_rate=1"])
+  config = runner.load_config(
+      DIGITS,
+      [
+          "trainer.train_steps=300",
+          "strategy.name=mirrored",
+          "strategy.devices=/cpu:0",
+          "strategy.devices=/cpu:1",
+          "model.hidden_units=(32, 16)",
+          "trainer.jit_compile",
+          "trainer.eval_every=None",
+          "optimizer.learning_rate=1",
+      ],
+  )
   assert config.trainer.train_steps == 300
   assert config.strategy.devices == ("/cpu:0", "/cpu:1")  # a repeated tuple override collects
   assert config.model.hidden_units == (32, 16)
@@ -105,54 +124,75 @@ def test_config_file_variants():
     runner.load_config(DIGITS + ":gpu")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.train_step=5"], r"config.trainer has no field 'train_step'. Did you mean 'train_steps'\?"),
-    (["optimiser.name=sgd"], r"config has no field 'optimiser'. Did you mean 'optimizer'\?"),
-    (["data.num_examples=5"], r"config.data has no field 'num_examples'. Fields of config.data: .*test_fraction"),
-    (["trainer.train_steps=abc"], r"config.trainer.train_steps must be an int, got 'abc'"),
-    (["trainer.jit_compile=maybe"], r"config.trainer.jit_compile must be a bool, got 'maybe'"),
-    ({"optimizer.learning_rate": "fast"}, r"config.optimizer.learning_rate must be a float, got 'fast'"),
-    (["trainer.train_steps"], r"'trainer.train_steps' has no value; write trainer.train_steps=VALUE"),
-    (["trainer"], r"config.trainer is a section; override its fields one by one"),
-    (["trainer.train_steps=None"], r"config.trainer.train_steps must be an int, got None"),
-    (["trainer.train_steps=0"], r"config.trainer.train_steps must be a positive int, got 0"),
-    (["trainer.train_steps=-5"], r"config.trainer.train_steps must be a positive int, got -5"),
-    (["trainer.steps_per_loop=100", "trainer.eval_every=150"],
-     r"config.trainer.eval_every=150 is not a multiple of config.trainer.steps_per_loop=100.* such as 200"),
-    (["trainer.steps_per_loop=100", "trainer.checkpoint_every=50"],
-     r"config.trainer.checkpoint_every=50 is not a multiple of config.trainer.steps_per_loop=100.* such as 100"),
-    (["trainer.profile_steps=(5, 2)"], r"config.trainer.profile_steps must be None or a pair of steps \(first, "
-                                       r"last\) with 1 <= first <= last, e.g. \(5, 10\), got \(5, 2\)\."),
-    (["trainer.profile_steps=(0, 2)"], r"config.trainer.profile_steps must be None or a pair .* got \(0, 2\)\."),
-    (["trainer.profile_steps=(1, 2, 3)"], r"config.trainer.profile_steps must be None or a pair .* got \(1, 2, 3\)"),
-    (["trainer.profile_steps=(990, 1010)"], r"config.trainer.profile_steps=\(990, 1010\) goes past "
-                                            r"config.trainer.train_steps=1000; choose steps the run trains\."),
-    (["mode=trian"], r"config.mode='trian' is not valid. Did you mean 'train'\?"),
-    (["strategy.name=mirored"], r"config.strategy.name='mirored' is not valid. Did you mean 'mirrored'\?"),
-    (["model.name=mpl"], r"Unknown model 'mpl'. Did you mean 'mlp'\? Built-in models: linear, mlp; or give an "
-                         r"import path 'package.module:function'"),
-    (["data.name=digitz"], r"Unknown dataset 'digitz'. Did you mean 'digits'\?"),
-    (["task.name=clasification"], r"Unknown task 'clasification'. Did you mean 'classification'\?"),
-    (["model.name=no_such_package_xyz.models:mlp"],
-     r"The model 'no_such_package_xyz.models:mlp' does not import: ModuleNotFoundError"),
-    (["model.name=runner.models:mpl"],
-     r"module 'runner.models' has no attribute 'mpl'. Did you mean 'mlp'\?"),
-    (["model.name=runner.models:BUILTINS"],
-     r"The model 'runner.models:BUILTINS' is a dict, not a function"),
-    (["data.global_batch_size=0"], r"config.data.global_batch_size must be a positive int, got 0"),
-    (["optimizer.name=rmsprop"], r"config.optimizer.name='rmsprop' is not valid. Valid: sgd, adam, adamw"),
-    (["optimizer.schedule=cosin"], r"config.optimizer.schedule='cosin' is not valid. Did you mean 'cosine'\?"),
-    (["optimizer.warmup_steps=10"], r"warmup_steps=10 is used only by schedule 'warmup_cosine', not by 'cosine'"),
-    (["optimizer.schedule=warmup_cosine", "optimizer.warmup_steps=1000"],
-     r"needs 0 < config.optimizer.warmup_steps < config.trainer.train_steps=1000, got warmup_steps=1000"),
-    (["optimizer.clipnorm=0"], r"config.optimizer.clipnorm must be > 0 or None, got 0.0"),
-    (["trainer.precision=bfloat16"], r"config.trainer.precision='bfloat16' is not valid.*mixed_bfloat16"),
-    (["model.hidden_units=(64, 0)"], r"hidden_units=\(64, 0\) must be a positive int, got 0"),
-    (["model.dropout=1.0"], r"config.model.dropout must be in \[0, 1\), got 1.0"),
-    (["model.activation=relux"], r"config.model.activation='relux' is not a Keras activation"),
-    (["data.test_fraction=1.5"], r"config.data.test_fraction must be in \(0, 1\), got 1.5"),
-    (["strategy.devices=/cpu:0"], r"config.strategy.devices=\('/cpu:0',\) is not used by strategy 'auto'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.train_step=5"], r"config.trainer has no field 'train_step'. Did you mean 'train_steps'\?"),
+        (["optimiser.name=sgd"], r"config has no field 'optimiser'. Did you mean 'optimizer'\?"),
+        (["data.num_examples=5"], r"config.data has no field 'num_examples'. Fields of config.data: .*test_fraction"),
+        (["trainer.train_steps=abc"], r"config.trainer.train_steps must be an int, got 'abc'"),
+        (["trainer.jit_compile=maybe"], r"config.trainer.jit_compile must be a bool, got 'maybe'"),
+        ({"optimizer.learning_rate": "fast"}, r"config.optimizer.learning_rate must be a float, got 'fast'"),
+        (["trainer.train_steps"], r"'trainer.train_steps' has no value; write trainer.train_steps=VALUE"),
+        (["trainer"], r"config.trainer is a section; override its fields one by one"),
+        (["trainer.train_steps=None"], r"config.trainer.train_steps must be an int, got None"),
+        (["trainer.train_steps=0"], r"config.trainer.train_steps must be a positive int, got 0"),
+        (["trainer.train_steps=-5"], r"config.trainer.train_steps must be a positive int, got -5"),
+        (
+            ["trainer.steps_per_loop=100", "trainer.eval_every=150"],
+            r"config.trainer.eval_every=150 is not a multiple of config.trainer.steps_per_loop=100.* such as 200",
+        ),
+        (
+            ["trainer.steps_per_loop=100", "trainer.checkpoint_every=50"],
+            r"config.trainer.checkpoint_every=50 is not a multiple of config.trainer.steps_per_loop=100.* such as 100",
+        ),
+        (
+            ["trainer.profile_steps=(5, 2)"],
+            r"config.trainer.profile_steps must be None or a pair of steps \(first, "
+            r"last\) with 1 <= first <= last, e.g. \(5, 10\), got \(5, 2\)\.",
+        ),
+        (["trainer.profile_steps=(0, 2)"], r"config.trainer.profile_steps must be None or a pair .* got \(0, 2\)\."),
+        (
+            ["trainer.profile_steps=(1, 2, 3)"],
+            r"config.trainer.profile_steps must be None or a pair .* got \(1, 2, 3\)",
+        ),
+        (
+            ["trainer.profile_steps=(990, 1010)"],
+            r"config.trainer.profile_steps=\(990, 1010\) goes past "
+            r"config.trainer.train_steps=1000; choose steps the run trains\.",
+        ),
+        (["mode=trian"], r"config.mode='trian' is not valid. Did you mean 'train'\?"),
+        (["strategy.name=mirored"], r"config.strategy.name='mirored' is not valid. Did you mean 'mirrored'\?"),
+        (
+            ["model.name=mpl"],
+            r"Unknown model 'mpl'. Did you mean 'mlp'\? Built-in models: linear, mlp; or give an "
+            r"import path 'package.module:function'",
+        ),
+        (["data.name=digitz"], r"Unknown dataset 'digitz'. Did you mean 'digits'\?"),
+        (["task.name=clasification"], r"Unknown task 'clasification'. Did you mean 'classification'\?"),
+        (
+            ["model.name=no_such_package_xyz.models:mlp"],
+            r"The model 'no_such_package_xyz.models:mlp' does not import: ModuleNotFoundError",
+        ),
+        (["model.name=runner.models:mpl"], r"module 'runner.models' has no attribute 'mpl'. Did you mean 'mlp'\?"),
+        (["model.name=runner.models:BUILTINS"], r"The model 'runner.models:BUILTINS' is a dict, not a function"),
+        (["data.global_batch_size=0"], r"config.data.global_batch_size must be a positive int, got 0"),
+        (["optimizer.name=rmsprop"], r"config.optimizer.name='rmsprop' is not valid. Valid: sgd, adam, adamw"),
+        (["optimizer.schedule=cosin"], r"config.optimizer.schedule='cosin' is not valid. Did you mean 'cosine'\?"),
+        (["optimizer.warmup_steps=10"], r"warmup_steps=10 is used only by schedule 'warmup_cosine', not by 'cosine'"),
+        (
+            ["optimizer.schedule=warmup_cosine", "optimizer.warmup_steps=1000"],
+            r"needs 0 < config.optimizer.warmup_steps < config.trainer.train_steps=1000, got warmup_steps=1000",
+        ),
+        (["optimizer.clipnorm=0"], r"config.optimizer.clipnorm must be > 0 or None, got 0.0"),
+        (["trainer.precision=bfloat16"], r"config.trainer.precision='bfloat16' is not valid.*mixed_bfloat16"),
+        (["model.hidden_units=(64, 0)"], r"hidden_units=\(64, 0\) must be a positive int, got 0"),
+        (["model.dropout=1.0"], r"config.model.dropout must be in \[0, 1\), got 1.0"),
+        (["model.activation=relux"], r"config.model.activation='relux' is not a Keras activation"),
+        (["data.test_fraction=1.5"], r"config.data.test_fraction must be in \(0, 1\), got 1.5"),
+        (["strategy.devices=/cpu:0"], r"config.strategy.devices=\('/cpu:0',\) is not used by strategy 'auto'"),
+    ],
+)
 def test_bad_input_is_a_config_error_naming_what_is_valid(overrides, message):
   with pytest.raises(ConfigError, match=message):
     runner.load_config(DIGITS, overrides)
@@ -166,20 +206,44 @@ def test_missing_config_file_and_file_without_get_config(tmp_path):
     runner.load_config(str(tmp_path / "empty.py"))
 
 
-@pytest.mark.parametrize("source, message, cause", [
-    ("import ml_collections\ndef get_config(:\n  pass\n", "{file}', line 2: SyntaxError: invalid syntax", SyntaxError),
-    ("def get_config():\n  config = {}\n  raise ValueError('no variant here')\n",
-     "{file}', line 3, in get_config(): ValueError: no variant here", ValueError),
-    ("X = 1\nimport no_such_module_here\ndef get_config():\n  pass\n",
-     "{file}', line 2: ModuleNotFoundError: No module named 'no_such_module_here'", ModuleNotFoundError),
-    ("import sys\nsys.exit('bye')\n", "{file}', line 2: the config file tried to end the process with "
-     "SystemExit('bye'); a config file must return its config (raise an exception to report a problem).", SystemExit),
-    ("import sys\ndef get_config():\n  sys.exit(3)\n", "{file}', line 3, in get_config(): the config file tried to "
-     "end the process with SystemExit(3); a config file must return its config (raise an exception to report a "
-     "problem).", SystemExit),
-    ("def get_config():\n  return 42\n",
-     "{file}': get_config() returned 42 (int); it must return an ml_collections.ConfigDict.", type(None)),
-])
+@pytest.mark.parametrize(
+    "source, message, cause",
+    [
+        (
+            "import ml_collections\ndef get_config(:\n  pass\n",
+            "{file}', line 2: SyntaxError: invalid syntax",
+            SyntaxError,
+        ),
+        (
+            "def get_config():\n  config = {}\n  raise ValueError('no variant here')\n",
+            "{file}', line 3, in get_config(): ValueError: no variant here",
+            ValueError,
+        ),
+        (
+            "X = 1\nimport no_such_module_here\ndef get_config():\n  pass\n",
+            "{file}', line 2: ModuleNotFoundError: No module named 'no_such_module_here'",
+            ModuleNotFoundError,
+        ),
+        (
+            "import sys\nsys.exit('bye')\n",
+            "{file}', line 2: the config file tried to end the process with "
+            "SystemExit('bye'); a config file must return its config (raise an exception to report a problem).",
+            SystemExit,
+        ),
+        (
+            "import sys\ndef get_config():\n  sys.exit(3)\n",
+            "{file}', line 3, in get_config(): the config file tried to "
+            "end the process with SystemExit(3); a config file must return its config (raise an exception to report a "
+            "problem).",
+            SystemExit,
+        ),
+        (
+            "def get_config():\n  return 42\n",
+            "{file}': get_config() returned 42 (int); it must return an ml_collections.ConfigDict.",
+            type(None),
+        ),
+    ],
+)
 def test_a_config_file_that_fails_is_one_config_error_naming_the_file_and_line(tmp_path, source, message, cause):
   config_file = tmp_path / "broken.py"
   config_file.write_text(source)
@@ -193,11 +257,15 @@ def test_switching_a_builtin_drops_the_old_defaults_and_rejects_set_fields():
   switched = runner.load_config(DIGITS, ["data.name=synthetic", "data.num_examples=100"])
   assert switched.data.num_examples == 100 and switched.data.num_features == 16
   assert "test_fraction" not in switched.data  # digits' field, at its default, is dropped
-  with pytest.raises(ConfigError, match=r"config.model.hidden_units is not a field of model 'linear' \(a field of "
-                                        r"another model, set to \(256, 128\)\)"):
+  with pytest.raises(
+      ConfigError,
+      match=r"config.model.hidden_units is not a field of model 'linear' \(a field of "
+      r"another model, set to \(256, 128\)\)",
+  ):
     runner.load_config(DIGITS, ["model.name=linear"])
-  with pytest.raises(ConfigError, match=r"config.model.hidden_unit is not a field of model 'mlp'. Did you mean "
-                                        r"'hidden_units'\?"):
+  with pytest.raises(
+      ConfigError, match=r"config.model.hidden_unit is not a field of model 'mlp'. Did you mean 'hidden_units'\?"
+  ):
     config_lib.validate({"model": {"name": "mlp", "hidden_unit": (8,)}})
 
 
@@ -212,11 +280,13 @@ def test_validate_checks_types_of_a_config_built_in_python():
 
 
 def test_import_paths_resolve_and_keep_their_own_fields(user_module):
-  config = config_lib.validate({
-      "data": {"name": "usermod:ramp", "size": 8},
-      "model": {"name": "usermod:tiny_model", "units": 1},
-      "task": {"name": "usermod:squared_error"},
-  })
+  config = config_lib.validate(
+      {
+          "data": {"name": "usermod:ramp", "size": 8},
+          "model": {"name": "usermod:tiny_model", "units": 1},
+          "task": {"name": "usermod:squared_error"},
+      }
+  )
   assert config.data.size == 8 and config.model.units == 1
   undeclared = runner.load_config(SYNTHETIC, ["data.name=usermod:ramp"])  # declares no fields: keeps the file's
   assert undeclared.data.num_examples == 2048 and "size" not in undeclared.data
@@ -224,54 +294,91 @@ def test_import_paths_resolve_and_keep_their_own_fields(user_module):
     runner.load_config(SYNTHETIC, ["data.name=usermod:ramp", "data.size=8"])
   assert registry.resolve("model", config.model.name)(config.model).layers[0].units == 1
   assert isinstance(registry.resolve("task", config.task.name)(config.task), tasks.Regression)
-  with pytest.raises(ConfigError, match=r"The dataset 'brokenmod:ramp' does not import: ModuleNotFoundError: "
-                                        r"No module named 'no_such_dependency_xyz'"):
+  with pytest.raises(
+      ConfigError,
+      match=r"The dataset 'brokenmod:ramp' does not import: ModuleNotFoundError: "
+      r"No module named 'no_such_dependency_xyz'",
+  ):
     registry.resolve("dataset", "brokenmod:ramp")
   with pytest.raises(ConfigError, match=r"The task 'usermod:NOT_A_FUNCTION' is a int, not a function"):
     registry.resolve("task", "usermod:NOT_A_FUNCTION")
 
 
 def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, tmp_path):
-  config = runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.train_files=/data/train-*.rec",
-                                          "data.vocab=vocab.txt"])
-  assert (config.data.train_files, config.data.shuffle_buffer, config.data.vocab) == ("/data/train-*.rec", 0,
-                                                                                        "vocab.txt")
+  config = runner.load_config(
+      SYNTHETIC, ["data.name=fieldsmod:files", "data.train_files=/data/train-*.rec", "data.vocab=vocab.txt"]
+  )
+  assert (config.data.train_files, config.data.shuffle_buffer, config.data.vocab) == (
+      "/data/train-*.rec",
+      0,
+      "vocab.txt",
+  )
   assert config.data.num_classes == 5  # its default, not synthetic's 10 that the config file set
-  assert set(config.data) == {"name", "global_batch_size", "eval_global_batch_size", "sharding", "train_files",
-                              "num_classes", "shuffle_buffer", "vocab"}  # synthetic's fields dropped
+  assert set(config.data) == {
+      "name",
+      "global_batch_size",
+      "eval_global_batch_size",
+      "sharding",
+      "train_files",
+      "num_classes",
+      "shuffle_buffer",
+      "vocab",
+  }  # synthetic's fields dropped
   assert runner.load_config(SYNTHETIC, {"data.name": "fieldsmod:files", "data.shuffle_buffer": 9}).data.vocab is None
-  with pytest.raises(ConfigError, match=r"config.data has no field 'train_file'. Did you mean 'train_files'\? "
-                                        r"Fields of config.data: eval_global_batch_size, global_batch_size, name, "
-                                        r"num_classes, sharding, shuffle_buffer, train_files, vocab.$"):
+  with pytest.raises(
+      ConfigError,
+      match=r"config.data has no field 'train_file'. Did you mean 'train_files'\? "
+      r"Fields of config.data: eval_global_batch_size, global_batch_size, name, "
+      r"num_classes, sharding, shuffle_buffer, train_files, vocab.$",
+  ):
     runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.train_file=x"])
   with pytest.raises(ConfigError, match=r"config.data.shuffle_buffer must be an int, got 'big'"):
     runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.shuffle_buffer=big"])
-  with pytest.raises(ConfigError, match=r"config.data.train_file is not a field of dataset 'fieldsmod:files'. Did "
-                                        r"you mean 'train_files'\?"):
+  with pytest.raises(
+      ConfigError,
+      match=r"config.data.train_file is not a field of dataset 'fieldsmod:files'. Did you mean 'train_files'\?",
+  ):
     config_lib.validate({"data": {"name": "fieldsmod:files", "train_file": "x"}})
   (tmp_path / "own.py").write_text("def get_config():\n  return {'data': {'name': 'fieldsmod:files'}}\n")
   back = runner.load_config(str(tmp_path / "own.py"), ["data.name=synthetic"])  # its defaults give way
   assert back.data.num_classes == 10 and "train_files" not in back.data
   (tmp_path / "own_set.py").write_text(
-      "def get_config():\n  return {'data': {'name': 'fieldsmod:files', 'train_files': 'a'}}\n")
-  with pytest.raises(ConfigError, match=r"config.data.train_files is not a field of dataset 'synthetic' \(a field "
-                                        r"of another dataset, set to 'a'\)"):
+      "def get_config():\n  return {'data': {'name': 'fieldsmod:files', 'train_files': 'a'}}\n"
+  )
+  with pytest.raises(
+      ConfigError,
+      match=r"config.data.train_files is not a field of dataset 'synthetic' \(a field "
+      r"of another dataset, set to 'a'\)",
+  ):
     runner.load_config(str(tmp_path / "own_set.py"), ["data.name=synthetic"])
   (tmp_path / "set.py").write_text("def get_config():\n  return {'data': {'name': 'synthetic', 'num_examples': 100}}\n")
-  with pytest.raises(ConfigError, match=r"config.data.num_examples is not a field of dataset 'fieldsmod:files' "
-                                        r"\(a field of another dataset, set to 100\)"):
+  with pytest.raises(
+      ConfigError,
+      match=r"config.data.num_examples is not a field of dataset 'fieldsmod:files' "
+      r"\(a field of another dataset, set to 100\)",
+  ):
     runner.load_config(str(tmp_path / "set.py"), ["data.name=fieldsmod:files"])
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"vocab": None}, r"the default of 'vocab' is None, whose type the config cannot know; for an optional field "
-                      r"write vocab=ml_collections.config_dict.placeholder\(str\)"),
-    ({"files": ["a"]}, r"the default of 'files' is \['a'\] \(list\); a default is a bool, int, float, str or tuple"),
-    ({"name": "x"}, r"'name' is the field that names the function"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"vocab": None},
+            r"the default of 'vocab' is None, whose type the config cannot know; for an optional field "
+            r"write vocab=ml_collections.config_dict.placeholder\(str\)",
+        ),
+        (
+            {"files": ["a"]},
+            r"the default of 'files' is \['a'\] \(list\); a default is a bool, int, float, str or tuple",
+        ),
+        ({"name": "x"}, r"'name' is the field that names the function"),
+    ],
+)
 def test_a_declaration_that_cannot_work_is_a_config_error(fields, message):
   where = f"@runner.config_fields on {__name__}:test_a_declaration_that_cannot_work_is_a_config_error.<locals>.fn: "
   with pytest.raises(ConfigError, match=re.escape(where) + message):
+
     @runner.config_fields(**fields)
     def fn(config, split):
       del config, split
@@ -284,8 +391,11 @@ def test_a_module_declares_its_fields_before_it_imports_tensorflow():
 
 
 def test_a_declared_field_that_the_section_has_for_every_dataset_is_a_config_error(user_module):
-  with pytest.raises(ConfigError, match=r"The dataset 'fieldsmod:batching' declares the field\(s\) "
-                                        r"global_batch_size, which config.data has for every dataset"):
+  with pytest.raises(
+      ConfigError,
+      match=r"The dataset 'fieldsmod:batching' declares the field\(s\) "
+      r"global_batch_size, which config.data has for every dataset",
+  ):
     config_lib.validate({"data": {"name": "fieldsmod:batching"}})
 
 
@@ -307,19 +417,36 @@ def test_digits_without_scikit_learn_says_how_to_install_it(monkeypatch):
     runner.load_config(DIGITS)
 
 
-@pytest.mark.parametrize("name, cls", [("sgd", keras.optimizers.SGD), ("adam", keras.optimizers.Adam),
-                                        ("adamw", keras.optimizers.AdamW)])
+@pytest.mark.parametrize(
+    "name, cls", [("sgd", keras.optimizers.SGD), ("adam", keras.optimizers.Adam), ("adamw", keras.optimizers.AdamW)]
+)
 def test_optimizers(name, cls):
-  config = ml_collections.ConfigDict({"name": name, "learning_rate": 0.5, "schedule": "constant",
-                                      "warmup_steps": 0, "weight_decay": 0.01, "clipnorm": None})
+  config = ml_collections.ConfigDict(
+      {
+          "name": name,
+          "learning_rate": 0.5,
+          "schedule": "constant",
+          "warmup_steps": 0,
+          "weight_decay": 0.01,
+          "clipnorm": None,
+      }
+  )
   optimizer = optimizers.create(config, train_steps=10)
   assert type(optimizer) is cls
   assert float(optimizer.learning_rate) == pytest.approx(0.5) and optimizer.weight_decay == 0.01
 
 
 def test_learning_rate_schedules():
-  config = ml_collections.ConfigDict({"name": "sgd", "learning_rate": 1.0, "schedule": "cosine",
-                                      "warmup_steps": 0, "weight_decay": 0.0, "clipnorm": None})
+  config = ml_collections.ConfigDict(
+      {
+          "name": "sgd",
+          "learning_rate": 1.0,
+          "schedule": "cosine",
+          "warmup_steps": 0,
+          "weight_decay": 0.0,
+          "clipnorm": None,
+      }
+  )
   cosine = optimizers.learning_rate(config, train_steps=100)
   assert [float(cosine(s)) for s in (0, 50, 100)] == pytest.approx([1.0, 0.5, 0.0], abs=1e-6)
   config.schedule, config.warmup_steps = "warmup_cosine", 10

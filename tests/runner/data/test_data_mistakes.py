@@ -12,12 +12,12 @@ import pytest
 import tensorflow as tf
 
 import runner
-import strategies
-from testlib import paths
-from testlib import trainer_testlib
 from runner import models as builtin_models
 from runner.config import run_config as config_lib
 from runner.data.providers import DataError
+import strategies
+from testlib import paths
+from testlib import trainer_testlib
 
 NUM_FEATURES, NUM_CLASSES = trainer_testlib.NUM_FEATURES, trainer_testlib.NUM_CLASSES
 SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")
@@ -40,12 +40,14 @@ def _dataset(features, labels):
 def test_features_of_another_shape_than_the_models_input_are_named_with_both(one_device):
   features = np.zeros((32, 5), np.float32)
   with pytest.raises(DataError) as raised:
-    trainer_testlib.make_trainer(one_device).train(_dataset(features, np.zeros(32, np.int32)), global_batch_size=8,
-                                                   steps=1)
+    trainer_testlib.make_trainer(one_device).train(
+        _dataset(features, np.zeros(32, np.int32)), global_batch_size=8, steps=1
+    )
   assert str(raised.value) == (
       "The training data's features have shape (5,) per example (element spec (TensorSpec(shape=(5,), "
       "dtype=tf.float32, name=None), TensorSpec(shape=(), dtype=tf.int32, name=None))), but the model's input "
-      "takes (8,).")
+      "takes (8,)."
+  )
 
 
 def test_dict_features_for_the_builtin_mlp_are_named_with_their_keys(one_device):
@@ -59,7 +61,8 @@ def test_dict_features_for_the_builtin_mlp_are_named_with_their_keys(one_device)
       "dtype=tf.float32, name=None), 'age': TensorSpec(shape=(1,), dtype=tf.float32, name=None)} per example), but "
       "the model 'mlp' is a keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
       "dataset (tf.concat([features['age'], ...], axis=-1) after flattening each), or use a model with one "
-      "keras.Input per part (a functional keras.Model, as an import path in config.model.name).")
+      "keras.Input per part (a functional keras.Model, as an import path in config.model.name)."
+  )
 
 
 class _Concatenated(keras.layers.Layer):
@@ -70,7 +73,9 @@ class _Concatenated(keras.layers.Layer):
 
 
 def test_a_sequential_model_whose_own_first_layer_takes_a_dict_trains_on_dict_features(one_device):
-  model_fn = lambda: keras.Sequential([_Concatenated(), keras.layers.Dense(NUM_CLASSES)])
+  def model_fn():
+    return keras.Sequential([_Concatenated(), keras.layers.Dense(NUM_CLASSES)])
+
   trainer = trainer_testlib.make_trainer(one_device, model_fn=model_fn)
   features = {"a": np.zeros((32, 3), np.float32), "b": np.ones((32, 2), np.float32)}
   trainer.train(_dataset(features, np.zeros(32, np.int32)), global_batch_size=8, steps=1)
@@ -80,35 +85,52 @@ def test_a_sequential_model_whose_own_first_layer_takes_a_dict_trains_on_dict_fe
 def test_a_batched_dataset_is_named_for_a_model_with_an_input_and_for_one_that_builds_lazily(one_device):
   features, labels = trainer_testlib.classification_arrays(32)
   batched = _dataset(features, labels).batch(8)
-  message = (r"^The training data looks batched: every part of its elements has a first dimension of unknown size "
-             r"\(element spec \(TensorSpec\(shape=\(None, 8\).*\)\)\)\. The Trainer batches the data itself; return an "
-             r"unbatched dataset of one example per element \(drop the \.batch\(\.\.\.\)\)\.$")
+  message = (
+      r"^The training data looks batched: every part of its elements has a first dimension of unknown size "
+      r"\(element spec \(TensorSpec\(shape=\(None, 8\).*\)\)\)\. The Trainer batches the data itself; return an "
+      r"unbatched dataset of one example per element \(drop the \.batch\(\.\.\.\)\)\.$"
+  )
   for model_fn in (trainer_testlib.model_fn, _lazy_model):
     with pytest.raises(DataError, match=message):
       trainer_testlib.make_trainer(one_device, model_fn=model_fn).train(batched, global_batch_size=8, steps=1)
-  with pytest.raises(DataError, match=r"^The training data's features have shape \(8, 8\) per example, one "
-                                      r"dimension more than the model's input \(8,\): the dataset looks batched\."):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's features have shape \(8, 8\) per example, one "
+      r"dimension more than the model's input \(8,\): the dataset looks batched\.",
+  ):
     trainer_testlib.make_trainer(one_device).train(
-        _dataset(features, labels).batch(8, drop_remainder=True).map(lambda x, y: (x, y[0])), global_batch_size=8,
-        steps=1)
+        _dataset(features, labels).batch(8, drop_remainder=True).map(lambda x, y: (x, y[0])),
+        global_batch_size=8,
+        steps=1,
+    )
 
 
 def test_ragged_and_variable_length_features_are_named(one_device):
   labels = np.zeros(6, np.int32)
   ragged = _dataset(tf.ragged.constant([[1.0] * (i + 1) for i in range(6)]), labels)
-  with pytest.raises(DataError, match=r"^The training data's features are ragged \(RaggedTensorSpec\(TensorShape"
-                                      r"\(\[None\]\), tf\.float32, 0, tf\.int64\)\), but the Trainer batches dense "
-                                      r"tensors of one shape\. Pad or cut them to a fixed length"):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's features are ragged \(RaggedTensorSpec\(TensorShape"
+      r"\(\[None\]\), tf\.float32, 0, tf\.int64\)\), but the Trainer batches dense "
+      r"tensors of one shape\. Pad or cut them to a fixed length",
+  ):
     trainer_testlib.make_trainer(one_device, model_fn=_lazy_model).train(ragged, global_batch_size=2, steps=1)
   varying = tf.data.Dataset.from_generator(
       lambda: ((np.ones(i + 1, np.float32), 0) for i in range(6)),
-      output_signature=(tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int32)))
-  with pytest.raises(DataError, match=r"^The training data's features have shape \(None,\) per example, of varying "
-                                      r"length, and the model builds from its first batch, so it needs one fixed "
-                                      r"shape\."):
+      output_signature=(tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int32)),
+  )
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's features have shape \(None,\) per example, of varying "
+      r"length, and the model builds from its first batch, so it needs one fixed "
+      r"shape\.",
+  ):
     trainer_testlib.make_trainer(one_device, model_fn=_lazy_model).train(varying, global_batch_size=2, steps=1)
-  with pytest.raises(DataError, match=r"^The training data's features have shape \(None,\) per example, of varying "
-                                      r"length, but the model's input takes the fixed shape \(8,\)\."):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's features have shape \(None,\) per example, of varying "
+      r"length, but the model's input takes the fixed shape \(8,\)\.",
+  ):
     trainer_testlib.make_trainer(one_device).train(varying, global_batch_size=2, steps=1)
   named = _dataset({"title": tf.ragged.constant([["a"], ["b", "c"]])}, np.zeros(2, np.int32))
   with pytest.raises(DataError, match=r"^The training data's features\['title'\] are ragged"):
@@ -124,7 +146,8 @@ def test_a_label_outside_the_classes_is_named_with_its_step_example_and_the_numb
   assert str(raised.value) == (
       "The training data's batch of step 3 holds a label outside the task's range: example 37 of the data "
       "(counting from 0) has label 9, but labels must be integers in [0, 4) (class ids of a model with 4 outputs "
-      "(classes)).")
+      "(classes))."
+  )
   assert trainer.global_step == 0  # The loop ended in the error: no step of it is reported.
 
 
@@ -140,9 +163,12 @@ def test_a_label_outside_the_classes_stops_the_step_where_the_loss_would_not_fai
   features, labels = trainer_testlib.classification_arrays(64)
   labels[45] = -1  # In the batch of step 6 (global batch 8); the loss of a -1 label is finite here.
   trainer = trainer_testlib.make_trainer(one_device, task=_OneHotClassification(), steps_per_loop=4)
-  with pytest.raises(DataError, match=r"^The training data's batch of step 6 holds a label outside the task's "
-                                      r"range: example 45 of the data \(counting from 0\) has label -1, but labels "
-                                      r"must be integers in \[0, 4\)"):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's batch of step 6 holds a label outside the task's "
+      r"range: example 45 of the data \(counting from 0\) has label -1, but labels "
+      r"must be integers in \[0, 4\)",
+  ):
     trainer.train(_dataset(features, labels), global_batch_size=8, steps=8)
   assert trainer.global_step == 6  # Steps 5 and 6 ran in the loop that stopped; 6 is named.
 
@@ -150,25 +176,35 @@ def test_a_label_outside_the_classes_stops_the_step_where_the_loss_would_not_fai
 def test_float_labels_are_refused_for_classification_before_any_step(one_device):
   features, _ = trainer_testlib.classification_arrays(16)
   fractions = np.linspace(0.5, 0.95, 16).astype(np.float32)
-  with pytest.raises(DataError, match=r"^The training data's labels are float32, but task Classification takes "
-                                      r"class ids, integers in \[0, 4\)\. If they hold whole numbers, cast them in "
-                                      r"the dataset \(tf\.cast\(labels, tf\.int32\)\); for targets in \[0, 1\) "
-                                      r"use task 'regression'"):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's labels are float32, but task Classification takes "
+      r"class ids, integers in \[0, 4\)\. If they hold whole numbers, cast them in "
+      r"the dataset \(tf\.cast\(labels, tf\.int32\)\); for targets in \[0, 1\) "
+      r"use task 'regression'",
+  ):
     trainer_testlib.make_trainer(one_device).train(_dataset(features, fractions), global_batch_size=8, steps=2)
 
 
 def test_labels_the_task_cannot_score_are_named_before_any_step(one_device):
   features, labels = trainer_testlib.classification_arrays(16)
   one_hot = np.eye(NUM_CLASSES, dtype=np.float32)[labels]
-  with pytest.raises(DataError, match=r"^The training data's labels are TensorSpec\(shape=\(4,\), dtype=tf\.float32, "
-                                      r"name=None\) per example, but task Classification takes one class id per "
-                                      r"example \(shape \(\) or \(1,\)\) for a model with 4 outputs\. They look "
-                                      r"one-hot: give the class id instead \(tf\.argmax\(labels\) in the dataset\)\.$"):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's labels are TensorSpec\(shape=\(4,\), dtype=tf\.float32, "
+      r"name=None\) per example, but task Classification takes one class id per "
+      r"example \(shape \(\) or \(1,\)\) for a model with 4 outputs\. They look "
+      r"one-hot: give the class id instead \(tf\.argmax\(labels\) in the dataset\)\.$",
+  ):
     trainer_testlib.make_trainer(one_device).train(_dataset(features, one_hot), global_batch_size=8, steps=1)
-  with pytest.raises(DataError, match=r"^The training data's labels have shape \(3,\) per example, but task "
-                                      r"Regression needs as many values as the model's outputs per example, \(4,\)\."):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's labels have shape \(3,\) per example, but task "
+      r"Regression needs as many values as the model's outputs per example, \(4,\)\.",
+  ):
     trainer_testlib.make_trainer(one_device, task=runner.tasks.Regression()).train(
-        _dataset(features, features[:, :3]), global_batch_size=8, steps=1)
+        _dataset(features, features[:, :3]), global_batch_size=8, steps=1
+    )
 
 
 def test_evaluation_labels_are_checked_and_its_padding_is_not(one_device):
@@ -176,9 +212,12 @@ def test_evaluation_labels_are_checked_and_its_padding_is_not(one_device):
   features, labels = trainer_testlib.classification_arrays(20)
   bad = labels.copy()
   bad[-1] = NUM_CLASSES
-  with pytest.raises(DataError, match=r"^The evaluation data holds a label outside the task's range: example 19 of "
-                                      r"the data \(counting from 0\) has label 4, but labels must be integers in "
-                                      r"\[0, 4\)"):
+  with pytest.raises(
+      DataError,
+      match=r"^The evaluation data holds a label outside the task's range: example 19 of "
+      r"the data \(counting from 0\) has label 4, but labels must be integers in "
+      r"\[0, 4\)",
+  ):
     trainer.evaluate(_dataset(features, bad), global_batch_size=8)
 
   class FromOne(_OneHotClassification):  # Valid labels 1..3: the padding's label 0 would fail if checked.
@@ -189,8 +228,11 @@ def test_evaluation_labels_are_checked_and_its_padding_is_not(one_device):
   from_one = trainer_testlib.make_trainer(one_device, task=FromOne())
   results = from_one.evaluate(_dataset(features, 1 + labels % 3), global_batch_size=8)  # 20 = 2 batches + 4 + padding
   assert results["num_examples"] == 20
-  with pytest.raises(DataError, match=r"example 0 of the data \(counting from 0\) has label 0, but labels must be "
-                                      r"integers in \[1, 4\) \(1, 2 or 3\)"):
+  with pytest.raises(
+      DataError,
+      match=r"example 0 of the data \(counting from 0\) has label 0, but labels must be "
+      r"integers in \[1, 4\) \(1, 2 or 3\)",
+  ):
     from_one.evaluate(_dataset(features, labels % 3), global_batch_size=8)
 
 
@@ -199,9 +241,14 @@ def _write_records(path, features, labels):
   offsets, offset = [], 0
   with tf.io.TFRecordWriter(path) as writer:
     for x, y in zip(features, labels):
-      record = tf.train.Example(features=tf.train.Features(feature={
-          "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-          "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y]))})).SerializeToString()
+      record = tf.train.Example(
+          features=tf.train.Features(
+              feature={
+                  "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                  "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y])),
+              }
+          )
+      ).SerializeToString()
       writer.write(record)
       offsets.append(offset)
       offset += len(record) + 16  # Length, its CRC, the data, its CRC.
@@ -209,17 +256,21 @@ def _write_records(path, features, labels):
 
 
 def _parse(record):
-  parsed = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([NUM_FEATURES], tf.float32),
-                                               "y": tf.io.FixedLenFeature([], tf.int64)})
+  parsed = tf.io.parse_single_example(
+      record, {"x": tf.io.FixedLenFeature([NUM_FEATURES], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+  )
   return parsed["x"], parsed["y"]
 
 
 def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
   features, labels = trainer_testlib.classification_arrays(64)
   paths = [str(tmp_path / f"part-{i}.tfrecord") for i in range(2)]
-  offsets = [_write_records(path, features[32 * i:32 * (i + 1)], labels[32 * i:32 * (i + 1)])
-             for i, path in enumerate(paths)]
-  damaged = bytearray(open(paths[1], "rb").read())
+  offsets = [
+      _write_records(path, features[32 * i : 32 * (i + 1)], labels[32 * i : 32 * (i + 1)])
+      for i, path in enumerate(paths)
+  ]
+  with open(paths[1], "rb") as f:
+    damaged = bytearray(f.read())
   damaged[offsets[1][20] + 40] ^= 0xFF  # Inside the data of record 20 of the second file.
   with open(paths[1], "wb") as f:
     f.write(bytes(damaged))
@@ -233,14 +284,16 @@ def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
   assert runner.data.TFRecordFiles.RECORDS_PER_TURN == 32
   assert str(raised.value) == (
       f"The training data cannot be read at step 5: {paths[1]} is damaged at record 20 (counting from 0; corrupted "
-      f"record at {offsets[1][20] + 12}). Replace or re-write that file, or leave it out of the data.")
+      f"record at {offsets[1][20] + 12}). Replace or re-write that file, or leave it out of the data."
+  )
 
 
 def test_a_damaged_file_of_a_plain_tfrecord_dataset_is_named_with_its_record(tmp_path, one_device):
   features, labels = trainer_testlib.classification_arrays(64)
   path = str(tmp_path / "train.tfrecord")
   offsets = _write_records(path, features, labels)
-  damaged = bytearray(open(path, "rb").read())
+  with open(path, "rb") as f:
+    damaged = bytearray(f.read())
   damaged[offsets[50] + 40] ^= 0xFF  # Inside the data of record 50.
   with open(path, "wb") as f:
     f.write(bytes(damaged))
@@ -250,7 +303,8 @@ def test_a_damaged_file_of_a_plain_tfrecord_dataset_is_named_with_its_record(tmp
   # Record 50 is in the batch of step 7 (records 48 to 55); the file name comes from the dataset's own graph.
   assert str(raised.value) == (
       f"The training data cannot be read at step 7: {path} is damaged at record 50 (counting from 0; corrupted "
-      f"record at {offsets[50] + 12}). Replace or re-write that file, or leave it out of the data.")
+      f"record at {offsets[50] + 12}). Replace or re-write that file, or leave it out of the data."
+  )
 
 
 def _float_feature(values):
@@ -269,31 +323,43 @@ def _write_examples(path, count, feature_of):
 
 
 _OTHER_SCHEMAS = {  # Record 3 of the second file, as it is written instead of {"x": 8 floats, "y": 1 int}.
-    "other_name": ({"features": _float_feature([1.0] * NUM_FEATURES), "y": _int_feature([1])},
-                   f"it has no feature 'x', which parse_fn reads as float32 of shape [{NUM_FEATURES}] ({NUM_FEATURES} "
-                   f"values); the record holds features (float_list of {NUM_FEATURES} values), y (int64_list of 1 "
-                   "value)"),
-    "other_dtype": ({"x": _int_feature([1] * NUM_FEATURES), "y": _int_feature([1])},
-                    f"its feature 'x' holds int64_list of {NUM_FEATURES} values, but parse_fn reads it as float32 of "
-                    f"shape [{NUM_FEATURES}] ({NUM_FEATURES} values)"),
-    "other_length": ({"x": _float_feature([1.0] * 3), "y": _int_feature([1])},
-                     f"its feature 'x' holds float_list of 3 values, but parse_fn reads it as float32 of shape "
-                     f"[{NUM_FEATURES}] ({NUM_FEATURES} values)"),
+    "other_name": (
+        {"features": _float_feature([1.0] * NUM_FEATURES), "y": _int_feature([1])},
+        f"it has no feature 'x', which parse_fn reads as float32 of shape [{NUM_FEATURES}] ({NUM_FEATURES} "
+        f"values); the record holds features (float_list of {NUM_FEATURES} values), y (int64_list of 1 "
+        "value)",
+    ),
+    "other_dtype": (
+        {"x": _int_feature([1] * NUM_FEATURES), "y": _int_feature([1])},
+        f"its feature 'x' holds int64_list of {NUM_FEATURES} values, but parse_fn reads it as float32 of "
+        f"shape [{NUM_FEATURES}] ({NUM_FEATURES} values)",
+    ),
+    "other_length": (
+        {"x": _float_feature([1.0] * 3), "y": _int_feature([1])},
+        f"its feature 'x' holds float_list of 3 values, but parse_fn reads it as float32 of shape "
+        f"[{NUM_FEATURES}] ({NUM_FEATURES} values)",
+    ),
 }
 
 
 @pytest.mark.parametrize("schema", sorted(_OTHER_SCHEMAS))
-def test_a_tfrecord_of_another_schema_is_named_with_its_file_record_feature_and_both_specs(tmp_path, one_device,
-                                                                                           schema):
+def test_a_tfrecord_of_another_schema_is_named_with_its_file_record_feature_and_both_specs(
+    tmp_path, one_device, schema
+):
   written, mismatch = _OTHER_SCHEMAS[schema]
-  good = lambda i: {"x": _float_feature([0.5] * NUM_FEATURES), "y": _int_feature([i % NUM_CLASSES])}
+
+  def good(i):
+    return {"x": _float_feature([0.5] * NUM_FEATURES), "y": _int_feature([i % NUM_CLASSES])}
+
   paths = [str(tmp_path / f"part-{i}.tfrecord") for i in range(2)]
   _write_examples(paths[0], 16, good)
   _write_examples(paths[1], 16, lambda i: written if i == 3 else good(i))
   data = runner.data.TFRecordFiles(str(tmp_path / "part-*.tfrecord"), _parse)
   trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=2)
-  expected = (f"{paths[1]}, record 3 (counting from 0): {mismatch}. Write the files with the features parse_fn "
-              "reads, or change the features it reads.")
+  expected = (
+      f"{paths[1]}, record 3 (counting from 0): {mismatch}. Write the files with the features parse_fn "
+      "reads, or change the features it reads."
+  )
   with pytest.raises(DataError) as raised:
     trainer.train(data, global_batch_size=8, steps=4)
   assert str(raised.value) == "The training data cannot be parsed at step 3: " + expected  # Records 16 to 23.
@@ -302,8 +368,9 @@ def test_a_tfrecord_of_another_schema_is_named_with_its_file_record_feature_and_
   assert str(raised.value) == "The evaluation data cannot be parsed: " + expected
 
 
-def test_a_plain_tfrecord_dataset_of_another_schema_is_named_with_its_files_and_the_parsers_reason(tmp_path,
-                                                                                                  one_device):
+def test_a_plain_tfrecord_dataset_of_another_schema_is_named_with_its_files_and_the_parsers_reason(
+    tmp_path, one_device
+):
   path = str(tmp_path / "train.tfrecord")
   _write_examples(path, 16, lambda i: {"x": _float_feature([1.0] * 3), "y": _int_feature([1])})
   trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=2)
@@ -312,14 +379,18 @@ def test_a_plain_tfrecord_dataset_of_another_schema_is_named_with_its_files_and_
   assert str(raised.value) == (
       f"The training data cannot be parsed at step 1: TensorFlow's Example parser says in a record of {path}: Key: x. "
       "Can't parse serialized Example: Some float_list slice was not parsed. Write the files with the features the "
-      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record).")
+      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record)."
+  )
 
 
 def test_a_run_that_fails_on_its_data_leaves_the_workdir_as_it_found_it(tmp_path):
   config = runner.load_config(SYNTHETIC, ["data.num_classes=12", "trainer.train_steps=4", "trainer.steps_per_loop=2"])
-  with pytest.raises(DataError, match=r"^The training data's batch of step 1 holds a label outside the task's "
-                                      r"range: example \d+ of the data \(counting from 0\) has label 1[01], but labels "
-                                      r"must be integers in \[0, 10\)"):
+  with pytest.raises(
+      DataError,
+      match=r"^The training data's batch of step 1 holds a label outside the task's "
+      r"range: example \d+ of the data \(counting from 0\) has label 1[01], but labels "
+      r"must be integers in \[0, 10\)",
+  ):
     runner.run(config, workdir=str(tmp_path / "new"))
   assert not (tmp_path / "new").exists()
   existing = tmp_path / "existing"

@@ -18,12 +18,12 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner.data import builtin_datasets
 from runner.config import run_config as config_lib
-from runner.data import providers as data
+from runner.data import builtin_datasets
 from runner.data import pipeline as input_pipeline
-from runner.training import parameter_server_loops
+from runner.data import providers as data
 from runner.tpu import check as tpu_check
+from runner.training import parameter_server_loops
 from strategies import ConfigError
 from testlib import paths
 
@@ -49,7 +49,8 @@ RECORDS_PLUGIN = textwrap.dedent("""
 
 def _context(pipeline, pipelines):
   return tf.distribute.InputContext(
-      num_input_pipelines=pipelines, input_pipeline_id=pipeline, num_replicas_in_sync=pipelines)
+      num_input_pipelines=pipelines, input_pipeline_id=pipeline, num_replicas_in_sync=pipelines
+  )
 
 
 def _values(dataset, index=0):
@@ -95,8 +96,11 @@ def _write_records(directory, num_files, per_file):
   for i in range(num_files):
     with tf.io.TFRecordWriter(str(directory / f"part-{i}.tfrecord")) as writer:
       for k in range(per_file):
-        example = tf.train.Example(features=tf.train.Features(feature={
-            "value": tf.train.Feature(int64_list=tf.train.Int64List(value=[i * 100 + k]))}))
+        example = tf.train.Example(
+            features=tf.train.Features(
+                feature={"value": tf.train.Feature(int64_list=tf.train.Int64List(value=[i * 100 + k]))}
+            )
+        )
         writer.write(example.SerializeToString())
   return str(directory / "part-*.tfrecord")
 
@@ -132,8 +136,9 @@ def test_tfrecord_files_skip_records_before_parsing_with_the_same_result(tmp_pat
 @pytest.mark.parametrize("pipelines", [2, 3])
 @pytest.mark.parametrize("num_files", [1, 2, 3])
 @pytest.mark.parametrize("sharding", ["auto", "file", "data"])
-def test_every_policy_gives_every_pipeline_a_disjoint_share_of_every_record(tmp_path, caplog, sharding, num_files,
-                                                                            pipelines):
+def test_every_policy_gives_every_pipeline_a_disjoint_share_of_every_record(
+    tmp_path, caplog, sharding, num_files, pipelines
+):
   pattern = _write_records(tmp_path, num_files=num_files, per_file=4)
   provider = data.TFRecordFiles(pattern, _parse, sharding=sharding)
   with caplog.at_level(logging.INFO, logger="absl"):
@@ -143,7 +148,8 @@ def test_every_policy_gives_every_pipeline_a_disjoint_share_of_every_record(tmp_
   by_file = sharding != "data" and num_files >= pipelines
   if by_file:  # pipeline i reads files i, i + n, ...
     assert [sorted(share) for share in shares] == [
-        [f * 100 + k for f in range(i, num_files, pipelines) for k in range(4)] for i in range(pipelines)]
+        [f * 100 + k for f in range(i, num_files, pipelines) for k in range(4)] for i in range(pipelines)
+    ]
   else:  # every n-th record of the one stream every pipeline reads
     stream = _values(data.TFRecordFiles(pattern, _parse, sharding="data").get_dataset(_context(0, 1)), index=1)
     assert shares == [stream[i::pipelines] for i in range(pipelines)]
@@ -155,11 +161,13 @@ def test_every_policy_gives_every_pipeline_a_disjoint_share_of_every_record(tmp_
     assert lines[0].getMessage() == (
         f"TFRecordFiles: {num_files} file(s) match {pattern!r} for {pipelines} input pipelines, too few to shard by "
         f"file; sharding by example (sharding={sharding!r}): every pipeline reads every file and keeps one record "
-        f"in {pipelines}.")
+        f"in {pipelines}."
+    )
   for i in range(pipelines):  # resume: skipping `start` examples of this pipeline's stream, under every policy
     context = _context(i, pipelines)
-    assert (_values(provider.get_repeated_dataset(context, 5).take(9), index=1)
-            == _values(provider.get_dataset(context).repeat().skip(5).take(9), index=1))
+    assert _values(provider.get_repeated_dataset(context, 5).take(9), index=1) == _values(
+        provider.get_dataset(context).repeat().skip(5).take(9), index=1
+    )
 
 
 def _batches(dataset):
@@ -174,8 +182,9 @@ def _parse_with_string_length(record):
 
 @pytest.mark.parametrize("parse_fn", [_parse, _parse_with_string_length], ids=["vectorized", "record_by_record"])
 @pytest.mark.parametrize("shuffle,sharding", [(0, "data"), (5, "data"), (0, "file")])
-def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record(tmp_path, caplog, parse_fn, shuffle,
-                                                                                 sharding):
+def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record(
+    tmp_path, caplog, parse_fn, shuffle, sharding
+):
   # Sharding by file without a shuffle cuts the batches from whole turns of RECORDS_PER_TURN records.
   pattern = _write_records(tmp_path, num_files=3, per_file=data.TFRecordFiles.RECORDS_PER_TURN + 7)
   provider = data.TFRecordFiles(pattern, parse_fn, shuffle_buffer_size=shuffle, seed=2, sharding=sharding)
@@ -184,22 +193,25 @@ def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record
       assert _batches(provider.get_batches(context, 4)) == _batches(provider.get_dataset(context).batch(4))
       for start in (0, 5, 44, 120):  # Within the first epoch (44 a whole number of batches), and epochs in.
         batches = _batches(provider.get_repeated_batches(context, 4, start).take(40))
-        assert batches == _batches(
-            provider.get_repeated_dataset(context, start).batch(4, drop_remainder=True).take(40))
+        assert batches == _batches(provider.get_repeated_dataset(context, start).batch(4, drop_remainder=True).take(40))
         assert len(batches) == 40
   said = [r.getMessage() for r in caplog.records if "record by record" in r.getMessage()]
   if parse_fn is _parse:
     assert said == []
   else:  # once per provider, with TensorFlow's reason
-    assert said == ["TFRecordFiles: parsing record by record, as parse_fn '_parse_with_string_length' does not "
-                    "vectorize: No pfor vectorization defined for StringLength."]
+    assert said == [
+        "TFRecordFiles: parsing record by record, as parse_fn '_parse_with_string_length' does not "
+        "vectorize: No pfor vectorization defined for StringLength."
+    ]
 
 
 class _OwnBatches(data.InMemory):
   """Makes batches of its own for training: every label in them is -1."""
 
   def get_repeated_batches(self, input_context, batch_size, start):
-    return super().get_repeated_batches(input_context, batch_size, start).map(lambda f, l: (f, -tf.ones_like(l)))
+    return (
+        super().get_repeated_batches(input_context, batch_size, start).map(lambda f, labels: (f, -tf.ones_like(labels)))
+    )
 
 
 def _flat_batches(dataset):
@@ -215,12 +227,17 @@ def test_the_parameter_server_and_tpu_check_wrappers_train_on_the_providers_own_
       wrapped = wrap(records)
       batches = _flat_batches(wrapped.get_repeated_batches(_context(0, 1), 4, start).take(30))
       assert batches == _flat_batches(
-          data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30))
+          data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30)
+      )
       assert len(batches) == 30
     labels = [batch[-1] for batch in _flat_batches(wrap(own).get_repeated_batches(_context(0, 1), 4, 0).take(3))]
     assert labels == [[-1] * 4] * 3  # the provider's own batches
-  first_numbers = [batch[0][0] for batch in _flat_batches(
-      parameter_server_loops._StepNumbered(own).get_repeated_batches(_context(0, 1), 4, 8).take(3))]
+  first_numbers = [
+      batch[0][0]
+      for batch in _flat_batches(
+          parameter_server_loops._StepNumbered(own).get_repeated_batches(_context(0, 1), 4, 8).take(3)
+      )
+  ]
   assert first_numbers == [8, 12, 16]
   options = tpu_check._WithoutAutotune(records).get_repeated_batches(_context(0, 1), 4, 0).options()
   assert options.autotune.enabled is False
@@ -230,16 +247,22 @@ def test_the_record_stream_is_a_function_of_the_file_list_alone(tmp_path):
   turn = data.TFRecordFiles.RECORDS_PER_TURN
   pattern = _write_records(tmp_path, num_files=3, per_file=turn + 2)
   provider = data.TFRecordFiles(pattern, _parse, sharding="data")
-  stream = list(range(turn)) + [100 + k for k in range(turn)] + [
-      200 + k for k in range(turn)] + [turn, turn + 1, 100 + turn, 101 + turn, 200 + turn, 201 + turn]
+  stream = (
+      list(range(turn))
+      + [100 + k for k in range(turn)]
+      + [200 + k for k in range(turn)]
+      + [turn, turn + 1, 100 + turn, 101 + turn, 200 + turn, 201 + turn]
+  )
   assert _values(provider.get_dataset(_context(0, 1)), index=1) == stream  # RECORDS_PER_TURN from each file in turn
   assert _values(provider.get_dataset(_context(1, 2)), index=1) == stream[1::2]
 
 
 def test_data_without_files_is_sharded_by_example_and_file_says_so_once(caplog):
   values = np.arange(7)
-  providers = [data.InMemory(values.astype(np.float32), values),
-               data.as_provider(tf.data.Dataset.from_tensor_slices((values, values)))]
+  providers = [
+      data.InMemory(values.astype(np.float32), values),
+      data.as_provider(tf.data.Dataset.from_tensor_slices((values, values))),
+  ]
   for sharding in ("auto", "data", "file"):
     for provider in providers:
       provider.sharding = sharding
@@ -247,8 +270,11 @@ def test_data_without_files_is_sharded_by_example_and_file_says_so_once(caplog):
         shares = [_values(provider.get_dataset(_context(i, 2)), index=1) for i in range(2)]
       assert shares == [[0, 2, 4, 6], [1, 3, 5]]
   said = [r.getMessage() for r in caplog.records if "has no files" in r.getMessage()]
-  assert said == [f"{name}: sharding='file', but its data has no files; sharding by example instead (input "
-                  "pipeline i of n keeps examples i, i + n, ...)." for name in ("InMemory", "DatasetShards")]
+  assert said == [
+      f"{name}: sharding='file', but its data has no files; sharding by example instead (input "
+      "pipeline i of n keeps examples i, i + n, ...)."
+      for name in ("InMemory", "DatasetShards")
+  ]
 
 
 def test_from_function_says_once_that_a_policy_does_not_apply(caplog):
@@ -262,13 +288,16 @@ def test_from_function_says_once_that_a_policy_does_not_apply(caplog):
   assert shares == [[0, 2], [1, 3]]
   assert [r.getMessage() for r in caplog.records] == [
       "FromFunction: sharding='data' does not apply; the function 'halves' decides how each input pipeline's data "
-      "is sharded."]
+      "is sharded."
+  ]
 
 
 def test_a_bad_sharding_is_a_config_error_naming_the_valid_ones(tmp_path):
   pattern = _write_records(tmp_path, num_files=1, per_file=1)
-  with pytest.raises(ConfigError, match=r"^TFRecordFiles sharding='files' is not valid\. Did you mean 'file'\? "
-                                        r"Valid: auto, file, data\.$"):
+  with pytest.raises(
+      ConfigError,
+      match=r"^TFRecordFiles sharding='files' is not valid\. Did you mean 'file'\? Valid: auto, file, data\.$",
+  ):
     data.TFRecordFiles(pattern, _parse, sharding="files")
   with pytest.raises(TypeError, match=r"positional argument"):
     data.TFRecordFiles(pattern, _parse, 0, None, None, "file")  # keyword-only
@@ -276,8 +305,10 @@ def test_a_bad_sharding_is_a_config_error_naming_the_valid_ones(tmp_path):
   with pytest.raises(ConfigError, match=r"^InMemory sharding='example' is not valid\..* Valid: auto, file, data\.$"):
     provider.sharding = "example"
   assert provider.sharding is None and data.TFRecordFiles(pattern, _parse).sharding is None  # not chosen
-  with pytest.raises(ConfigError, match=r"^config\.data\.sharding='by_file' is not valid\. Did you mean 'file'\? "
-                                        r"Valid: auto, file, data\.$"):
+  with pytest.raises(
+      ConfigError,
+      match=r"^config\.data\.sharding='by_file' is not valid\. Did you mean 'file'\? Valid: auto, file, data\.$",
+  ):
     config_lib.validate({"data": {"sharding": "by_file"}})
   assert config_lib.default_config().data.sharding == "auto"
 
@@ -296,13 +327,22 @@ def test_builtin_datasets_split_once_and_keep_eval_in_order():
   test_batch = list(test.get_dataset(_context(0, 1)).as_numpy_iterator())
   assert not train_features & {f.tobytes() for f, _ in test_batch}  # disjoint
   assert all(0.0 <= f.min() and f.max() <= 1.0 for f, _ in test_batch)
-  assert [int(label) for _, label in test_batch] == [int(l) for _, l in test.get_dataset(_context(0, 1))]
+  assert [int(label) for _, label in test_batch] == [int(label) for _, label in test.get_dataset(_context(0, 1))]
 
 
 def test_synthetic_is_deterministic_with_distinct_splits():
-  config = ml_collections.ConfigDict({"num_examples": 64, "num_eval_examples": 32, "num_features": 5,
-                                      "num_classes": 3, "noise": 0.0, "regression": False, "shuffle": True,
-                                      "seed": 4})
+  config = ml_collections.ConfigDict(
+      {
+          "num_examples": 64,
+          "num_eval_examples": 32,
+          "num_features": 5,
+          "num_classes": 3,
+          "noise": 0.0,
+          "regression": False,
+          "shuffle": True,
+          "seed": 4,
+      }
+  )
   train, test = builtin_datasets.synthetic(config, "train"), builtin_datasets.synthetic(config, "eval")
   assert (train.shuffle, test.shuffle) == (True, False)
   config.shuffle = False
@@ -319,11 +359,15 @@ def test_a_config_run_gives_config_data_sharding_to_a_provider_that_did_not_choo
   pattern = _write_records(tmp_path, num_files=2, per_file=8)
   (tmp_path / "sharded_records.py").write_text(RECORDS_PLUGIN)
   monkeypatch.syspath_prepend(str(tmp_path))
-  config = {"strategy": {"name": "one_device"},
-            "data": {"name": "sharded_records:records", "pattern": pattern, "global_batch_size": 4, "sharding": "file"},
-            "model": {"hidden_units": (4,)}, "trainer": {"train_steps": 2, "steps_per_loop": 1}}
+  config = {
+      "strategy": {"name": "one_device"},
+      "data": {"name": "sharded_records:records", "pattern": pattern, "global_batch_size": 4, "sharding": "file"},
+      "model": {"hidden_units": (4,)},
+      "trainer": {"train_steps": 2, "steps_per_loop": 1},
+  }
   result = runner.run(config, str(tmp_path / "work"))
   import sharded_records  # noqa: PLC0415
+
   assert {split: p.sharding for split, p in sharded_records.PROVIDERS.items()} == {"train": "file", "eval": "data"}
   assert result.global_step == 2 and result.eval_metrics["num_examples"] == 16
   sys.modules.pop("sharded_records", None)
@@ -347,21 +391,39 @@ def test_two_workers_over_one_file_with_sharding_file_each_say_so_once_and_finis
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   workers = []
   for index in range(2):  # Output to files: a full pipe would stop one worker and, through the all-reduce, both.
-    with open(tmp_path / f"worker{index}.out", "w", encoding="utf-8") as out, \
-         open(tmp_path / f"worker{index}.err", "w", encoding="utf-8") as err:
-      workers.append(subprocess.Popen(
-          [sys.executable, "-m", "runner", f"--config={config_file}", f"--workdir={tmp_path / 'work'}",
-           "--config.strategy.name=multi_worker_mirrored", f"--config.strategy.worker_hosts={hosts!r}",
-           f"--config.strategy.task_index={index}", "--config.data.sharding=file"],
-          cwd=REPO, env=env, stdout=out, stderr=err))
+    with (
+        open(tmp_path / f"worker{index}.out", "w", encoding="utf-8") as out,
+        open(tmp_path / f"worker{index}.err", "w", encoding="utf-8") as err,
+    ):
+      workers.append(
+          subprocess.Popen(
+              [
+                  sys.executable,
+                  "-m",
+                  "runner",
+                  f"--config={config_file}",
+                  f"--workdir={tmp_path / 'work'}",
+                  "--config.strategy.name=multi_worker_mirrored",
+                  f"--config.strategy.worker_hosts={hosts!r}",
+                  f"--config.strategy.task_index={index}",
+                  "--config.data.sharding=file",
+              ],
+              cwd=REPO,
+              env=env,
+              stdout=out,
+              stderr=err,
+          )
+      )
   try:
     for worker in workers:
       worker.wait(timeout=TIMEOUT_SECONDS)
   finally:
     for worker in workers:
       worker.kill()
-  said = (f"TFRecordFiles: 1 file(s) match {pattern!r} for 2 input pipelines, too few to shard by file; sharding "
-          "by example (sharding='file'): every pipeline reads every file and keeps one record in 2.")
+  said = (
+      f"TFRecordFiles: 1 file(s) match {pattern!r} for 2 input pipelines, too few to shard by file; sharding "
+      "by example (sharding='file'): every pipeline reads every file and keeps one record in 2."
+  )
   for index, worker in enumerate(workers):
     stdout, stderr = ((tmp_path / f"worker{index}.{kind}").read_text(encoding="utf-8") for kind in ("out", "err"))
     assert worker.returncode == 0 and "global step: 20" in stdout, stderr[-3000:]
@@ -372,7 +434,8 @@ def test_two_workers_over_one_file_with_sharding_file_each_say_so_once_and_finis
 def test_the_trainers_input_runs_without_the_autotuning_model_whose_thread_stalls_iterator_deletion(cpu_devices):
   """The model thread of tf.data's autotuning (TensorFlow 2.21) made deleting a long-used iterator wait for its timer."""
   examples = runner.data.DatasetShards(
-      tf.data.Dataset.from_tensor_slices((np.zeros((16, 3), np.float32), np.zeros(16, np.int32))))
+      tf.data.Dataset.from_tensor_slices((np.zeros((16, 3), np.float32), np.zeros(16, np.int32)))
+  )
   mirrored = tf.distribute.MirroredStrategy(cpu_devices(2))
   training = input_pipeline.for_training(mirrored, examples, 4)
   evaluation, _ = input_pipeline.for_evaluation(mirrored, examples, 4, bounded=False)

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import runner
-import strategies
 from runner.outputs import checkpoints as checkpoints_lib
+import strategies
 from testlib import process_testlib
 from testlib import trainer_testlib
 
@@ -101,7 +101,8 @@ _PROBLEM = {
 
 @pytest.mark.parametrize("damage", list(_PROBLEM), ids=lambda damage: damage.__name__.strip("_"))
 def test_a_damaged_checkpoint_list_is_rebuilt_from_the_files_and_rotation_knows_them_all(
-    damage, trained, tmp_path, caplog):
+    damage, trained, tmp_path, caplog
+):
   model_dir, checkpoints = _copy(trained, tmp_path)
   damage(os.path.join(checkpoints, "checkpoint"))
   before = _checkpoint_files(checkpoints)
@@ -118,14 +119,16 @@ def test_a_damaged_checkpoint_list_is_rebuilt_from_the_files_and_rotation_knows_
   assert re.fullmatch(
       rf"The checkpoint list {re.escape(os.path.join(checkpoints, 'checkpoint'))} {_PROBLEM[damage]}; rebuilt it "
       r"from the checkpoint files: ckpt-2, ckpt-4, ckpt-6 \(newest last\)\. It is rewritten at the next save\.",
-      warnings[0]), warnings[0]
+      warnings[0],
+  ), warnings[0]
   assert _checkpoint_files(checkpoints) == before  # Restoring touched no checkpoint.
 
   resumed.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=10)
   after = _checkpoint_files(checkpoints)
   assert _names(after) == ["ckpt-6", "ckpt-8", "ckpt-10"]  # max_to_keep=3 rotated the oldest found on disk.
   assert {name: data for name, data in after.items() if name.startswith("ckpt-6.")} == {
-      name: data for name, data in before.items() if name.startswith("ckpt-6.")}
+      name: data for name, data in before.items() if name.startswith("ckpt-6.")
+  }
   with open(os.path.join(checkpoints, "checkpoint"), encoding="utf-8") as f:
     written = f.read()
   assert re.findall(r'^all_model_checkpoint_paths: "(.*)"$', written, re.M) == ["ckpt-6", "ckpt-8", "ckpt-10"]
@@ -134,7 +137,8 @@ def test_a_damaged_checkpoint_list_is_rebuilt_from_the_files_and_rotation_knows_
 
 
 def test_a_rebuilt_list_whose_newest_checkpoint_is_unreadable_falls_back_and_never_deletes_the_newest(
-    trained, tmp_path, caplog):
+    trained, tmp_path, caplog
+):
   model_dir, checkpoints = _copy(trained, tmp_path)
   os.remove(os.path.join(checkpoints, "checkpoint"))
   data_file = glob.glob(os.path.join(checkpoints, "ckpt-6.data-*"))[0]
@@ -144,8 +148,11 @@ def test_a_rebuilt_list_whose_newest_checkpoint_is_unreadable_falls_back_and_nev
     resumed = _trainer(model_dir)
   assert resumed.global_step == 4
   assert "is missing; rebuilt it from the checkpoint files: ckpt-2, ckpt-4, ckpt-6 (newest last)" in caplog.text
-  assert re.search(r"Skipped the newest checkpoint\(s\) of .*checkpoints, which cannot be read: ckpt-6 "
-                   r"\(\w+Error: .*\)\. Resumed from ckpt-4 instead", caplog.text)
+  assert re.search(
+      r"Skipped the newest checkpoint\(s\) of .*checkpoints, which cannot be read: ckpt-6 "
+      r"\(\w+Error: .*\)\. Resumed from ckpt-4 instead",
+      caplog.text,
+  )
   resumed.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=8)
   assert _names(_checkpoint_files(checkpoints)) == ["ckpt-4", "ckpt-6", "ckpt-8"]
   assert checkpoints_lib.latest(model_dir) == os.path.join(checkpoints, "ckpt-8")
@@ -156,16 +163,25 @@ def test_a_rebuilt_list_whose_newest_checkpoint_is_unreadable_falls_back_and_nev
 def _write_list(directory, names):
   """Writes `directory`'s checkpoint list as naming `names`, oldest first, the last as the newest."""
   with open(os.path.join(directory, "checkpoint"), "w", encoding="utf-8") as f:
-    f.write(f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{name}"\n'
-                                                               for name in names))
+    f.write(
+        f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{name}"\n' for name in names)
+    )
 
 
 def test_a_copied_workdirs_list_naming_the_originals_checkpoints_never_touches_them(trained, tmp_path, caplog):
   original, original_checkpoints = _copy(trained, tmp_path / "original")
   model_dir, checkpoints = _copy(trained, tmp_path / "copy")
-  _write_list(checkpoints, [os.path.join(original_checkpoints, "ckpt-2"), os.path.join(original_checkpoints, "ckpt-4"),
-                            os.path.join(checkpoints, "ckpt-4"), "ckpt-4", "ckpt-9",  # Its own, thrice; no files.
-                            os.path.join(original_checkpoints, "ckpt-6")])
+  _write_list(
+      checkpoints,
+      [
+          os.path.join(original_checkpoints, "ckpt-2"),
+          os.path.join(original_checkpoints, "ckpt-4"),
+          os.path.join(checkpoints, "ckpt-4"),
+          "ckpt-4",
+          "ckpt-9",  # Its own, thrice; no files.
+          os.path.join(original_checkpoints, "ckpt-6"),
+      ],
+  )
   untouched = process_testlib.files_of(original)
   assert checkpoints_lib.latest(model_dir) == os.path.join(checkpoints, "ckpt-6")
   with caplog.at_level("WARNING", logger="absl"):
@@ -174,10 +190,12 @@ def test_a_copied_workdirs_list_naming_the_originals_checkpoints_never_touches_t
   for got, want in zip(resumed.model.get_weights(), trained[1]):
     np.testing.assert_array_equal(got, want)
   outside = ", ".join(os.path.join(original_checkpoints, name) for name in ("ckpt-2", "ckpt-4", "ckpt-6"))
-  assert (f"The checkpoint list {os.path.join(checkpoints, 'checkpoint')} names checkpoints outside its directory: "
-          f"{outside} (left out: they are neither restored from nor deleted), and names ckpt-4 more than once, and "
-          "names checkpoints that have no files: ckpt-9, and does not name ckpt-2, ckpt-6; rebuilt it from the "
-          "checkpoint files: ckpt-2, ckpt-4, ckpt-6 (newest last). It is rewritten at the next save.") in caplog.text
+  assert (
+      f"The checkpoint list {os.path.join(checkpoints, 'checkpoint')} names checkpoints outside its directory: "
+      f"{outside} (left out: they are neither restored from nor deleted), and names ckpt-4 more than once, and "
+      "names checkpoints that have no files: ckpt-9, and does not name ckpt-2, ckpt-6; rebuilt it from the "
+      "checkpoint files: ckpt-2, ckpt-4, ckpt-6 (newest last). It is rewritten at the next save."
+  ) in caplog.text
 
   resumed.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=12)
   assert _names(_checkpoint_files(checkpoints)) == ["ckpt-8", "ckpt-10", "ckpt-12"]  # max_to_keep=3, its own only.
@@ -193,20 +211,27 @@ def test_a_list_naming_only_another_directorys_checkpoints_is_an_error_touching_
     os.remove(path)
   _write_list(checkpoints, [os.path.join(original_checkpoints, "ckpt-6")])
   before = {directory: process_testlib.files_of(directory) for directory in (original, model_dir)}
-  with pytest.raises(strategies.ConfigError, match=(
-      rf"^The checkpoint list {re.escape(os.path.join(checkpoints, 'checkpoint'))} names only checkpoints outside "
-      rf"its directory: {re.escape(os.path.join(original_checkpoints, 'ckpt-6'))}\. A run restores from and rotates "
-      rf"only the checkpoints in {re.escape(checkpoints)}: copy them there to resume from them, or remove the list to "
-      r"train from scratch\.$")):
+  with pytest.raises(
+      strategies.ConfigError,
+      match=(
+          rf"^The checkpoint list {re.escape(os.path.join(checkpoints, 'checkpoint'))} names only checkpoints outside "
+          rf"its directory: {re.escape(os.path.join(original_checkpoints, 'ckpt-6'))}\. A run restores from and rotates "
+          rf"only the checkpoints in {re.escape(checkpoints)}: copy them there to resume from them, or remove the list to "
+          r"train from scratch\.$"
+      ),
+  ):
     _trainer(model_dir)
   assert {directory: process_testlib.files_of(directory) for directory in (original, model_dir)} == before
 
 
 def test_runner_run_resumes_over_a_garbled_checkpoint_list(tmp_path):
-  config = {"mode": "train", "strategy": {"name": "one_device"},
-            "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256},
-            "model": {"hidden_units": (16,)},
-            "trainer": {"train_steps": 40, "steps_per_loop": 20, "checkpoint_every": 20}}
+  config = {
+      "mode": "train",
+      "strategy": {"name": "one_device"},
+      "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256},
+      "model": {"hidden_units": (16,)},
+      "trainer": {"train_steps": 40, "steps_per_loop": 20, "checkpoint_every": 20},
+  }
   workdir = str(tmp_path / "work")
   runner.run(config, workdir)
   with open(os.path.join(workdir, "checkpoints", "checkpoint"), "wb") as f:
@@ -229,8 +254,9 @@ _SAVE_FOREVER = textwrap.dedent("""
 def _killed_while_saving(directory, env):
   """SIGKILLs a process while it writes a checkpoint into `directory`; returns the `ckpt-N_temp` it left."""
   for _ in range(5):
-    saver = process_testlib.Process([sys.executable, "-c", _SAVE_FOREVER, directory], env=env,
-                                    logs=directory + ".logs", name="saver")
+    saver = process_testlib.Process(
+        [sys.executable, "-c", _SAVE_FOREVER, directory], env=env, logs=directory + ".logs", name="saver"
+    )
     saver.wait_for(lambda: glob.glob(os.path.join(directory, "ckpt-*_temp", "*")), "a save in progress")
     saver.process.send_signal(signal.SIGKILL)
     assert saver.wait()[0] == -signal.SIGKILL
@@ -240,8 +266,9 @@ def _killed_while_saving(directory, env):
   raise AssertionError("no kill of 5 left a ckpt-N_temp directory")
 
 
-def test_what_a_save_killed_part_way_left_is_removed_when_training_starts_again(trained, tmp_path, subprocess_env,
-                                                                                 caplog):
+def test_what_a_save_killed_part_way_left_is_removed_when_training_starts_again(
+    trained, tmp_path, subprocess_env, caplog
+):
   leftover = _killed_while_saving(str(tmp_path / "killed"), subprocess_env)
   assert os.listdir(leftover)  # The shards TensorFlow was writing, never merged into a checkpoint.
   model_dir, checkpoints = _copy(trained, tmp_path)
@@ -277,15 +304,20 @@ def test_rows_of_steps_past_the_restored_one_are_dropped_so_each_step_has_one_ro
     crashed.train(data, **train)
   before = process_testlib.metrics_rows(model_dir)
   assert [(row["split"], row["step"]) for row in before] == [
-      (split, step) for step in range(1, 6) for split in ("train", "eval")]
+      (split, step) for step in range(1, 6) for split in ("train", "eval")
+  ]
   with caplog.at_level("INFO", logger="absl"):
     resumed = _trainer(model_dir)
     assert resumed.global_step == 4
     resumed.train(data, **train)
   after = process_testlib.metrics_rows(model_dir)
   assert [(row["split"], row["step"]) for row in after] == [
-      (split, step) for step in range(1, 7) for split in ("train", "eval")]
+      (split, step) for step in range(1, 7) for split in ("train", "eval")
+  ]
   assert after[:8] == before[:8]  # The rows up to the restored step stay as they were.
-  assert re.search(r"Dropped 2 row\(s\) of .*metrics\.jsonl past step 4, written by a run that stopped before its "
-                   r"next checkpoint", caplog.text)
+  assert re.search(
+      r"Dropped 2 row\(s\) of .*metrics\.jsonl past step 4, written by a run that stopped before its "
+      r"next checkpoint",
+      caplog.text,
+  )
   assert not [name for name in os.listdir(model_dir) if ".tmp" in name]

@@ -23,8 +23,9 @@ def _checkpoint_names(model_dir):
 def test_a_mirrored_2_checkpoint_restores_weights_and_slots_on_one_device_and_mirrored_4(tmp_path, cpu_devices):
   model_dir = str(tmp_path)
   adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
-  writer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), optimizer_fn=adam,
-                                        model_dir=model_dir)
+  writer = trainer_testlib.make_trainer(
+      strategies.MirroredStrategy(cpu_devices(2)), optimizer_fn=adam, model_dir=model_dir
+  )
   writer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=3)
   weights, slots = writer.model.get_weights(), trainer_testlib.optimizer_variables(writer)
   assert any(np.any(slot != 0) for slot in slots)
@@ -43,11 +44,13 @@ def test_a_lazily_built_model_is_restored_before_its_first_evaluate(tmp_path):
   def lazy():
     return keras.Sequential([keras.layers.Dense(trainer_testlib.NUM_CLASSES)])
 
-  writer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lazy,
-                                        model_dir=str(tmp_path))
+  writer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lazy, model_dir=str(tmp_path)
+  )
   writer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=2)
-  reader = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lazy,
-                                        model_dir=str(tmp_path), seed=5)
+  reader = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lazy, model_dir=str(tmp_path), seed=5
+  )
   assert reader.global_step == 0  # Not built yet, so not restored yet.
   data = trainer_testlib.classification_data(40)
   assert reader.evaluate(data, global_batch_size=8) == writer.evaluate(data, global_batch_size=8)
@@ -55,8 +58,13 @@ def test_a_lazily_built_model_is_restored_before_its_first_evaluate(tmp_path):
 
 
 def test_checkpoint_every_max_to_keep_and_always_at_the_end(tmp_path):
-  trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
-                                         steps_per_loop=4, checkpoint_every=2, max_to_keep=2)
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"),
+      model_dir=str(tmp_path),
+      steps_per_loop=4,
+      checkpoint_every=2,
+      max_to_keep=2,
+  )
   trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=7)
   assert _checkpoint_names(tmp_path) == ["ckpt-6", "ckpt-7"]
   assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-7")
@@ -91,13 +99,17 @@ def test_an_unreadable_latest_checkpoint_is_skipped_for_the_previous_one(tmp_pat
   whole.train(data, global_batch_size=GLOBAL_BATCH, steps=6)
   model_dir = str(tmp_path / "damaged")
   trainer_testlib.make_trainer(one_device, model_dir=model_dir, checkpoint_every=2).train(
-      data, global_batch_size=GLOBAL_BATCH, steps=4)
+      data, global_batch_size=GLOBAL_BATCH, steps=4
+  )
   _truncate(os.path.join(model_dir, "checkpoints", "ckpt-4"))
   with caplog.at_level("WARNING", logger="absl"):
     resumed = trainer_testlib.make_trainer(one_device, model_dir=model_dir, checkpoint_every=2)
   assert resumed.global_step == 2
-  assert re.search(r"Skipped the newest checkpoint\(s\) of .*checkpoints, which cannot be read: ckpt-4 "
-                   r"\(\w+Error: .*\)\. Resumed from ckpt-2 instead", caplog.text)
+  assert re.search(
+      r"Skipped the newest checkpoint\(s\) of .*checkpoints, which cannot be read: ckpt-4 "
+      r"\(\w+Error: .*\)\. Resumed from ckpt-2 instead",
+      caplog.text,
+  )
   resumed.train(data, global_batch_size=GLOBAL_BATCH, steps=6)
   for got, want in zip(resumed.model.get_weights(), whole.model.get_weights()):
     np.testing.assert_array_equal(got, want)  # Resumed exactly from step 2.
@@ -108,10 +120,14 @@ def test_no_readable_checkpoint_is_an_error_that_changes_no_weight(tmp_path):
   one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
   model_dir = str(tmp_path)
   trainer_testlib.make_trainer(one_device, model_dir=model_dir, max_to_keep=1).train(
-      trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=3)
+      trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=3
+  )
   _truncate(os.path.join(model_dir, "checkpoints", "ckpt-3"))
-  with pytest.raises(strategies.ConfigError, match=r"No checkpoint in .*checkpoints can be read: ckpt-3 \(\w+Error: "
-                                                   r".*\)\. Restore them from a copy, or move them away"):
+  with pytest.raises(
+      strategies.ConfigError,
+      match=r"No checkpoint in .*checkpoints can be read: ckpt-3 \(\w+Error: "
+      r".*\)\. Restore them from a copy, or move them away",
+  ):
     trainer_testlib.make_trainer(one_device, model_dir=model_dir)
   fresh = trainer_testlib.make_trainer(one_device)
   before = fresh.model.get_weights()
@@ -123,10 +139,15 @@ def test_no_readable_checkpoint_is_an_error_that_changes_no_weight(tmp_path):
 
 def test_a_checkpoint_of_another_model_restores_nothing(tmp_path):
   one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
-  two_layers = lambda classes: lambda: keras.Sequential([  # noqa: E731
-      keras.Input((trainer_testlib.NUM_FEATURES,)), keras.layers.Dense(16), keras.layers.Dense(classes)])
+
+  def two_layers(classes):
+    return lambda: keras.Sequential(
+        [keras.Input((trainer_testlib.NUM_FEATURES,)), keras.layers.Dense(16), keras.layers.Dense(classes)]
+    )
+
   trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path), model_fn=two_layers(4)).train(
-      trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=2)
+      trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=2
+  )
   other = trainer_testlib.make_trainer(one_device, model_fn=two_layers(3))  # Same first layer, another second.
   before = other.model.get_weights()
   with pytest.raises(strategies.ConfigError, match=r"The checkpoint .*ckpt-2 does not match this model"):
@@ -137,6 +158,11 @@ def test_a_checkpoint_of_another_model_restores_nothing(tmp_path):
 
 def _checkpoints(trainer, model_dir):
   """A second Checkpoints over a trainer's variables, to restore without making another Trainer."""
-  return checkpoints.Checkpoints(trainer.strategy, model_dir, model=trainer.model,
-                                   optimizer=trainer._parts.optimizer, step=trainer._step,  # noqa: SLF001
-                                   max_to_keep=3)
+  return checkpoints.Checkpoints(
+      trainer.strategy,
+      model_dir,
+      model=trainer.model,
+      optimizer=trainer._parts.optimizer,
+      step=trainer._step,  # noqa: SLF001
+      max_to_keep=3,
+  )

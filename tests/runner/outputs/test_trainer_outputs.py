@@ -14,9 +14,9 @@ from tensorboard.backend.event_processing import data_provider
 from tensorboard.backend.event_processing import plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from tensorboard.plugins.scalar import scalars_plugin
+from tensorboard_plugin_profile import profile_plugin_loader
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: TID251  # The profile's format: no public API reads it.
-from tensorboard_plugin_profile import profile_plugin_loader
 from xprof.standalone.tensorboard_shim import base_plugin as profile_base_plugin
 
 from testlib import trainer_testlib
@@ -33,12 +33,13 @@ def _scalars_as_tensorboard_shows_them(logdir):
   only summaries the plugin shows.
   """
   multiplexer = plugin_event_multiplexer.EventMultiplexer(
-      size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE,
-      tensor_size_guidance=data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE)
+      size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE, tensor_size_guidance=data_ingester.DEFAULT_TENSOR_SIZE_GUIDANCE
+  )
   multiplexer.AddRunsFromDirectory(str(logdir))
   multiplexer.Reload()
-  plugin = scalars_plugin.ScalarsPlugin(base_plugin.TBContext(
-      data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir))))
+  plugin = scalars_plugin.ScalarsPlugin(
+      base_plugin.TBContext(data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir)))
+  )
   assert plugin.plugin_name == "scalars"
   request = tensorboard_context.RequestContext()
   found = {}
@@ -65,15 +66,23 @@ def fixture_run(tmp_path_factory):
   model_dir = tmp_path_factory.mktemp("model_dir")
   schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
   trainer = trainer_testlib.make_trainer(
-      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(model_dir), steps_per_loop=2,
-      optimizer_fn=lambda: keras.optimizers.SGD(schedule))
+      tf.distribute.OneDeviceStrategy("/cpu:0"),
+      model_dir=str(model_dir),
+      steps_per_loop=2,
+      optimizer_fn=lambda: keras.optimizers.SGD(schedule),
+  )
   absl_logger, handler = logging.getLogger("absl"), _Messages()
   level = absl_logger.level
   absl_logger.setLevel(logging.INFO)
   absl_logger.addHandler(handler)
   try:
-    results = trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=4,
-                            eval_data=trainer_testlib.classification_data(20, seed=1), eval_every=2)
+    results = trainer.train(
+        trainer_testlib.classification_data(64),
+        global_batch_size=GLOBAL_BATCH,
+        steps=4,
+        eval_data=trainer_testlib.classification_data(20, seed=1),
+        eval_every=2,
+    )
   finally:
     absl_logger.removeHandler(handler)
     absl_logger.setLevel(level)
@@ -126,7 +135,8 @@ def test_one_progress_line_per_loop(run):
 
 def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_them(tmp_path):
   trainer = trainer_testlib.make_trainer(
-      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), steps_per_loop=4, profile_steps=(3, 5))
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), steps_per_loop=4, profile_steps=(3, 5)
+  )
   trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=8)
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     assert [json.loads(line)["step"] for line in f] == [2, 5, 8]  # Loops end before step 3 and after step 5.
@@ -134,8 +144,9 @@ def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_
   space = xplane_pb2.XSpace.FromString(trace.read_bytes())
   (host,) = [plane for plane in space.planes if plane.name == "/host:CPU"]
   names = {i: metadata.name for i, metadata in host.event_metadata.items()}
-  events = collections.Counter((line.name.split("/")[0], names[event.metadata_id])
-                               for line in host.lines for event in line.events)
+  events = collections.Counter(
+      (line.name.split("/")[0], names[event.metadata_id]) for line in host.lines for event in line.events
+  )
   # One call of the train loop's function, and in it three steps (3, 4 and 5): three additions to the loop's
   # totals, then one advance of the global step (by the steps run). Batches read are not counted: the input
   # pipeline's background thread may read one ahead inside the window.
@@ -145,24 +156,32 @@ def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_
   assert events["tf_Compute", "while/body/_1/while/AssignAddVariableOp:AssignAddVariableOp"] == 3, events
   assert events["tf_Compute", "AssignAddVariableOp:AssignAddVariableOp"] == 1, events
   # TensorBoard's Profile tab (tensorboard-plugin-profile) lists the run and its tools.
-  plugin = profile_plugin_loader.ProfilePluginLoader().load(profile_base_plugin.TBContext(
-      logdir=str(tmp_path / "summaries"), flags=argparse.Namespace(master_tpu_unsecure_channel="")))
+  plugin = profile_plugin_loader.ProfilePluginLoader().load(
+      profile_base_plugin.TBContext(
+          logdir=str(tmp_path / "summaries"), flags=argparse.Namespace(master_tpu_unsecure_channel="")
+      )
+  )
   (run,) = plugin.generate_runs()
   assert run == f"train/{trace.parent.name}"
-  assert {"overview_page", "trace_viewer@", "input_pipeline_analyzer", "framework_op_stats",
-          "memory_profile"} <= set(plugin.run_tools_imp(run))
+  assert {"overview_page", "trace_viewer@", "input_pipeline_analyzer", "framework_op_stats", "memory_profile"} <= set(
+      plugin.run_tools_imp(run)
+  )
 
 
 def test_a_run_resumed_past_the_profile_window_takes_no_profile_and_says_so(tmp_path, caplog):
   data = trainer_testlib.classification_data(64)
-  first = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
-                                       steps_per_loop=2)
+  first = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), steps_per_loop=2
+  )
   first.train(data, global_batch_size=GLOBAL_BATCH, steps=4)
-  resumed = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
-                                         steps_per_loop=2, profile_steps=(3, 5))
+  resumed = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), steps_per_loop=2, profile_steps=(3, 5)
+  )
   with caplog.at_level(logging.WARNING):
     resumed.train(data, global_batch_size=GLOBAL_BATCH, steps=6)
   assert resumed.global_step == 6
-  assert ("profile_steps=(3, 5): training resumed at step 4, past step 3; no profile is taken. Choose steps after 4 "
-          "to profile this run.") in caplog.messages
+  assert (
+      "profile_steps=(3, 5): training resumed at step 4, past step 3; no profile is taken. Choose steps after 4 "
+      "to profile this run."
+  ) in caplog.messages
   assert not (tmp_path / "summaries" / "train" / "plugins").exists()

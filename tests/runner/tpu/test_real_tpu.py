@@ -26,9 +26,11 @@ TIMEOUT_SECONDS = 900
 
 pytestmark = [
     pytest.mark.tpu,
-    pytest.mark.skipif(not tpu_lib.local_tpu_present(),
-                       reason="needs a Cloud TPU VM (no /dev/accel* or /dev/vfio/* TPU devices with libtpu here); "
-                              "on one, run: TPU_LOAD_LIBRARY=0 python -m pytest -m tpu"),
+    pytest.mark.skipif(
+        not tpu_lib.local_tpu_present(),
+        reason="needs a Cloud TPU VM (no /dev/accel* or /dev/vfio/* TPU devices with libtpu here); "
+        "on one, run: TPU_LOAD_LIBRARY=0 python -m pytest -m tpu",
+    ),
 ]
 
 
@@ -39,8 +41,15 @@ def tpu_env(subprocess_env):
 
 
 def _runner(arguments, env):
-  return subprocess.run([sys.executable, "-m", "runner", *arguments], env=env, cwd=REPO, capture_output=True,
-                        text=True, timeout=TIMEOUT_SECONDS, check=False)
+  return subprocess.run(
+      [sys.executable, "-m", "runner", *arguments],
+      env=env,
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=TIMEOUT_SECONDS,
+      check=False,
+  )
 
 
 def test_the_check_passes_on_the_vm_and_digits_trains_on_its_tpu(tmp_path, tpu_env):

@@ -88,9 +88,11 @@ def plugins(tmp_path_factory):
 
 
 def plugin_config(data="numbers", model="mlp", global_batch_size=32):
-  return {"data": {"name": f"tpu_plugins:{data}", "global_batch_size": global_batch_size},
-          "model": {"name": model if model == "mlp" else f"tpu_plugins:{model}"},
-          "trainer": {"train_steps": 10}}
+  return {
+      "data": {"name": f"tpu_plugins:{data}", "global_batch_size": global_batch_size},
+      "model": {"name": model if model == "mlp" else f"tpu_plugins:{model}"},
+      "trainer": {"train_steps": 10},
+  }
 
 
 @pytest.mark.parametrize("variant, steps_per_loop, eval_examples", [("", 500, 128), (":tpu", 500, 360)])
@@ -101,10 +103,12 @@ def test_digits_passes(variant, steps_per_loop, eval_examples, cpu_devices):
   assert (result.steps_per_loop, result.train_steps, result.eval_examples) == (steps_per_loop, 2, eval_examples)
   assert result.summary.startswith(
       f"PASS: 2 training steps (steps_per_loop={steps_per_loop}) and {eval_examples} evaluation examples in padded "
-      "batches compiled with XLA and ran on 4 mirrored logical CPUs; both batch sizes split over 8 TPU replicas;")
+      "batches compiled with XLA and ran on 4 mirrored logical CPUs; both batch sizes split over 8 TPU replicas;"
+  )
   assert result.summary.endswith(
       "Not provable on a CPU: that the model, optimizer state and batches fit in TPU memory (HBM), and that every "
-      "op XLA compiled for the CPU has a TPU kernel.")
+      "op XLA compiled for the CPU has a TPU kernel."
+  )
   assert "\n" not in result.summary
 
 
@@ -115,7 +119,8 @@ def test_a_py_function_layer_is_named(plugins):
   assert result.problem == (
       "the train step runs op EagerPyFunc (tf.py_function) in layer 'doubled_in_python' (PyFunctionLayer) of the "
       "model: it calls Python, which a TPU program cannot. Write it with TensorFlow ops, or do the Python work in "
-      "the input pipeline.")
+      "the input pipeline."
+  )
   assert result.summary == f"FAIL: {result.problem}"
 
 
@@ -126,21 +131,31 @@ def test_a_data_dependent_shape_is_named_although_xla_on_a_cpu_compiles_it(plugi
   assert result.problem.startswith(
       "the train step runs op Where (tf.boolean_mask, or tf.where with one argument) in layer "
       "'sum_of_large_values' (MaskedSum) of the model: its output shape (None, 1) depends on the data, and a TPU "
-      "compiles each step for static shapes.")
+      "compiles each step for static shapes."
+  )
   assert result.train_steps == 2  # XLA on the CPU compiled and ran it
 
 
-@pytest.mark.parametrize("data, problem", [
-    ("named_numbers",
-     "the training data's features['name'] is string: a TPU has no strings; map strings to numbers in the input "
-     "pipeline (e.g. keras.layers.StringLookup or tf.strings.to_hash_bucket_fast in dataset.map). TPU dtypes: "),
-    ("ragged_numbers",
-     "the training data's features is a tf.RaggedTensor (RaggedTensorSpec(TensorShape([None]), tf.int32, 0, "
-     "tf.int64)): a TPU takes only dense tensors of static shape. Pad or truncate it to a fixed length"),
-    ("float64_numbers",
-     "the training data's features is float64: a TPU has no 64-bit floating point; cast to float32 (or bfloat16) "
-     "in the input pipeline."),
-])
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        (
+            "named_numbers",
+            "the training data's features['name'] is string: a TPU has no strings; map strings to numbers in the input "
+            "pipeline (e.g. keras.layers.StringLookup or tf.strings.to_hash_bucket_fast in dataset.map). TPU dtypes: ",
+        ),
+        (
+            "ragged_numbers",
+            "the training data's features is a tf.RaggedTensor (RaggedTensorSpec(TensorShape([None]), tf.int32, 0, "
+            "tf.int64)): a TPU takes only dense tensors of static shape. Pad or truncate it to a fixed length",
+        ),
+        (
+            "float64_numbers",
+            "the training data's features is float64: a TPU has no 64-bit floating point; cast to float32 (or bfloat16) "
+            "in the input pipeline.",
+        ),
+    ],
+)
 def test_a_dataset_element_a_tpu_cannot_take_is_named(plugins, data, problem):
   del plugins
   result = runner.check_tpu(plugin_config(data=data))
@@ -151,8 +166,10 @@ def test_a_dataset_element_a_tpu_cannot_take_is_named(plugins, data, problem):
 def test_a_batch_size_that_does_not_split_over_the_tpu_replicas(plugins):
   del plugins
   result = runner.check_tpu(plugin_config(global_batch_size=36))
-  assert result.problem == ("config.data.global_batch_size=36 does not split over the 8 replicas of the TPU; use "
-                            "a multiple of 8, e.g. 32 or 40.")
+  assert result.problem == (
+      "config.data.global_batch_size=36 does not split over the 8 replicas of the TPU; use "
+      "a multiple of 8, e.g. 32 or 40."
+  )
   four = runner.check_tpu(plugin_config(data="float64_numbers", global_batch_size=36), num_replicas=4)  # a v4-8
   assert four.num_replicas == 4 and four.problem.startswith("the training data's features is float64")
 
@@ -164,19 +181,29 @@ def test_the_command_line_passes_fails_in_one_line_and_writes_nothing(plugins, t
       "strings": [f"--config={DIGITS}", "--config.data.name=tpu_plugins:named_numbers"],
       "both_modes": [f"--config={DIGITS}", "--dry_run"],
   }
-  processes = {case: subprocess.Popen(
-      [sys.executable, "-m", "runner", f"--workdir={tmp_path / case}", "--check_tpu", *args], env=env, cwd=REPO,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for case, args in cases.items()}
+  processes = {
+      case: subprocess.Popen(
+          [sys.executable, "-m", "runner", f"--workdir={tmp_path / case}", "--check_tpu", *args],
+          env=env,
+          cwd=REPO,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for case, args in cases.items()
+  }
   outputs = {case: (p.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS), p.returncode) for case, p in processes.items()}
 
   (stdout, stderr), returncode = outputs["digits"]
   assert returncode == 0, stderr[-3000:]
   assert stdout.splitlines()[-1].startswith(
       "PASS: 2 training steps (steps_per_loop=500) and 128 evaluation examples in padded batches compiled with XLA "
-      "and ran on 8 mirrored logical CPUs; both batch sizes split over 8 TPU replicas;")
+      "and ran on 8 mirrored logical CPUs; both batch sizes split over 8 TPU replicas;"
+  )
   for case, message in (
       ("strings", "error: TPU check failed: the training data's features['name'] is string: a TPU has no strings;"),
-      ("both_modes", "error: --dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")):
+      ("both_modes", "error: --dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one."),
+  ):
     (_, stderr), returncode = outputs[case]
     assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
     assert "Traceback" not in stderr

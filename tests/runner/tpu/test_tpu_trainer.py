@@ -13,22 +13,35 @@ import tensorflow as tf
 
 import runner
 from runner.config import run_config as config_lib
-from runner.training import steps_per_loop
 from runner.tpu import check as tpu_check
 from runner.tpu import rules as tpu_rules
+from runner.training import steps_per_loop
 from testlib import trainer_testlib
 
 # Ops that do host work: Python, printing, summaries. None may sit inside the compiled loop.
 HOST_WORK = set(tpu_rules.PYTHON_OPS) | {
-    "PrintV2", "StringFormat", "WriteScalarSummary", "WriteSummary", "WriteHistogramSummary", "WriteImageSummary",
-    "WriteAudioSummary", "WriteRawProtoSummary", "FlushSummaryWriter", "CreateSummaryFileWriter"}
+    "PrintV2",
+    "StringFormat",
+    "WriteScalarSummary",
+    "WriteSummary",
+    "WriteHistogramSummary",
+    "WriteImageSummary",
+    "WriteAudioSummary",
+    "WriteRawProtoSummary",
+    "FlushSummaryWriter",
+    "CreateSummaryFileWriter",
+}
 GLOBAL_BATCH = 16
 
 
 def _unknown_shapes(traced):
   """The tensors of the traced replica steps whose shape is not static (handles and Assert messages aside)."""
-  return [(op.name, t.shape) for op in tpu_rules.walk(traced) for t in op.outputs
-          if t.dtype not in (tf.resource, tf.variant, tf.string) and not t.shape.is_fully_defined()]
+  return [
+      (op.name, t.shape)
+      for op in tpu_rules.walk(traced)
+      for t in op.outputs
+      if t.dtype not in (tf.resource, tf.variant, tf.string) and not t.shape.is_fully_defined()
+  ]
 
 
 def test_the_compiled_train_loop_holds_device_work_only(tmp_path, cpu_devices):
@@ -69,22 +82,28 @@ def test_steps_per_loop_defaults_to_auto_whose_fixed_value_is_high_on_a_tpu():
   assert steps_per_loop.fixed_auto(cadences, tpu=True) == steps_per_loop.ON_TPU == 1000
 
 
-@pytest.mark.parametrize("eval_every, checkpoint_every, on_cpu, on_tpu", [
-    (500, None, 100, 500),
-    (None, 3000, 100, 1000),
-    (300, 200, 100, 100),
-    (150, None, 75, 150),
-    (7, None, 7, 7),
-])
-def test_auto_steps_per_loop_divides_the_evaluation_and_checkpoint_steps(eval_every, checkpoint_every, on_cpu,
-                                                                         on_tpu):
+@pytest.mark.parametrize(
+    "eval_every, checkpoint_every, on_cpu, on_tpu",
+    [
+        (500, None, 100, 500),
+        (None, 3000, 100, 1000),
+        (300, 200, 100, 100),
+        (150, None, 75, 150),
+        (7, None, 7, 7),
+    ],
+)
+def test_auto_steps_per_loop_divides_the_evaluation_and_checkpoint_steps(eval_every, checkpoint_every, on_cpu, on_tpu):
   assert steps_per_loop.fixed_auto((eval_every, checkpoint_every), tpu=False) == on_cpu
   assert steps_per_loop.fixed_auto((eval_every, checkpoint_every), tpu=True) == on_tpu
 
 
 def test_a_run_on_one_worker_keeps_auto_to_measure_it_and_records_it_unset(tmp_path):
-  config = {"strategy": {"name": "one_device"}, "data": {"num_examples": 256, "num_eval_examples": 64},
-            "model": {"hidden_units": (8,)}, "trainer": {"train_steps": 20}}
+  config = {
+      "strategy": {"name": "one_device"},
+      "data": {"num_examples": 256, "num_eval_examples": 64},
+      "model": {"hidden_units": (8,)},
+      "trainer": {"train_steps": 20},
+  }
   result = runner.run(config, str(tmp_path))
   assert result.config.trainer.steps_per_loop is None
   with open(tmp_path / "config.json", encoding="utf-8") as f:
@@ -92,6 +111,7 @@ def test_a_run_on_one_worker_keeps_auto_to_measure_it_and_records_it_unset(tmp_p
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     train_steps = [row["step"] for row in map(json.loads, f) if row["split"] == "train"]
   assert train_steps[0] == steps_per_loop.FIRST and train_steps[-1] == 20  # Measured loops: the first has 1 step.
-  assert isinstance(steps_per_loop.resolve(None, strategy=result.strategy, cadences=(None, None)),
-                    steps_per_loop.MeasuredStepsPerLoop)
+  assert isinstance(
+      steps_per_loop.resolve(None, strategy=result.strategy, cadences=(None, None)), steps_per_loop.MeasuredStepsPerLoop
+  )
   assert steps_per_loop.resolve(7, strategy=result.strategy, cadences=(None, None)).size == 7

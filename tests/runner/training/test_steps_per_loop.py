@@ -69,8 +69,10 @@ def test_a_fit_never_puts_a_call_below_a_zero_step_call():
   assert auto.figures[0] == 0.001
 
 
-@pytest.mark.parametrize("cadences, expected", [((300, None), 300), ((None, 250), 250), ((300, 200), 100),
-                                                ((70, None), 70), ((1000, 400), 200)])
+@pytest.mark.parametrize(
+    "cadences, expected",
+    [((300, None), 300), ((None, 250), 250), ((300, 200), 100), ((70, None), 70), ((1000, 400), 200)],
+)
 def test_sizes_divide_the_evaluation_and_checkpoint_steps(cadences, expected):
   auto = steps_per_loop.MeasuredStepsPerLoop(cadences=cadences)
   auto.record_call_overhead(0.001)
@@ -89,10 +91,16 @@ class LoopEnds(runner.actions.Action):
 
 def test_a_trainer_with_auto_starts_with_one_step_and_ends_loops_at_evaluations():
   loop_ends = LoopEnds()
-  trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), steps_per_loop="auto",
-                                         actions=[loop_ends])
-  trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=60,
-                eval_data=trainer_testlib.classification_data(16), eval_every=25)
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), steps_per_loop="auto", actions=[loop_ends]
+  )
+  trainer.train(
+      trainer_testlib.classification_data(64),
+      global_batch_size=8,
+      steps=60,
+      eval_data=trainer_testlib.classification_data(16),
+      eval_every=25,
+  )
   ends = loop_ends.steps
   assert trainer.global_step == 60
   assert ends[0] == steps_per_loop.FIRST and ends[-1] == 60
@@ -102,6 +110,11 @@ def test_a_trainer_with_auto_starts_with_one_step_and_ends_loops_at_evaluations(
   assert all(end % 5 == 0 for end in ends if 25 <= end < 60), ends
   # A second train call goes on at the size the first settled on (5 or 25), not at one step again.
   loop_ends.steps.clear()
-  trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=110,
-                eval_data=trainer_testlib.classification_data(16), eval_every=25)
+  trainer.train(
+      trainer_testlib.classification_data(64),
+      global_batch_size=8,
+      steps=110,
+      eval_data=trainer_testlib.classification_data(16),
+      eval_every=25,
+  )
   assert loop_ends.steps[0] in (65, 75), loop_ends.steps

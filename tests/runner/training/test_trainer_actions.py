@@ -49,8 +49,7 @@ def _one_device():
 
 
 def _train(trainer, steps, **options):
-  return trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=steps,
-                       **options)
+  return trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=steps, **options)
 
 
 def test_an_action_runs_after_every_loop_with_the_loops_results():
@@ -116,34 +115,51 @@ def test_early_stopping_keeps_going_while_the_metric_improves():
 def test_early_stopping_on_a_metric_the_evaluation_lacks_names_what_it_has():
   early = runner.actions.EarlyStopping(metric="acuracy", mode="max")
   trainer = trainer_testlib.make_trainer(_one_device(), actions=[early])
-  with pytest.raises(ConfigError, match=r"EarlyStopping watches 'acuracy', which the evaluation does not report\. "
-                                        r"Did you mean 'accuracy'\? It reports: loss, accuracy, num_examples\."):
+  with pytest.raises(
+      ConfigError,
+      match=r"EarlyStopping watches 'acuracy', which the evaluation does not report\. "
+      r"Did you mean 'accuracy'\? It reports: loss, accuracy, num_examples\.",
+  ):
     _train(trainer, 4, eval_data=trainer_testlib.classification_data(20, seed=1), eval_every=2)
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (dict(mode="maximum"), r"mode='maximum' is not valid\. Did you mean 'max'\? Valid: min, max\."),
-    (dict(patience=0), r"patience must be a positive int, got 0\."),
-    (dict(min_delta=-0.1), r"min_delta must be a number >= 0, got -0\.1\."),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (dict(mode="maximum"), r"mode='maximum' is not valid\. Did you mean 'max'\? Valid: min, max\."),
+        (dict(patience=0), r"patience must be a positive int, got 0\."),
+        (dict(min_delta=-0.1), r"min_delta must be a number >= 0, got -0\.1\."),
+    ],
+)
 def test_bad_early_stopping_arguments(arguments, message):
   with pytest.raises(ConfigError, match=message):
     runner.actions.EarlyStopping(**arguments)
 
 
-@pytest.mark.parametrize("actions, message", [
-    (Recorder(), r"actions must be a list of runner\.actions\.Action objects, got <"),
-    ([lambda loop: None], r"actions must be a list of runner\.actions\.Action objects, got \[<function"),
-    ([Recorder(every_steps=0)], r"Recorder\.every_steps must be a positive int, got 0\."),
-])
+@pytest.mark.parametrize(
+    "actions, message",
+    [
+        (Recorder(), r"actions must be a list of runner\.actions\.Action objects, got <"),
+        ([lambda loop: None], r"actions must be a list of runner\.actions\.Action objects, got \[<function"),
+        ([Recorder(every_steps=0)], r"Recorder\.every_steps must be a positive int, got 0\."),
+    ],
+)
 def test_bad_actions_are_refused_when_the_trainer_is_made(actions, message):
   with pytest.raises(ConfigError, match=message):
     trainer_testlib.make_trainer(_one_device(), actions=actions)
 
 
 def test_loop_end_stop_refuses_a_bad_step():
-  loop = runner.actions.LoopEnd(step=4, total_steps=10, train_results={"loss": 1.0}, steps_per_sec=1.0,
-                                examples_per_sec=1.0, learning_rate=0.1, stop_signal=None, is_chief=True)
+  loop = runner.actions.LoopEnd(
+      step=4,
+      total_steps=10,
+      train_results={"loss": 1.0},
+      steps_per_sec=1.0,
+      examples_per_sec=1.0,
+      learning_rate=0.1,
+      stop_signal=None,
+      is_chief=True,
+  )
   with pytest.raises(ConfigError, match=r"at_step must be a positive int, got 'soon'\."):
     loop.stop("soon")
   loop.stop(8)

@@ -88,8 +88,15 @@ def test_evaluations_inside_train_use_their_own_batch_size_and_steps(cpu_devices
   trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), steps_per_loop=2)
   assert trainer.last_eval_metrics is None
   eval_data = trainer_testlib.classification_data(100, seed=1)
-  trainer.train(trainer_testlib.classification_data(128), global_batch_size=16, steps=4, eval_data=eval_data,
-                eval_every=2, eval_global_batch_size=8, eval_steps=3)
+  trainer.train(
+      trainer_testlib.classification_data(128),
+      global_batch_size=16,
+      steps=4,
+      eval_data=eval_data,
+      eval_every=2,
+      eval_global_batch_size=8,
+      eval_steps=3,
+  )
   assert trainer.last_eval_metrics["num_examples"] == 3 * 8
   assert trainer.evaluate(eval_data, global_batch_size=8, steps=3) == trainer.last_eval_metrics
   assert trainer.evaluate(eval_data, global_batch_size=20)["num_examples"] == 100
@@ -126,11 +133,16 @@ class _CheckpointsSeen(runner.data.DatasetProvider):
 
 @pytest.mark.parametrize("eval_every", [None, 2], ids=["after_the_loops", "in_the_last_loop"])
 def test_the_final_evaluation_starts_after_the_checkpoint_of_the_last_step(tmp_path, eval_every):
-  trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
-                                         steps_per_loop=2, checkpoint_every=2 if eval_every else None)
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"),
+      model_dir=str(tmp_path),
+      steps_per_loop=2,
+      checkpoint_every=2 if eval_every else None,
+  )
   eval_data = _CheckpointsSeen(str(tmp_path))
-  trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=4, eval_data=eval_data,
-                eval_every=eval_every)
+  trainer.train(
+      trainer_testlib.classification_data(64), global_batch_size=8, steps=4, eval_data=eval_data, eval_every=eval_every
+  )
   assert eval_data.seen[-1] == str(tmp_path / "checkpoints" / "ckpt-4")
   assert checkpoints.latest_step(str(tmp_path)) == 4
   with open(tmp_path / "checkpoints" / "checkpoint", encoding="utf-8") as f:  # Once: not again by checkpoint_every.

@@ -30,8 +30,14 @@ def test_exported_model_serves_its_predictions_without_the_package(tmp_path, cpu
   features, _ = trainer_testlib.classification_arrays(5, seed=8)
   env = dict(subprocess_env)
   env.pop("PYTHONPATH")  # Not even importable there.
-  completed = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, path, json.dumps(features.tolist())],
-                             env=env, capture_output=True, text=True, timeout=120, check=False)
+  completed = subprocess.run(
+      [sys.executable, "-c", LOAD_AND_PREDICT, path, json.dumps(features.tolist())],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=120,
+      check=False,
+  )
   assert completed.returncode == 0, completed.stderr[-3000:]
   served = json.loads(completed.stdout.strip().splitlines()[-1])
   assert set(served) == {"outputs"}
@@ -41,14 +47,16 @@ def test_exported_model_serves_its_predictions_without_the_package(tmp_path, cpu
 
 def test_export_of_a_lazily_built_model_before_any_data_says_what_to_do(tmp_path):
   trainer = trainer_testlib.make_trainer(
-      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lambda: keras.Sequential([keras.layers.Dense(4)]))
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lambda: keras.Sequential([keras.layers.Dense(4)])
+  )
   with pytest.raises(strategies.ConfigError, match=r"export needs the model's input shape.*keras\.Input"):
     trainer.export(str(tmp_path / "saved_model"))
 
 
 def test_export_of_a_lazily_built_model_with_data_builds_it_and_serves(tmp_path):
   trainer = trainer_testlib.make_trainer(
-      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lambda: keras.Sequential([keras.layers.Dense(4)]))
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_fn=lambda: keras.Sequential([keras.layers.Dense(4)])
+  )
   path = trainer.export(str(tmp_path / "saved_model"), data=trainer_testlib.classification_data(8))
   features, _ = trainer_testlib.classification_arrays(5)
   served = tf.saved_model.load(path).signatures["serving_default"]

@@ -31,7 +31,8 @@ def _rows(model_dir, split):
 def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
   task = CountingClassification()
   trainer = trainer_testlib.make_trainer(
-      tf.distribute.OneDeviceStrategy("/cpu:0"), task=task, steps_per_loop=3, model_dir=str(tmp_path))
+      tf.distribute.OneDeviceStrategy("/cpu:0"), task=task, steps_per_loop=3, model_dir=str(tmp_path)
+  )
   data = trainer_testlib.classification_data(64)
   trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=7)  # Loops of 3, 3 and 1 steps.
   assert trainer.global_step == 7
@@ -76,9 +77,15 @@ def test_steps_is_a_total_so_the_same_call_resumes():
 
 def test_loops_stop_at_evaluations_which_run_every_eval_every_steps_and_at_the_end(tmp_path):
   trainer = trainer_testlib.make_trainer(
-      tf.distribute.OneDeviceStrategy("/cpu:0"), steps_per_loop=4, model_dir=str(tmp_path))
-  trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=7,
-                eval_data=trainer_testlib.classification_data(20, seed=1), eval_every=3)
+      tf.distribute.OneDeviceStrategy("/cpu:0"), steps_per_loop=4, model_dir=str(tmp_path)
+  )
+  trainer.train(
+      trainer_testlib.classification_data(64),
+      global_batch_size=GLOBAL_BATCH,
+      steps=7,
+      eval_data=trainer_testlib.classification_data(20, seed=1),
+      eval_every=3,
+  )
   assert [row["step"] for row in _rows(tmp_path, "train")] == [3, 6, 7]
   evaluations = _rows(tmp_path, "eval")
   assert [row["step"] for row in evaluations] == [3, 6, 7]

@@ -20,10 +20,18 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   hosts = [f"localhost:{portpicker.pick_unused_port()}" for _ in range(2)]
   workers = []
   for index in range(2):
-    env = dict(subprocess_env, TF_CONFIG=json.dumps(
-        {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": index}}))
-    workers.append(subprocess.Popen([sys.executable, WORKER_SCRIPT, str(tmp_path)], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    env = dict(
+        subprocess_env, TF_CONFIG=json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": index}})
+    )
+    workers.append(
+        subprocess.Popen(
+            [sys.executable, WORKER_SCRIPT, str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
   try:
     outputs = [worker.communicate(timeout=150)[0] for worker in workers]
   finally:
@@ -33,8 +41,11 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
     assert worker.returncode == 0, output[-3000:]
 
   single = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"))
-  single.train(trainer_testlib.classification_data(), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
-               steps=trainer_testlib.MULTI_WORKER_STEPS)
+  single.train(
+      trainer_testlib.classification_data(),
+      global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+      steps=trainer_testlib.MULTI_WORKER_STEPS,
+  )
   expected = single.model.get_weights()
   per_worker = []
   for index in range(2):
@@ -51,8 +62,9 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   assert [row[1] for row in seen[0]] == [True] * 6 and [row[1] for row in seen[1]] == [False] * 6
   assert [row[2] for row in seen[0]] == [row[2] for row in seen[1]]
   # Evaluation over two input pipelines of 700 and 301 examples (88 and 38 steps) counts each example once.
-  expected_eval = single.evaluate(trainer_testlib.classification_data(1001, seed=2),
-                                  global_batch_size=trainer_testlib.MULTI_WORKER_BATCH)
+  expected_eval = single.evaluate(
+      trainer_testlib.classification_data(1001, seed=2), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH
+  )
   for index in range(2):
     with open(tmp_path / f"eval_{index}.json", encoding="utf-8") as f:
       results = json.load(f)

@@ -13,7 +13,8 @@ GLOBAL_BATCH = 16
 
 @pytest.mark.parametrize("precision, compute_dtype", [("mixed_bfloat16", "bfloat16"), ("mixed_float16", "float16")])
 def test_mixed_precision_trains_with_float32_weights_and_leaves_the_global_policy_alone(
-    precision, compute_dtype, cpu_devices):
+    precision, compute_dtype, cpu_devices
+):
   before = keras.mixed_precision.global_policy().name
   trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), precision=precision)
   assert keras.mixed_precision.global_policy().name == before
@@ -33,8 +34,9 @@ def test_mixed_precision_trains_with_float32_weights_and_leaves_the_global_polic
 def test_jit_compile_trains_like_graph_mode(cpu_devices):
   weights = []
   for jit_compile in (False, True):
-    trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), jit_compile=jit_compile,
-                                           steps_per_loop=2)
+    trainer = trainer_testlib.make_trainer(
+        strategies.MirroredStrategy(cpu_devices(2)), jit_compile=jit_compile, steps_per_loop=2
+    )
     trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=3)
     weights.append(trainer.model.get_weights())
   for got, want in zip(*weights):
@@ -67,11 +69,12 @@ def test_seed_fixes_the_initial_weights_without_changing_global_random_state():
 
 def test_under_loss_scaling_a_gradient_overflow_on_one_replica_skips_the_step_on_all(cpu_devices):
   features, labels = trainer_testlib.classification_arrays(GLOBAL_BATCH)
-  features[GLOBAL_BATCH // 2:] *= 300.0  # Only the second replica's float16 gradients overflow.
+  features[GLOBAL_BATCH // 2 :] *= 300.0  # Only the second replica's float16 gradients overflow.
   trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), precision="mixed_float16")
   before = trainer.model.get_weights()
-  results = trainer.train(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=GLOBAL_BATCH,
-                          steps=1)
+  results = trainer.train(
+      tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=GLOBAL_BATCH, steps=1
+  )
   assert np.isfinite(results["loss"])
   for got, want in zip(trainer.model.get_weights(), before):
     np.testing.assert_array_equal(got, want)

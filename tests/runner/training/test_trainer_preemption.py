@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import runner
-from testlib import trainer_testlib
 from runner.outputs import checkpoints
+from testlib import trainer_testlib
 
 
 def test_train_puts_the_previous_sigterm_and_sigint_handlers_and_wakeup_fd_back():
@@ -54,11 +54,13 @@ class _StoppedWhileEvaluating(runner.data.DatasetProvider):
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "sigint"])
 def test_a_stop_during_the_final_evaluation_ends_with_its_status_after_the_checkpoint(tmp_path, signum, status):
-  trainer = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path),
-                                         steps_per_loop=2)
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), steps_per_loop=2
+  )
   with pytest.raises(SystemExit) as exited:
-    trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=4,
-                  eval_data=_StoppedWhileEvaluating(signum))
+    trainer.train(
+        trainer_testlib.classification_data(64), global_batch_size=8, steps=4, eval_data=_StoppedWhileEvaluating(signum)
+    )
   assert exited.value.code == status
   assert checkpoints.latest_step(str(tmp_path)) == 4
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:

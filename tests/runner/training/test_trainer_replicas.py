@@ -47,10 +47,12 @@ def test_train_loss_is_the_global_average_a_single_device_computes(cpu_devices):
   # One step of SGD with learning rate 0: the reported loss is the loss of the initial model on the first batch.
   features, labels = trainer_testlib.classification_arrays(GLOBAL_BATCH)
   trainer = trainer_testlib.make_trainer(
-      strategies.MirroredStrategy(cpu_devices(4)), optimizer_fn=lambda: keras.optimizers.SGD(0.0))
+      strategies.MirroredStrategy(cpu_devices(4)), optimizer_fn=lambda: keras.optimizers.SGD(0.0)
+  )
   kernel, bias = trainer.model.get_weights()
-  results = trainer.train(tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=GLOBAL_BATCH,
-                          steps=1)
+  results = trainer.train(
+      tf.data.Dataset.from_tensor_slices((features, labels)), global_batch_size=GLOBAL_BATCH, steps=1
+  )
   logits = features @ kernel + bias
   log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
   assert results["loss"] == pytest.approx(-log_probs[np.arange(GLOBAL_BATCH), labels].mean(), rel=1e-5)
@@ -73,11 +75,15 @@ def _functional():
   return keras.Model(inputs, keras.layers.Dense(trainer_testlib.NUM_CLASSES)(inputs))
 
 
-@pytest.mark.parametrize("model_fn", [
-    lambda: keras.Sequential([keras.layers.Dense(trainer_testlib.NUM_CLASSES)]),  # Builds on its first batch.
-    _functional,
-    SubclassedModel,
-], ids=["lazy_sequential", "functional", "subclassed"])
+@pytest.mark.parametrize(
+    "model_fn",
+    [
+        lambda: keras.Sequential([keras.layers.Dense(trainer_testlib.NUM_CLASSES)]),  # Builds on its first batch.
+        _functional,
+        SubclassedModel,
+    ],
+    ids=["lazy_sequential", "functional", "subclassed"],
+)
 def test_any_keras_model_trains_with_mirrored_variables(model_fn, cpu_devices):
   trainer = trainer_testlib.make_trainer(strategies.MirroredStrategy(cpu_devices(2)), model_fn=model_fn)
   results = trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=2)

@@ -24,16 +24,26 @@ def _write_records(directory, num_files=3):
   for index in range(num_files):
     with tf.io.TFRecordWriter(os.path.join(directory, f"part-{index}.tfrecord")) as writer:
       for example in range(index, 64, num_files):
-        writer.write(tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=features[example])),
-            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[example]])),
-        })).SerializeToString())
+        writer.write(
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=features[example])),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[example]])),
+                    }
+                )
+            ).SerializeToString()
+        )
 
 
 def _parse(record):
-  parsed = tf.io.parse_single_example(record, {
-      "x": tf.io.FixedLenFeature([trainer_testlib.NUM_FEATURES], tf.float32),
-      "y": tf.io.FixedLenFeature([], tf.int64)})
+  parsed = tf.io.parse_single_example(
+      record,
+      {
+          "x": tf.io.FixedLenFeature([trainer_testlib.NUM_FEATURES], tf.float32),
+          "y": tf.io.FixedLenFeature([], tf.int64),
+      },
+  )
   return parsed["x"], tf.cast(parsed["y"], tf.int32)
 
 
@@ -44,8 +54,11 @@ def _data(kind, tmp_path):
   if kind == "in_memory_shuffled":
     return runner.data.InMemory(features, labels, shuffle=True, seed=3)
   if kind == "function_shuffled":
-    return runner.data.FromFunction(lambda context: tf.data.Dataset.from_tensor_slices((features, labels)).shard(
-        context.num_input_pipelines, context.input_pipeline_id).shuffle(64, seed=5))
+    return runner.data.FromFunction(
+        lambda context: tf.data.Dataset.from_tensor_slices((features, labels))
+        .shard(context.num_input_pipelines, context.input_pipeline_id)
+        .shuffle(64, seed=5)
+    )
   records = tmp_path / "records"
   records.mkdir(exist_ok=True)
   _write_records(str(records))
@@ -59,8 +72,9 @@ def _train(strategy, model_dir, data, steps):
   return trainer
 
 
-@pytest.mark.parametrize("kind", ["in_memory", "in_memory_shuffled", "function_shuffled", "tfrecord",
-                                  "tfrecord_shuffled"])
+@pytest.mark.parametrize(
+    "kind", ["in_memory", "in_memory_shuffled", "function_shuffled", "tfrecord", "tfrecord_shuffled"]
+)
 def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(kind, tmp_path):
   one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
   data = _data(kind, tmp_path)
@@ -91,8 +105,9 @@ def test_resuming_from_the_start_of_a_run_is_not_the_same_as_resuming_exactly(tm
 
 def test_a_resumed_mirrored_run_matches_within_float_tolerance(tmp_path, cpu_devices):
   data = _data("in_memory_shuffled", tmp_path)
-  uninterrupted = _train(strategies.MirroredStrategy(cpu_devices(2)), str(tmp_path / "whole"), data,
-                         TOTAL_STEPS).model.get_weights()
+  uninterrupted = _train(
+      strategies.MirroredStrategy(cpu_devices(2)), str(tmp_path / "whole"), data, TOTAL_STEPS
+  ).model.get_weights()
   _train(strategies.MirroredStrategy(cpu_devices(2)), str(tmp_path / "resumed"), data, 7)
   resumed = _train(strategies.MirroredStrategy(cpu_devices(2)), str(tmp_path / "resumed"), data, TOTAL_STEPS)
   for got, want in zip(resumed.model.get_weights(), uninterrupted):

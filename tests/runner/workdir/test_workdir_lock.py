@@ -17,10 +17,10 @@ import time
 import pytest
 import tensorflow as tf
 
-from testlib import paths
-from testlib import process_testlib
 import runner
 from runner.workdir import lock as workdir_lock
+from testlib import paths
+from testlib import process_testlib
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
@@ -30,11 +30,13 @@ SINCE = r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 
 def _quick(mode="train", train_steps=40):
   """A synthetic config that trains `train_steps` in loops of 20 on one device."""
-  return {"mode": mode, "strategy": {"name": "one_device"},
-          "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256, "num_eval_examples": 64},
-          "model": {"hidden_units": (16,)}, "trainer": {"train_steps": train_steps, "steps_per_loop": 20}}
-
-
+  return {
+      "mode": mode,
+      "strategy": {"name": "one_device"},
+      "data": {"name": "synthetic", "global_batch_size": 32, "num_examples": 256, "num_eval_examples": 64},
+      "model": {"hidden_units": (16,)},
+      "trainer": {"train_steps": train_steps, "steps_per_loop": 20},
+  }
 
 
 def test_a_held_workdir_stops_a_training_run_touching_nothing_while_eval_still_runs(tmp_path):
@@ -43,11 +45,15 @@ def test_a_held_workdir_stops_a_training_run_touching_nothing_while_eval_still_r
   assert not os.path.exists(os.path.join(workdir, LOCK))  # Released after a normal run.
   held = workdir_lock.acquire(workdir, mode="train")
   before = process_testlib.files_of(workdir)
-  with pytest.raises(workdir_lock.WorkdirInUseError, match=(
-      rf"^The workdir {re.escape(workdir)} is in use by another run: pid {os.getpid()} on host "
-      rf"{re.escape(socket.gethostname())}, mode 'train', {SINCE} \(.+\)\. Wait for it to end, or stop it, or use "
-      rf"another --workdir \(a killed run's lock {re.escape(os.path.join(workdir, LOCK))} is taken over by the next "
-      r"run\)\.$")):
+  with pytest.raises(
+      workdir_lock.WorkdirInUseError,
+      match=(
+          rf"^The workdir {re.escape(workdir)} is in use by another run: pid {os.getpid()} on host "
+          rf"{re.escape(socket.gethostname())}, mode 'train', {SINCE} \(.+\)\. Wait for it to end, or stop it, or use "
+          rf"another --workdir \(a killed run's lock {re.escape(os.path.join(workdir, LOCK))} is taken over by the next "
+          r"run\)\.$"
+      ),
+  ):
     runner.run(_quick(train_steps=60), workdir, quiet=True)
   assert process_testlib.files_of(workdir) == before  # Byte for byte.
   assert runner.run(_quick(mode="eval"), workdir, quiet=True).eval_metrics["num_examples"] == 64  # Not blocked.
@@ -61,9 +67,14 @@ def test_a_held_workdir_stops_a_training_run_touching_nothing_while_eval_still_r
 def _write_lock(workdir, *, host=None, pid=None, process_start="", age_seconds=0, text=None):
   """Writes a lock file as a run on `host` with `pid` would (or `text`), last refreshed `age_seconds` ago."""
   path = os.path.join(workdir, LOCK)
-  holder = workdir_lock.Holder(host=host or socket.gethostname(), pid=pid or os.getpid(),
-                               process_start=process_start, since=time.time() - age_seconds, mode="train",
-                               command="python -m runner --config=other.py")
+  holder = workdir_lock.Holder(
+      host=host or socket.gethostname(),
+      pid=pid or os.getpid(),
+      process_start=process_start,
+      since=time.time() - age_seconds,
+      mode="train",
+      command="python -m runner --config=other.py",
+  )
   with open(path, "w", encoding="utf-8") as f:
     f.write(json.dumps(dataclasses.asdict(holder)) if text is None else text)
   os.utime(path, (time.time() - age_seconds,) * 2)
@@ -73,10 +84,14 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
   gone = subprocess.Popen([sys.executable, "-c", "pass"])
   gone.wait()  # Reaped: its pid names no process.
   own_start = workdir_lock._process_start(os.getpid())  # noqa: SLF001
-  stale = {"same host, the pid gone": {"pid": gone.pid, "process_start": "boot:1"},
-           "same host, the pid now another process": {"pid": os.getpid(), "process_start": "another-boot:1"},
-           "another host, not refreshed for longer than the timeout": {
-               "host": "elsewhere", "age_seconds": workdir_lock.STALE_AFTER_SECONDS + 60}}
+  stale = {
+      "same host, the pid gone": {"pid": gone.pid, "process_start": "boot:1"},
+      "same host, the pid now another process": {"pid": os.getpid(), "process_start": "another-boot:1"},
+      "another host, not refreshed for longer than the timeout": {
+          "host": "elsewhere",
+          "age_seconds": workdir_lock.STALE_AFTER_SECONDS + 60,
+      },
+  }
   for case, holder in stale.items():
     _write_lock(str(tmp_path), **holder)
     with caplog.at_level("WARNING", logger="absl"):
@@ -86,11 +101,15 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
     assert f"Took over the workdir lock {os.path.join(tmp_path, LOCK)} of a run that is gone" in caplog.text, case
     taken.release()
     assert os.listdir(tmp_path) == [], case
-  live = {f"pid {os.getpid()} on host {re.escape(socket.gethostname())}, mode 'train'": {
-              "process_start": own_start},
-          rf"pid 4242 on host elsewhere, mode 'train', {SINCE} \(python -m runner --config=other.py\); it refreshed "
-          rf"the lock 6\d s ago, and one not refreshed for {workdir_lock.STALE_AFTER_SECONDS} s is taken over\. ": {
-              "host": "elsewhere", "pid": 4242, "age_seconds": 60}}
+  live = {
+      f"pid {os.getpid()} on host {re.escape(socket.gethostname())}, mode 'train'": {"process_start": own_start},
+      rf"pid 4242 on host elsewhere, mode 'train', {SINCE} \(python -m runner --config=other.py\); it refreshed "
+      rf"the lock 6\d s ago, and one not refreshed for {workdir_lock.STALE_AFTER_SECONDS} s is taken over\. ": {
+          "host": "elsewhere",
+          "pid": 4242,
+          "age_seconds": 60,
+      },
+  }
   for named, holder in live.items():
     _write_lock(str(tmp_path), **holder)
     written = process_testlib.files_of(tmp_path)
@@ -102,8 +121,10 @@ def test_a_lock_whose_holder_is_gone_is_taken_over_and_a_live_ones_is_not(tmp_pa
 
 _DAMAGED = {  # What a lock file holds: how the message says it cannot be read.
     "empty": (b"", "is empty"),
-    "random bytes": (bytes(range(256))[::-1] * 2,
-                     r"cannot be read \(UnicodeDecodeError: 'utf-8' codec can't decode .*\)"),
+    "random bytes": (
+        bytes(range(256))[::-1] * 2,
+        r"cannot be read \(UnicodeDecodeError: 'utf-8' codec can't decode .*\)",
+    ),
     "cut short": (b'{"host": "h", "pid": 12', r"cannot be read \(JSONDecodeError: .*\)"),
     "another JSON": (b'{"pid": "12"}', r"cannot be read \(TypeError: .*\)"),
 }
@@ -111,15 +132,20 @@ _DAMAGED = {  # What a lock file holds: how the message says it cannot be read.
 
 @pytest.mark.parametrize("content, problem", list(_DAMAGED.values()), ids=list(_DAMAGED))
 def test_an_unreadable_lock_is_a_run_starting_now_for_a_few_seconds_then_damaged_and_taken_over(
-    tmp_path, caplog, content, problem):
+    tmp_path, caplog, content, problem
+):
   workdir, path = str(tmp_path), os.path.join(tmp_path, LOCK)
   with open(path, "wb") as f:
     f.write(content)
   os.utime(path, (time.time() - 1,) * 2)  # Just written: its holder may still be writing it.
-  with pytest.raises(workdir_lock.WorkdirInUseError, match=(
-      rf"^The workdir {re.escape(workdir)} is in use by another run: a run starting now \(the lock "
-      rf"{re.escape(path)}, written [123] s ago, {problem}; one that still {problem} "
-      rf"{workdir_lock.UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over\)\. Wait for it ")):
+  with pytest.raises(
+      workdir_lock.WorkdirInUseError,
+      match=(
+          rf"^The workdir {re.escape(workdir)} is in use by another run: a run starting now \(the lock "
+          rf"{re.escape(path)}, written [123] s ago, {problem}; one that still {problem} "
+          rf"{workdir_lock.UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over\)\. Wait for it "
+      ),
+  ):
     workdir_lock.acquire(workdir, mode="train")
   assert process_testlib.files_of(tmp_path) == {LOCK: content}
   assert workdir_lock.is_held(workdir)
@@ -127,8 +153,11 @@ def test_an_unreadable_lock_is_a_run_starting_now_for_a_few_seconds_then_damaged
   assert not workdir_lock.is_held(workdir)
   with caplog.at_level("WARNING", logger="absl"):
     taken = workdir_lock.acquire(workdir, mode="train")
-  assert re.search(rf"Took over the workdir lock {re.escape(path)}, which is damaged: it {problem}, 1\d s after it "
-                   r"was last written \(no run holds it\)\.", caplog.text), caplog.text
+  assert re.search(
+      rf"Took over the workdir lock {re.escape(path)}, which is damaged: it {problem}, 1\d s after it "
+      r"was last written \(no run holds it\)\.",
+      caplog.text,
+  ), caplog.text
   with open(path, encoding="utf-8") as f:
     assert json.load(f)["pid"] == os.getpid()
   taken.release()
@@ -142,8 +171,10 @@ def test_a_run_over_a_damaged_lock_trains_with_a_warning_and_over_a_fresh_one_st
   with open(path, "wb") as f:
     f.write(bytes(range(255, 127, -1)))  # Not UTF-8.
   before = process_testlib.files_of(workdir)
-  with pytest.raises(workdir_lock.WorkdirInUseError, match=r"in use by another run: a run starting now \(the lock .* "
-                     r"cannot be read \(UnicodeDecodeError: "):
+  with pytest.raises(
+      workdir_lock.WorkdirInUseError,
+      match=r"in use by another run: a run starting now \(the lock .* cannot be read \(UnicodeDecodeError: ",
+  ):
     runner.run(_quick(), workdir, quiet=True)
   assert process_testlib.files_of(workdir) == before
   os.utime(path, (time.time() - workdir_lock.UNREADABLE_GRACE_SECONDS - 1,) * 2)
@@ -155,10 +186,20 @@ def test_a_run_over_a_damaged_lock_trains_with_a_warning_and_over_a_fresh_one_st
 
 def _runner(workdir, env, *args, name="run"):
   """`python -m runner` training a synthetic run into `workdir` for far longer than the test lasts."""
-  command = [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", "--mode=train", f"--workdir={workdir}",
-             "--config.strategy.name=one_device", "--config.data.num_examples=512",
-             "--config.trainer.train_steps=1000000", "--config.trainer.steps_per_loop=10",
-             "--config.trainer.checkpoint_every=50", *args]
+  command = [
+      sys.executable,
+      "-m",
+      "runner",
+      f"--config={SYNTHETIC}",
+      "--mode=train",
+      f"--workdir={workdir}",
+      "--config.strategy.name=one_device",
+      "--config.data.num_examples=512",
+      "--config.trainer.train_steps=1000000",
+      "--config.trainer.steps_per_loop=10",
+      "--config.trainer.checkpoint_every=50",
+      *args,
+  ]
   return process_testlib.TrainingProcess(command, workdir=workdir, env=env, name=name)
 
 
@@ -173,11 +214,14 @@ def _first_to_exit(runs):
 def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, subprocess_env):
   """Three times two processes on a new workdir (the second time with another model); a SIGKILLed holder last."""
   another_model = ["--config.model.hidden_units=(32,)"]
-  for attempt, (second_args, stop) in enumerate([((), signal.SIGTERM), (another_model, signal.SIGTERM),
-                                                 ((), signal.SIGKILL)]):
+  for attempt, (second_args, stop) in enumerate(
+      [((), signal.SIGTERM), (another_model, signal.SIGTERM), ((), signal.SIGKILL)]
+  ):
     workdir = str(tmp_path / f"attempt{attempt}")
-    runs = [_runner(workdir, subprocess_env, name="first"), _runner(workdir, subprocess_env, *second_args,
-                                                                    name="second")]
+    runs = [
+        _runner(workdir, subprocess_env, name="first"),
+        _runner(workdir, subprocess_env, *second_args, name="second"),
+    ]
     stopped = _first_to_exit(runs)
     (holder,) = [run for run in runs if run is not stopped]
     status, stdout, stderr = stopped.wait()
@@ -187,7 +231,9 @@ def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, 
     assert re.fullmatch(
         rf"error: The workdir {re.escape(workdir)} is in use by another run: pid {holder.process.pid} on host "
         rf"{re.escape(socket.gethostname())}, mode 'train', {SINCE} \(.*runner.* --workdir={re.escape(workdir)} .*\)"
-        r"\. Wait for it to end, .*", error), error
+        r"\. Wait for it to end, .*",
+        error,
+    ), error
     holder.wait_for_rows(6)  # Trained on, past its first checkpoint.
     holder.process.send_signal(stop)
     status, _, stderr = holder.wait()
@@ -205,8 +251,10 @@ def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, 
     assert json.load(f)["pid"] == holder.process.pid  # The SIGKILLed holder's lock stays, stale.
   status, stdout, stderr = _runner(workdir, subprocess_env, f"--config.trainer.train_steps={steps[-1] + 20}").wait()
   assert status == 0 and f"global step: {steps[-1] + 20}" in stdout, stderr[-3000:]
-  assert f"Took over the workdir lock {os.path.join(workdir, LOCK)} of a run that is gone: pid {holder.process.pid}" \
+  assert (
+      f"Took over the workdir lock {os.path.join(workdir, LOCK)} of a run that is gone: pid {holder.process.pid}"
       in stderr
+  )
   assert LOCK not in os.listdir(workdir)
 
 
@@ -216,7 +264,8 @@ def test_a_run_that_trained_keeps_its_workdir_when_it_fails_before_a_checkpoint(
       "def data(config, split):\n"
       "  features = np.ones((256, 16), np.float32)\n"
       "  features[64:] = np.nan  # From the batch of step 3 on.\n"
-      "  return runner.data.InMemory(features, np.zeros(256, np.int32))\n")
+      "  return runner.data.InMemory(features, np.zeros(256, np.int32))\n"
+  )
   monkeypatch.syspath_prepend(str(tmp_path))
   config = _quick(train_steps=100)
   config["data"]["name"] = "late_nans:data"
@@ -235,9 +284,13 @@ def test_a_remote_workdir_is_locked_through_tf_io_gfile(tmp_path, monkeypatch):
   tf.io.gfile.makedirs(workdir)
   held = workdir_lock.acquire(workdir, mode="train_and_eval")
   assert tf.io.gfile.listdir(workdir) == [LOCK] and workdir_lock.is_held(workdir)
-  with pytest.raises(workdir_lock.WorkdirInUseError, match=(
-      rf"^The workdir {re.escape(workdir)} is in use by another run: pid {os.getpid()} on host .*, "
-      "mode 'train_and_eval', ")):
+  with pytest.raises(
+      workdir_lock.WorkdirInUseError,
+      match=(
+          rf"^The workdir {re.escape(workdir)} is in use by another run: pid {os.getpid()} on host .*, "
+          "mode 'train_and_eval', "
+      ),
+  ):
     workdir_lock.acquire(workdir, mode="train")
   held.release()
   assert tf.io.gfile.listdir(workdir) == [] and not workdir_lock.is_held(workdir)
