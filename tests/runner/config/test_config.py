@@ -198,12 +198,15 @@ def test_bad_input_is_a_config_error_naming_what_is_valid(overrides, message):
     runner.load_config(DIGITS, overrides)
 
 
-def test_missing_config_file_and_file_without_get_config(tmp_path):
+def test_a_missing_config_file_one_without_get_config_and_one_not_of_python(tmp_path):
   with pytest.raises(ConfigError, match=r"Config file '.*nothere.py' does not exist"):
     runner.load_config(str(tmp_path / "nothere.py:tpu"))
   (tmp_path / "empty.py").write_text("X = 1\n")
   with pytest.raises(ConfigError, match=r"has no function get_config\(\)"):
     runner.load_config(str(tmp_path / "empty.py"))
+  (tmp_path / "config.yaml").write_text("model: mlp\n")
+  with pytest.raises(ConfigError, match=r"Config file '.*config\.yaml' is not a Python file; give FILE\.py \(from "):
+    runner.load_config(str(tmp_path / "config.yaml"))
 
 
 @pytest.mark.parametrize(
