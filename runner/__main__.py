@@ -162,17 +162,13 @@ def main(command_line: CommandLine) -> None:
   with _exit_statuses():
     config = _config(command_line)
     # The config holds; what follows needs TensorFlow's devices.
-    from runner import from_config
-    from runner.cluster import task_server
-
     if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
       _check_tpu(config)
-    elif task_server.is_serving_task(config):  # A worker or ps task of a parameter-server cluster.
-      _serve(config)
-    elif _DRY_RUN.value:
-      _dry_run(config)
-    else:
-      _print_result(from_config.run(config, _WORKDIR.value))
+    elif not _served(config):  # A worker or ps task of a parameter-server cluster only serves.
+      if _DRY_RUN.value:
+        _dry_run(config)
+      else:
+        _train(config)
 
 
 @contextlib.contextmanager
@@ -215,14 +211,18 @@ def _check_tpu(config: Any) -> None:
   print(verdict.summary)
 
 
-def _serve(config: Any) -> None:
+def _served(config: Any) -> bool:
+  """Serves when this process is a worker or ps task of a parameter-server cluster; returns whether it was one."""
   from runner.cluster import task_server
 
+  if not task_server.is_serving_task(config):
+    return False
   if _DRY_RUN.value:
     print(f"plan: {task_server.describe()}")
     print("dry run: nothing served.")
   else:
     task_server.serve(config.strategy.timeout_seconds)
+  return True
 
 
 def _dry_run(config: Any) -> None:
@@ -241,7 +241,11 @@ def _dry_run(config: Any) -> None:
   print("dry run: nothing trained or written.")
 
 
-def _print_result(result: Any) -> None:
+def _train(config: Any) -> None:
+  """Runs `config` (`runner.run`) and prints what it did."""
+  from runner import from_config
+
+  result = from_config.run(config, _WORKDIR.value)
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")

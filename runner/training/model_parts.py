@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from runner import interfaces
 from runner.training import options as trainer_options
+from runner.training import parameter_server_loops
 from runner.training import scoped_settings
 
 
@@ -100,7 +101,7 @@ def _warn_if_float16_on_cpu(strategy: tf.distribute.Strategy) -> None:
 
   Not under parameter servers: the chief does not see the workers' devices.
   """
-  if is_tpu(strategy) or isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
     return
   try:
     device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}

@@ -39,6 +39,7 @@ import math
 import statistics
 from typing import Any, cast
 
+from runner.training import parameter_server_loops
 from strategies import description
 
 AUTO = "auto"
@@ -98,7 +99,7 @@ def resolve(
     return measured[cadences]
   size = fixed_auto(cadences, tpu=kind == "tpu") if steps_per_loop in (None, AUTO) else cast(int, steps_per_loop)
   if kind == "parameter_server":
-    size *= strategy.extended._num_workers  # noqa: SLF001
+    size *= parameter_server_loops.num_workers(strategy)
   return FixedStepsPerLoop(size)
 
 
@@ -118,7 +119,6 @@ class FixedStepsPerLoop:
       size: the steps per loop, a positive int.
     """
     self.size = size
-    self.most = size
     self.looping = size > 1  # The loop function runs many steps per call (one builds the loop-free function).
 
   def record_call_overhead(self, seconds: float) -> None:

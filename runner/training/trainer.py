@@ -148,16 +148,14 @@ class Trainer:
     self._parts = model_parts.make(
         strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, precision=precision, seed=seed
     )
-    self._model = self._parts.model
-    self._step = self._parts.step
     self._checkpoints = None
     if model_dir is not None:
       self._checkpoints = checkpoints.Checkpoints(
           strategy,
           model_dir,
-          model=self._model,
+          model=self._parts.model,
           optimizer=self._parts.optimizer,
-          step=self._step,
+          step=self._parts.step,
           max_to_keep=max_to_keep,
       )
     self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
@@ -191,7 +189,7 @@ class Trainer:
   @property
   def model(self) -> Any:
     """The Keras model (its variables are the strategy's distributed variables)."""
-    return self._model
+    return self._parts.model
 
   @property
   def last_eval_metrics(self) -> dict[str, float] | None:
@@ -346,7 +344,7 @@ class Trainer:
           label_range,
           loops.EvalLoop(
               strategy=strategy,
-              model=self._model,
+              model=self._parts.model,
               task_loss=self._task.loss,
               metrics=self._parts.metrics,
               num_input_pipelines=num_pipelines,
@@ -412,14 +410,14 @@ class Trainer:
     """
     if data is not None:
       self._prepare_for(data, data_lib.as_provider(data), "export")
-    declared = data_checks.declared_features_spec(self._model)
+    declared = data_checks.declared_features_spec(self._parts.model)
     features_spec = self._features_spec or (None if declared is None else input_pipeline.batch_spec(declared))
     if not self._ready or features_spec is None:
       raise ConfigError(
           "export needs the model's input shape, which this model does not know yet: call train or evaluate "
           "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input)."
       )
-    export.export_saved_model(self._strategy, self._model, features_spec, path)
+    export.export_saved_model(self._strategy, self._parts.model, features_spec, path)
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
@@ -443,13 +441,13 @@ class Trainer:
       return checked[1]
     element_spec = input_pipeline.element_spec(provider, purpose)
     data_checks.check_features(
-        element_spec, data_checks.features_expected(self._model, self._features_spec), purpose=purpose
+        element_spec, data_checks.features_expected(self._parts.model, self._features_spec), purpose=purpose
     )
-    data_checks.check_one_tensor_for_sequential(element_spec, self._model, purpose=purpose)
+    data_checks.check_one_tensor_for_sequential(element_spec, self._parts.model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
     if self._outputs_spec is None and self._ready:
-      self._outputs_spec = data_checks.outputs_spec(self._model, features_spec)
+      self._outputs_spec = data_checks.outputs_spec(self._parts.model, features_spec)
     label_range = data_checks.label_range(element_spec, self._outputs_spec, self._task, purpose=purpose)
     self._checked_data[purpose] = (data, label_range)
     return label_range
@@ -462,9 +460,9 @@ class Trainer:
       return
     self._ready = True
     if self._coordinator is not None:
-      logging.info("parameter_server: %s.", sharded_variables.describe(self._model.weights))
+      logging.info("parameter_server: %s.", sharded_variables.describe(self._parts.model.weights))
     if self._checkpoints is not None and self._checkpoints.restore_latest():
-      self._global_step = int(self._step.numpy())
+      self._global_step = int(self._parts.step.numpy())
 
   def _train_iterator(
       self,
@@ -513,7 +511,7 @@ class Trainer:
     except data_checks.LabelsOutOfRangeError as e:
       raise data_checks.step_error(e, provider, label_range, step=e.step, purpose="training") from None
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-      step = int(self._step.numpy()) + 1
+      step = int(self._parts.step.numpy()) + 1
       raise data_checks.step_error(e, provider, label_range, step=step, purpose="training") from None
     except peers.PEER_ERRORS as e:
       saved_step = None if self._checkpoints is None else self._checkpoints.saved_step
@@ -571,11 +569,11 @@ class Trainer:
     if key not in self._train_loops:
       arguments = dict(
           strategy=self._strategy,
-          model=self._model,
+          model=self._parts.model,
           optimizer=self._parts.optimizer,
           task_loss=self._task.loss,
           metrics=self._parts.metrics,
-          step=self._step,
+          step=self._parts.step,
           global_batch_size=global_batch_size,
           xla=self._xla,
           clipnorm=self._options.clipnorm,
@@ -607,7 +605,7 @@ class Trainer:
 
   def _data_ran_out(self, global_batch_size: int, steps: int, first_step: int) -> ConfigError:
     """Saves the steps taken before the training data ran out; returns the error that says so."""
-    self._global_step = int(self._step.numpy())
+    self._global_step = int(self._parts.step.numpy())
     saved = ""
     if self._checkpoints is not None and self._global_step > (self._checkpoints.saved_step or 0):
       self._checkpoints.save(self._global_step)

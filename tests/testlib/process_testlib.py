@@ -5,6 +5,8 @@ import os
 import subprocess
 import time
 
+import tensorflow as tf
+
 from testlib import paths
 
 TIMEOUT_SECONDS = 240
@@ -60,6 +62,16 @@ class TrainingProcess(Process):
 
   def wait_for_rows(self, count):
     self.wait_for(lambda: len(self.train_rows()) >= count, f"{count} train rows")
+
+
+def final_checkpoint_values(workdir):
+  """{variable name: value} of the latest checkpoint in `workdir` (the model's and the optimizer's variables)."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
+  return {
+      name: reader.get_tensor(name)
+      for name in reader.get_variable_to_shape_map()
+      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
+  }
 
 
 def train_rows(workdir):

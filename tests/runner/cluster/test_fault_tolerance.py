@@ -59,16 +59,6 @@ class Run(process_testlib.TrainingProcess):
     )
 
 
-def _final_values(workdir):
-  """{variable name: value} of the latest checkpoint (the model's and the optimizer's variables)."""
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
-  return {
-      name: reader.get_tensor(name)
-      for name in reader.get_variable_to_shape_map()
-      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
-  }
-
-
 def _assert_same_values(got, want, rtol):
   assert sorted(got) == sorted(want) and len(got) > 4
   for name, value in want.items():
@@ -118,7 +108,11 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(
   assert f"Resuming at step {step}: each input pipeline first skips" in stderr
   assert f"global step: {STEPS}" in stdout
   assert whole.wait()[0] == 0
-  _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), rtol)
+  _assert_same_values(
+      process_testlib.final_checkpoint_values(tmp_path / "stopped"),
+      process_testlib.final_checkpoint_values(tmp_path / "whole"),
+      rtol,
+  )
 
 
 def _catches(pid, signum):
@@ -187,7 +181,7 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env)
   _no_traceback(stderr)
   assert [row["step"] for row in run.train_rows()] == [20000]  # Aborted within the second loop.
   assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-20000")
-  assert _final_values(tmp_path / "run")
+  assert process_testlib.final_checkpoint_values(tmp_path / "run")
   assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "run")  # Released by process_exit.exit_now.
 
 
@@ -210,13 +204,19 @@ def test_sigkill_while_training_and_while_saving_resumes_from_the_last_complete_
       time.sleep(0.0005)
     run.process.send_signal(signal.SIGKILL)
     assert run.wait()[0] == -signal.SIGKILL
-    assert _final_values(tmp_path / "killed")  # The latest listed checkpoint is complete and readable.
+    assert process_testlib.final_checkpoint_values(
+        tmp_path / "killed"
+    )  # The latest listed checkpoint is complete and readable.
   assert killed_while_saving >= 1
   left = sorted(name for name in os.listdir(checkpoints) if name.endswith("_temp"))  # A save killed part-way.
   status, stdout, stderr = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env).wait()
   assert status == 0 and "global step: 400" in stdout, stderr[-3000:]
   assert whole.wait()[0] == 0
-  _assert_same_values(_final_values(tmp_path / "killed"), _final_values(tmp_path / "whole"), 0)
+  _assert_same_values(
+      process_testlib.final_checkpoint_values(tmp_path / "killed"),
+      process_testlib.final_checkpoint_values(tmp_path / "whole"),
+      0,
+  )
   assert not [name for name in os.listdir(checkpoints) if name.endswith("_temp")]
   for name in left:
     assert f"Removed {checkpoints / name}, left by a save that was interrupted" in stderr
@@ -400,4 +400,8 @@ def test_a_signal_to_one_of_two_workers_stops_both_at_the_same_step_and_they_res
   assert [status for status, _, _ in resumed] == [0, 0], [stderr[-2000:] for _, _, stderr in resumed]
   whole = [run.wait() for run in workers("whole")]
   assert [status for status, _, _ in whole] == [0, 0]
-  _assert_same_values(_final_values(tmp_path / "stopped"), _final_values(tmp_path / "whole"), 1e-6)
+  _assert_same_values(
+      process_testlib.final_checkpoint_values(tmp_path / "stopped"),
+      process_testlib.final_checkpoint_values(tmp_path / "whole"),
+      1e-6,
+  )

@@ -58,16 +58,6 @@ class Launch(process_testlib.TrainingProcess):
     return [int(pid) for pid in re.findall(rf"^\[launch\] {task} pid (\d+) on localhost:\d+$", self.stderr(), re.M)]
 
 
-def _final_values(workdir):
-  """{variable name: value} of the latest checkpoint (the model's and the optimizer's variables)."""
-  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(str(workdir), "checkpoints")))
-  return {
-      name: reader.get_tensor(name)
-      for name in reader.get_variable_to_shape_map()
-      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
-  }
-
-
 def _launcher(args, env, timeout=60, **kwargs):
   """Runs `python -m runner.launch ARGS` to its end; returns the CompletedProcess."""
   return subprocess.run(
@@ -346,7 +336,9 @@ def test_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_one(tmp
   got, want = killed.train_rows()[-1], whole.train_rows()[-1]
   assert got["step"] == want["step"] == STEPS
   np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
-  got, want = _final_values(tmp_path / "killed"), _final_values(tmp_path / "whole")
+  got, want = process_testlib.final_checkpoint_values(tmp_path / "killed"), process_testlib.final_checkpoint_values(
+      tmp_path / "whole"
+  )
   assert sorted(got) == sorted(want) and len(got) > 4
   for name, value in want.items():
     np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)

@@ -163,6 +163,6 @@ def _checkpoints(trainer, model_dir):
       model_dir,
       model=trainer.model,
       optimizer=trainer._parts.optimizer,
-      step=trainer._step,  # noqa: SLF001
+      step=trainer._parts.step,  # noqa: SLF001
       max_to_keep=3,
   )
