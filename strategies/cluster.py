@@ -1,37 +1,200 @@
-"""Where a multi-process cluster comes from: TF_CONFIG or a list of worker hosts."""
+"""Where a multi-process cluster comes from: TF_CONFIG, Vertex AI's CLUSTER_SPEC, a SLURM step, or a host list.
 
+`find(source)` reads the environment once and decides this task's role
+before anything of TensorFlow starts: `config.strategy.cluster` is 'auto'
+(TF_CONFIG if set, else CLUSTER_SPEC, else a SLURM step of more than one
+task, else this process alone), 'tf_config' (TF_CONFIG or CLUSTER_SPEC, one
+of them must be set) or 'slurm' (the SLURM step's tasks, see
+`strategies.slurm`). The result is a `Cluster`: the jobs that train
+('chief', 'worker', 'ps'), this task's role, and a resolver for
+TensorFlow. The conventions of the engines that set TF_CONFIG are accepted
+as they are: a Kubernetes TFJob's 'master' is the chief, Vertex AI's worker
+pools 0-3 are chief, worker, ps and evaluator, and an 'evaluator' task
+(TFJob, Vertex, Estimator-style TF_CONFIG) is not part of the training
+cluster: it evaluates the checkpoints (`config.mode='continuous_eval'`).
+"""
+
+from collections.abc import Mapping
+import dataclasses
 import json
 import os
-
-import tensorflow as tf
+from typing import Any, TYPE_CHECKING
 
 from strategies import checks
 from strategies.errors import ConfigError
 
+if TYPE_CHECKING:  # Building a resolver imports TensorFlow; finding the cluster does not.
+  import tensorflow as tf
 
-def from_tf_config() -> tf.distribute.cluster_resolver.TFConfigClusterResolver:
-  """Returns a TFConfigClusterResolver for the `TF_CONFIG` environment variable.
+SOURCES = ("auto", "tf_config", "slurm")
+TRAINING_JOBS = ("chief", "worker", "ps")
+EVALUATOR = "evaluator"
+# Job names of the engines -> ours.
+_JOB_NAMES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", EVALUATOR: EVALUATOR}
+VERTEX_POOLS = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps", "workerpool3": EVALUATOR}
+_TF_CONFIG_EXAMPLE = (
+    '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """A multi-process job as one task sees it; every role is decided, nothing of TensorFlow is started.
+
+  Attributes:
+    source: where it was found: 'TF_CONFIG', 'CLUSTER_SPEC' (Vertex AI),
+      'SLURM', 'worker_hosts', or 'none' (this process alone).
+    jobs: the jobs that train, 'chief', 'worker' and 'ps', each the tasks'
+      'host:port' in index order; an evaluator is not among them. Empty when
+      alone.
+    task_type: this task's role, 'chief', 'worker', 'ps' or 'evaluator';
+      None when alone.
+    task_id: its index among the tasks of its type; None when alone.
+    detail: words on the source for `describe`, e.g. 'job 12, step 0'.
+    gpu_index: on a GPU node under SLURM, the one local GPU this task uses
+      (one task per GPU); None: every GPU this process sees.
+    rpc_layer: the protocol of the servers, 'grpc'.
+  """
+
+  source: str
+  jobs: Mapping[str, tuple[str, ...]]
+  task_type: str | None
+  task_id: int | None
+  detail: str = ""
+  gpu_index: int | None = None
+  rpc_layer: str = "grpc"
+
+  @property
+  def is_evaluator(self) -> bool:
+    """Whether this task is the evaluator beside the training cluster."""
+    return self.task_type == EVALUATOR
+
+  @property
+  def num_workers(self) -> int:
+    """The tasks that run training steps: workers, and the chief unless parameter servers coordinate."""
+    chief = 0 if self.jobs.get("ps") else len(self.jobs.get("chief", ()))
+    return chief + len(self.jobs.get("worker", ()))
+
+  def resolver(self) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
+    """Returns TensorFlow's resolver for the training jobs and this task (for an evaluator: no cluster)."""
+    import tensorflow as tf  # noqa: PLC0415  # Only here: finding the cluster imports no TensorFlow.
+
+    jobs = {} if self.is_evaluator else {job: list(tasks) for job, tasks in self.jobs.items() if tasks}
+    gpus = 1 if self.gpu_index is not None else len(tf.config.list_physical_devices("GPU"))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs),
+        task_type=None if self.is_evaluator else self.task_type,
+        task_id=None if self.is_evaluator else self.task_id,
+        rpc_layer=self.rpc_layer,
+        num_accelerators={"GPU": gpus} if gpus else None,
+    )
+
+  def describe(self) -> str:
+    """One line: where the cluster came from and this task's role in it."""
+    if self.source == "none":
+      return "cluster: none (no TF_CONFIG, CLUSTER_SPEC or SLURM step of more than one task): this process alone"
+    sizes = ", ".join(f"{len(tasks)} {job}" for job, tasks in self.jobs.items() if tasks)
+    found = f"cluster from {self.source}" + (f" ({self.detail})" if self.detail else "")
+    if self.is_evaluator:
+      return f"{found}: {sizes}; this task is the evaluator (it trains nothing and evaluates every new checkpoint)"
+    me = self.jobs[self.task_type][self.task_id] if self.task_type in self.jobs else "?"
+    return f"{found}: {sizes}; this task is {self.task_type}:{self.task_id} at {me}"
+
+
+ALONE = Cluster(source="none", jobs={}, task_type=None, task_id=None)
+
+
+def find(
+    source: str = "auto", *, num_ps: int | None = None, environ: Mapping[str, str] | None = None
+) -> Cluster:
+  """Returns the cluster `source` names, read from the environment.
+
+  Args:
+    source: 'auto', 'tf_config' or 'slurm' (see the module docstring).
+    num_ps: under SLURM, how many tasks after the chief are ps tasks (a
+      parameter-server job); None for a job without ps tasks.
+    environ: the environment to read; default `os.environ`.
 
   Raises:
-    ConfigError: TF_CONFIG is set but is not JSON with a "cluster" object.
+    ConfigError: an unknown source, TF_CONFIG or CLUSTER_SPEC that is not
+      valid, 'tf_config' where neither is set, 'slurm' outside a SLURM step,
+      or a SLURM step too small for its roles.
   """
-  text = os.environ.get("TF_CONFIG")
-  if text:
-    try:
-      cluster = json.loads(text).get("cluster", {})
-    except (ValueError, AttributeError):
-      cluster = None
-    if not isinstance(cluster, dict):
+  from strategies import slurm  # noqa: PLC0415  # slurm builds its Cluster from this module.
+
+  environ = os.environ if environ is None else environ
+  checks.one_of(source, SOURCES, "config.strategy.cluster")
+  if source in ("auto", "tf_config"):
+    for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
+      if environ.get(variable):
+        return from_json(environ[variable], variable)
+    if source == "tf_config":
       raise ConfigError(
-          f"TF_CONFIG={text!r} is not valid; it must be JSON such as "
-          '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}.'
+          f"config.strategy.cluster='tf_config' but neither TF_CONFIG nor CLUSTER_SPEC (Vertex AI) is set; set "
+          f"TF_CONFIG on every task, e.g. {_TF_CONFIG_EXAMPLE}, or use cluster='auto' or 'slurm'."
       )
-  return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if not slurm.is_multi_task_step(environ):
+      return ALONE
+  return slurm.cluster(environ, num_ps=num_ps)
 
 
-def from_worker_hosts(
-    worker_hosts: list[str] | tuple[str, ...] | None, task_index: int | None
-) -> tf.distribute.cluster_resolver.SimpleClusterResolver:
+def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
+  """Returns the cluster of a TF_CONFIG (or Vertex AI CLUSTER_SPEC) JSON text.
+
+  'master' (a Kubernetes TFJob's chief) becomes 'chief', Vertex's
+  'workerpool0'-'workerpool3' become chief, worker, ps and evaluator, and an
+  evaluator is left out of the training jobs. A TF_CONFIG with no cluster
+  is this process alone.
+
+  Raises:
+    ConfigError: the text is not JSON with a "cluster" object, a job name
+      is unknown, both 'chief' and 'master' are given, or the "task" is not
+      one of the cluster's tasks.
+  """
+  names = {**_JOB_NAMES, **VERTEX_POOLS} if variable == "CLUSTER_SPEC" else _JOB_NAMES
+  try:
+    parsed = json.loads(text)
+    cluster, task = parsed.get("cluster", {}), parsed.get("task", {})
+  except (ValueError, AttributeError):
+    cluster = task = None
+  if not isinstance(cluster, dict) or not isinstance(task, dict):
+    raise ConfigError(f"{variable}={text!r} is not valid; it must be JSON such as {_TF_CONFIG_EXAMPLE}.")
+  jobs: dict[str, tuple[str, ...]] = {}
+  for job, tasks in cluster.items():
+    if job not in names:
+      raise ConfigError(
+          f"{variable} names a job {job!r}, which is not one of {', '.join(names)}.{checks.did_you_mean(job, names)}"
+      )
+    if names[job] in jobs:
+      raise ConfigError(f"{variable} names the chief twice ('chief' and 'master'); give one of them.")
+    if not isinstance(tasks, list) or not all(isinstance(address, str) and address for address in tasks):
+      raise ConfigError(f"{variable}'s job {job!r} must be a list of 'host:port' strings, got {tasks!r}.")
+    jobs[names[job]] = tuple(tasks)
+  if not any(jobs.get(job) for job in TRAINING_JOBS):
+    return ALONE
+  task_type, task_id = names.get(task.get("type"), task.get("type")), task.get("index", 0)
+  if task_type not in jobs or not checks.is_int(task_id) or not 0 <= task_id < len(jobs[task_type]):
+    tasks = ", ".join(f"{job}:0-{len(addresses) - 1}" for job, addresses in jobs.items())
+    raise ConfigError(f"{variable}'s task {task!r} is not one of its cluster's tasks ({tasks}).")
+  evaluators = jobs.pop(EVALUATOR, ())
+  if task_type == EVALUATOR and len(evaluators) != 1:
+    raise ConfigError(f"{variable} has {len(evaluators)} evaluator tasks; a cluster has at most one evaluator.")
+  return Cluster(source=variable, jobs=jobs, task_type=task_type, task_id=task_id)
+
+
+def from_tf_config() -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
+  """Returns the resolver of the cluster in `TF_CONFIG` (or Vertex AI's CLUSTER_SPEC); alone when neither is set.
+
+  Raises:
+    ConfigError: TF_CONFIG or CLUSTER_SPEC is set but not valid (see `from_json`).
+  """
+  for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
+    if os.environ.get(variable):
+      return from_json(os.environ[variable], variable).resolver()
+  return ALONE.resolver()
+
+
+def from_worker_hosts(worker_hosts: Any, task_index: Any) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
   """Returns the cluster resolver for worker `task_index` of `worker_hosts`.
 
   This is what TF_CONFIG `{"cluster": {"worker": worker_hosts}, "task":
@@ -61,11 +224,4 @@ def from_worker_hosts(
     raise ConfigError(
         "Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts/task_index."
     )
-  gpus = len(tf.config.list_physical_devices("GPU"))
-  return tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec({"worker": hosts}),
-      task_type="worker",
-      task_id=task_index,
-      rpc_layer="grpc",
-      num_accelerators={"GPU": gpus} if gpus else None,
-  )
+  return Cluster(source="worker_hosts", jobs={"worker": tuple(hosts)}, task_type="worker", task_id=task_index).resolver()
