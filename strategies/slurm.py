@@ -5,7 +5,7 @@
 
 from collections.abc import Mapping
 
-from strategies import cluster as cluster_lib
+from strategies import cluster_view
 
 
 def is_multi_task_step(environ: Mapping[str, str]) -> bool:
@@ -14,6 +14,6 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
   return "SLURM_PROCID" in environ and tasks.isdigit() and int(tasks) > 1
 
 
-def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_lib.Cluster:
+def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.Cluster:
   """Returns the step's cluster: task 0 is the chief; see the module docstring."""
   raise NotImplementedError("strategies.slurm.cluster is being written (issue 24).")
