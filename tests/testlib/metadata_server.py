@@ -62,6 +62,7 @@ class MetadataServer:
     server = self
 
     class Handler(http.server.BaseHTTPRequestHandler):
+
       def do_GET(self):  # noqa: N802 (http.server's name)
         server._answer(self)  # noqa: SLF001
 
