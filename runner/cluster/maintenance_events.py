@@ -155,7 +155,8 @@ class Watch:
       max_retry_seconds: the longest wait between retries.
 
     Raises:
-      ConfigError: an argument is invalid.
+      ConfigError: an argument is invalid, or the first retry waits longer
+        than the longest.
     """
     if not isinstance(host, str) or not _HOST_PORT.fullmatch(host):
       raise ConfigError(f"host must be a host or host:port such as 169.254.169.254, got {host!r}.")
@@ -164,6 +165,10 @@ class Watch:
     self._wait_seconds = checks.positive_int(wait_seconds, "wait_seconds")
     self._first_retry_seconds = float(checks.positive_number(first_retry_seconds, "first_retry_seconds"))
     self._max_retry_seconds = float(checks.positive_number(max_retry_seconds, "max_retry_seconds"))
+    if self._first_retry_seconds > self._max_retry_seconds:
+      raise ConfigError(
+          f"first_retry_seconds ({first_retry_seconds}) must be at most max_retry_seconds ({max_retry_seconds})."
+      )
     self._closed = threading.Event()
     self._lock = threading.Lock()  # Guards the fields below, and `_closed` against a request being opened.
     self._noticed = False
@@ -189,7 +194,7 @@ class Watch:
     """Reads `key`, then long-polls it until a stopping value or `close`."""
     etag: str | None = None
     value = None  # None: not read yet, so the next request reads at once.
-    failures = 0
+    retry_seconds = self._first_retry_seconds
     while not self._closed.is_set():
       try:
         new_value, etag = self._read(key, etag, wait=value is not None)
@@ -197,10 +202,10 @@ class Watch:
         return
       except (OSError, http.client.HTTPException, _MetadataAnswerError, UnicodeDecodeError) as e:
         self._failed(key, e)
-        self._closed.wait(min(self._max_retry_seconds, self._first_retry_seconds * 2**failures))
-        failures += 1
+        self._closed.wait(retry_seconds)
+        retry_seconds = min(self._max_retry_seconds, 2 * retry_seconds)
         continue
-      failures = 0
+      retry_seconds = self._first_retry_seconds
       if new_value == STOP_VALUES[key]:
         self._notice(key, new_value)
         return

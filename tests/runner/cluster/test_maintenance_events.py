@@ -304,8 +304,12 @@ def test_a_variable_that_is_no_host_and_port_is_one_warning_and_no_watch(tmp_pat
         ({"wait_seconds": 0}, "wait_seconds must be a positive int, got 0."),
         ({"first_retry_seconds": -1}, "first_retry_seconds must be a positive number, got -1."),
         ({"max_retry_seconds": "60"}, "max_retry_seconds must be a positive number, got '60'."),
+        (
+            {"first_retry_seconds": 2, "max_retry_seconds": 1},
+            "first_retry_seconds (2) must be at most max_retry_seconds (1).",
+        ),
     ],
-    ids=["host", "wait_seconds", "first_retry_seconds", "max_retry_seconds"],
+    ids=["host", "wait_seconds", "first_retry_seconds", "max_retry_seconds", "first_above_max"],
 )
 def test_bad_watch_arguments_are_config_errors_before_any_thread(arguments, message):
   with pytest.raises(ConfigError) as raised:
