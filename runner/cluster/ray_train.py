@@ -12,7 +12,8 @@ Ray is imported only by these functions: the package never needs it
 (`pip install "tf-runner[ray]"` brings it).
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+import contextlib
 import os
 import tempfile
 from typing import Any, TYPE_CHECKING
@@ -72,18 +73,31 @@ def run(
     ray.train.TrainingFailedError: any other failure of a worker or of Ray.
   """
   loop_config = {"config": _checked(config, scaling_config.num_workers), "workdir": _absolute(workdir)}
-  import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
-  from ray.train.tensorflow import TensorflowTrainer  # noqa: PLC0415
+  from ray.train.tensorflow import TensorflowTrainer  # noqa: PLC0415  Ray is optional: imported only where used.
 
   trainer = TensorflowTrainer(
       train_loop_per_worker, train_loop_config=loop_config, scaling_config=scaling_config, run_config=run_config
   )
-  try:
+  with _workers_user_errors_raised():
     return trainer.fit()
+
+
+@contextlib.contextmanager
+def _workers_user_errors_raised() -> Iterator[None]:
+  """Raises a `ray.train.WorkerGroupError`'s `ConfigError` or `FloatingPointError` as itself, chained to Ray's.
+
+  That of the lowest rank among the workers that failed so; any other error
+  passes as it is. Ray 2.60 gives the worker's exception itself in
+  `worker_failures` (rank -> exception).
+  """
+  import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
+
+  try:
+    yield
   except ray.train.WorkerGroupError as error:
-    user_errors = [e for e in error.worker_failures.values() if isinstance(e, (ConfigError, FloatingPointError))]
-    if user_errors:
-      raise user_errors[0] from error
+    for rank in sorted(error.worker_failures):
+      if isinstance(error.worker_failures[rank], (ConfigError, FloatingPointError)):
+        raise error.worker_failures[rank] from error
     raise
 
 
