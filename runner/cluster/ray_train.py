@@ -143,16 +143,15 @@ def train_loop_per_worker(loop_config: Mapping[str, Any]) -> None:
     ray.train.report(metrics)
     return
   with tempfile.TemporaryDirectory(prefix="tf_runner_ray_checkpoint_") as directory:
-    copy_checkpoint(result.checkpoint_path, directory)
+    _copy_checkpoint(result.checkpoint_path, directory)
     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
 
-def copy_checkpoint(checkpoint_path: str, workdir: str) -> str:
-  """Copies the checkpoint at `checkpoint_path` (`.../ckpt-N`) into `workdir/checkpoints`, listed; returns its path.
+def _copy_checkpoint(checkpoint_path: str, workdir: str) -> None:
+  """Copies the checkpoint at `checkpoint_path` (`.../ckpt-N`) into `workdir/checkpoints`, with its list.
 
   `workdir` then holds that checkpoint as a run's workdir would, so
-  `tf.train.latest_checkpoint(workdir + "/checkpoints")` finds it and a run
-  in mode 'eval' or 'export' reads it.
+  `tf.train.latest_checkpoint(workdir + "/checkpoints")` finds it.
   """
   directory = os.path.join(workdir, checkpoints.DIRECTORY)
   tf.io.gfile.makedirs(directory)
@@ -160,21 +159,21 @@ def copy_checkpoint(checkpoint_path: str, workdir: str) -> str:
     tf.io.gfile.copy(source, os.path.join(directory, os.path.basename(source)), overwrite=True)
   copied = checkpoint_list.read(directory)  # The list is made from the copied files.
   checkpoint_list.write(copied)
-  return os.path.join(directory, os.path.basename(checkpoint_path))
 
 
-def _checked(config: ml_collections.ConfigDict, num_workers: Any) -> ml_collections.ConfigDict:
-  """Returns `config` validated (`runner.config.validate`) for `num_workers` Ray workers.
+def _checked(config: ml_collections.ConfigDict, num_workers: int | tuple[int, int]) -> ml_collections.ConfigDict:
+  """Returns `config` validated (`runner.config.validate`) for `num_workers` Ray workers (ScalingConfig's).
 
   Raises:
     ConfigError: a bad config, or more than one worker with a strategy other than 'multi_worker_mirrored'.
   """
   config = config_lib.validate(config)
-  if num_workers is not None and num_workers > 1 and config.strategy.name != MULTI_WORKER_STRATEGY:
+  most_workers = max(num_workers) if isinstance(num_workers, tuple) else num_workers  # A tuple: (min, max), elastic.
+  if most_workers > 1 and config.strategy.name != MULTI_WORKER_STRATEGY:
     raise ConfigError(
-        f"Ray Train runs {num_workers} workers, but config.strategy.name is {config.strategy.name!r}, which "
-        f"would train each of them alone; set config.strategy.name={MULTI_WORKER_STRATEGY!r}, whose workers read "
-        "the TF_CONFIG that Ray gives each one and train one job."
+        f"ScalingConfig(num_workers={num_workers!r}) runs more than one worker, but config.strategy.name is "
+        f"{config.strategy.name!r}, which would train each of them alone; set config.strategy.name="
+        f"{MULTI_WORKER_STRATEGY!r}, whose workers read the TF_CONFIG that Ray gives each one and train one job."
     )
   for field in ("worker_hosts", "task_index"):
     if config.strategy.get(field) is not None:
