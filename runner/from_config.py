@@ -200,9 +200,6 @@ def _evaluate_continuously(
         "Mode 'continuous_eval' evaluates the checkpoints a training run writes to its workdir: give that "
         "workdir (--workdir=DIR, or runner.run(config, workdir))."
     )
-  logging.info(
-      "Mode continuous_eval: evaluating each new checkpoint in %s.", os.path.join(workdir, checkpoints.DIRECTORY)
-  )
   trainer = create_trainer(config, strategy, workdir)
   last = continuous_eval_lib.evaluate_new_checkpoints(
       trainer,

@@ -100,6 +100,9 @@ class Checkpoints:
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
     self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    # Made now, before any restore: made by a later restore or save, it would take the value a restore before left
+    # pending, reading that checkpoint's files again (gone, after a trainer's max_to_keep rotated it away).
+    self.checkpoint.save_counter  # The property makes the variable.
     self._optimizer = optimizer
     self._step = step
     self._strategy = strategy

@@ -145,6 +145,12 @@ def evaluate_new_checkpoints(
   taken = -1  # The step of the newest checkpoint taken (evaluated, found evaluated, or skipped).
   since = time.monotonic()  # When the last new checkpoint was taken, or the watch began.
   with stop_signals.StopSignals(in_training=False) as signals:
+    logging.info(
+        "Evaluating each new checkpoint in %s once, until the checkpoint of step %d or %g s without a new one.",
+        directory,
+        final_step,
+        timeout_seconds,
+    )
     while True:
       for path in checkpoint_list.read(directory).paths:
         step = checkpoint_list.step_of(path)
