@@ -1,6 +1,7 @@
 """The evaluator beside a trainer (mode 'continuous_eval'): each checkpoint once, at its step, and nothing else written."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -228,32 +229,39 @@ def test_the_evaluator_needs_a_workdir():
   )
 
 
-def test_sigterm_and_ctrl_c_end_a_waiting_evaluator_with_143_and_130(tmp_path, subprocess_env):
-  evaluators = {}
-  for signum in (signal.SIGTERM, signal.SIGINT):
-    workdir = tmp_path / f"never-trained-{signum}"
-    evaluators[signum] = process_testlib.TrainingProcess(
-        [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=continuous_eval"],
-        workdir=workdir,
-        env=subprocess_env,
-        name=f"evaluator-{signum}",
-    )
+class _SignalOnceWatching(logging.Handler):
+  """Sends this process `signum` when the evaluator logs that it watches (inside its signal handling), once."""
+
+  def __init__(self, signum):
+    super().__init__(logging.INFO)
+    self.signum = signum
+    self.sent = False
+
+  def emit(self, record):
+    if not self.sent and record.getMessage().startswith("Evaluating each new checkpoint in"):
+      self.sent = True
+      os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_and_ctrl_c_end_a_waiting_evaluator_with_143_and_130(signum, tmp_path, caplog):
+  workdir = str(tmp_path / "not-trained-yet")
+  sender = _SignalOnceWatching(signum)
+  absl_logger = logging.getLogger("absl")
+  absl_logger.addHandler(sender)
   try:
-    for signum, evaluator in evaluators.items():
-      evaluator.wait_for(lambda e=evaluator: "Evaluating each new checkpoint in" in e.stderr(), "the watch")
-      evaluator.process.send_signal(signum)
-    ended = {signum: evaluator.wait() for signum, evaluator in evaluators.items()}
+    with caplog.at_level("INFO", logger="absl"), pytest.raises(SystemExit) as ended:
+      runner.run(_config("mode=continuous_eval", "trainer.eval_timeout_seconds=120"), workdir)
   finally:
-    for evaluator in evaluators.values():
-      evaluator.process.kill()
-  for signum, (status, _, stderr) in ended.items():
-    name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}[signum]
-    assert status == exit_codes.STOPPED_BY[signum], stderr[-3000:]
-    assert (
-        f"Stopped by {name}: the evaluator ends before its first evaluation; run it again to go on "
-        "(metrics.jsonl keeps what is evaluated)." in stderr
-    ), stderr[-3000:]
-    assert not os.path.exists(evaluators[signum].workdir)  # It waited for the trainer's workdir; it made none.
+    absl_logger.removeHandler(sender)
+  assert sender.sent
+  assert ended.value.code == exit_codes.STOPPED_BY[signum]
+  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}[signum]
+  assert caplog.messages[-1] == (
+      f"Stopped by {name}: the evaluator ends before its first evaluation; run it again to go on (metrics.jsonl "
+      "keeps what is evaluated)."
+  )
+  assert not os.path.exists(workdir)  # It waits for the trainer's workdir; it makes none.
 
 
 def test_rows_of_an_evaluator_survive_the_trainers_rewrite_of_metrics_jsonl(tmp_path):
