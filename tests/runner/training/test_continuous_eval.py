@@ -40,9 +40,7 @@ def _config(*overrides):
 def trained(tmp_path_factory):
   """The workdir of a run to step 20 with a checkpoint every 10 steps (ckpt-10, ckpt-20), trained in this process."""
   workdir = str(tmp_path_factory.mktemp("trained") / "run")
-  config = _config(
-      "mode=train", "trainer.train_steps=20", "trainer.steps_per_loop=10", "trainer.checkpoint_every=10"
-  )
+  config = _config("mode=train", "trainer.train_steps=20", "trainer.steps_per_loop=10", "trainer.checkpoint_every=10")
   runner.run(config, workdir, quiet=True)
   return workdir
 
