@@ -152,33 +152,42 @@ def evaluate_new_checkpoints(
         timeout_seconds,
     )
     while True:
-      for path in checkpoint_list.read(directory).paths:
-        step = checkpoint_list.step_of(path)
-        if step is None or step <= taken or signals.received is not None:
-          continue
-        metrics: Mapping[str, float] | None = reports.eval_results_at(model_dir, step)
-        if metrics:
-          logging.info("Not evaluating %s again: metrics.jsonl holds its evaluation.", path)
-        else:
-          metrics = evaluate_checkpoint(trainer, data, path, global_batch_size=global_batch_size, steps=steps)
-        taken, since = step, time.monotonic()
-        if metrics is not None:
-          last = Evaluation(checkpoint=path, step=step, metrics=metrics)
       if signals.received is not None:
         _stop(signals.received, last)
       if taken >= final_step:
         return last
-      if time.monotonic() - since >= timeout_seconds:
-        logging.warning(
-            "No new checkpoint in %s for %g s (config.trainer.eval_timeout_seconds): the evaluator ends %s, "
-            "before the checkpoint of step %d.",
-            directory,
-            timeout_seconds,
-            "without one evaluated" if last is None else f"after the checkpoint of step {last.step}",
-            final_step,
-        )
-        return last
-      time.sleep(poll_seconds)
+      found = _oldest_after(directory, taken)  # The list is read again after each evaluation: it may be stale.
+      if found is None:
+        if time.monotonic() - since >= timeout_seconds:
+          logging.warning(
+              "No new checkpoint in %s for %g s (config.trainer.eval_timeout_seconds): the evaluator ends %s, "
+              "before the checkpoint of step %d.",
+              directory,
+              timeout_seconds,
+              "without one evaluated" if last is None else f"after the checkpoint of step {last.step}",
+              final_step,
+          )
+          return last
+        time.sleep(poll_seconds)
+        continue
+      path, step = found
+      metrics: Mapping[str, float] | None = reports.eval_results_at(model_dir, step)
+      if metrics:
+        logging.info("Not evaluating %s again: metrics.jsonl holds its evaluation.", path)
+      else:
+        metrics = evaluate_checkpoint(trainer, data, path, global_batch_size=global_batch_size, steps=steps)
+      taken, since = step, time.monotonic()
+      if metrics is not None:
+        last = Evaluation(checkpoint=path, step=step, metrics=metrics)
+
+
+def _oldest_after(directory: str, step: int) -> tuple[str, int] | None:
+  """`(path, step)` of the oldest checkpoint listed in `directory` past `step`, or None."""
+  for path in checkpoint_list.read(directory).paths:
+    found = checkpoint_list.step_of(path)
+    if found is not None and found > step:
+      return path, found
+  return None
 
 
 def _stop(signum: int, last: Evaluation | None) -> NoReturn:
