@@ -6,7 +6,8 @@ Flags:
                           config_flags; 'None' sets an optional field to None).
   --workdir=DIR           checkpoints, summaries, metrics.jsonl, config.json, export;
                           default: a new temporary directory.
-  --mode=MODE             overrides config.mode (train, eval, train_and_eval, export).
+  --mode=MODE             overrides config.mode (train, eval, train_and_eval, export,
+                          continuous_eval).
   --dry_run               prints the resolved config, the strategy, the replicas, the
                           per-replica batch sizes, whether the workdir holds a run and
                           the step it would resume from, and the step plan from there;
@@ -237,6 +238,7 @@ def _dry_run(config: Any) -> None:
   from runner.outputs import checkpoints
 
   print(roles.cluster_of(config).describe())
+  config = from_config.for_this_task(config)
   strategy = from_config.create_strategy(config)
   batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
   print(f"config:\n{config}")

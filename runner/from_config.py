@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator, Mapping
 import contextlib
+import copy
 import dataclasses
 import functools
 import os
@@ -13,6 +14,7 @@ import keras
 import ml_collections
 import tensorflow as tf
 
+from runner.cluster import roles
 from runner.config import optimizers
 from runner.config import registry
 from runner.config import run_config as config_lib
@@ -31,6 +33,7 @@ from runner.workdir import lock as workdir_lock
 from runner.workdir import state as workdir_state
 from strategies import checks
 from strategies import factory as strategy_factory
+from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
 
 EXPORT_DIR = "export"
@@ -121,7 +124,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       training diverged).
   """
   with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
-    config = config_lib.validate(config)
+    config = for_this_task(config_lib.validate(config))
     strategy = create_strategy(config)
     if config.mode == "continuous_eval":
       return _continuous_eval_result(config, strategy, workdir)
@@ -159,6 +162,34 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
           export_path=export_path,
           model=trainer.model,
       )
+
+
+def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` for this task: on a cluster's `evaluator` task, its training becomes `continuous_eval`, on this machine.
+
+  The evaluator of a TFJob, Vertex AI or TF_CONFIG cluster runs the same
+  command as the trainers, but is not one of them (`runner.cluster.roles`):
+  a training mode becomes 'continuous_eval', under the strategy `auto`
+  chooses for this machine (with `config.strategy.virtual_cpus` kept).
+  Every other config is returned as it is.
+  """
+  role, found = roles.role(config)
+  if role != roles.EVALUATE:
+    return config
+  evaluator = copy.deepcopy(config)
+  with evaluator.unlocked():
+    evaluator.strategy = strategy_schema.default_config()
+    evaluator.strategy.virtual_cpus = config.strategy.get("virtual_cpus")
+    if config.mode in TRAINING_MODES:
+      evaluator.mode = "continuous_eval"
+  logging.info(
+      "%s: mode %r under strategy auto (the trainers: mode %r under %s).",
+      found.describe(),
+      evaluator.mode,
+      config.mode,
+      config.strategy.name,
+  )
+  return config_lib.validate(evaluator)
 
 
 def continuous_eval(
