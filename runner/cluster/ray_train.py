@@ -175,6 +175,11 @@ def _checked(config: ml_collections.ConfigDict, num_workers: int | tuple[int, in
         f"{config.strategy.name!r}, which would train each of them alone; set config.strategy.name="
         f"{MULTI_WORKER_STRATEGY!r}, whose workers read the TF_CONFIG that Ray gives each one and train one job."
     )
+  if config.strategy.get("cluster", "auto") == "slurm":
+    raise ConfigError(
+        "config.strategy.cluster='slurm': under Ray Train the cluster is the TF_CONFIG that Ray gives each worker; "
+        "set config.strategy.cluster='auto' or 'tf_config'."
+    )
   for field in ("worker_hosts", "task_index"):
     if config.strategy.get(field) is not None:
       raise ConfigError(

@@ -185,6 +185,13 @@ def _config(*overrides):
             "from the TF_CONFIG that Ray gives each one; leave config.strategy.worker_hosts and task_index unset.",
         ),
         (
+            ("strategy.name=multi_worker_mirrored", "strategy.cluster=slurm"),
+            "run",
+            2,
+            "config.strategy.cluster='slurm': under Ray Train the cluster is the TF_CONFIG that Ray gives each worker; "
+            "set config.strategy.cluster='auto' or 'tf_config'.",
+        ),
+        (
             ("strategy.name=multi_worker_mirrored", "trainer.train_steps=0"),
             "run",
             2,
