@@ -30,6 +30,7 @@ CLIENTS = ("sinfo", "srun", "sbatch", "scancel", "squeue", "scontrol")
 NODE = "localhost"
 PARTITION = "debug"
 MPI_PORTS = 100  # MpiParams=ports: the ports `srun --resv-ports` reserves from.
+CRED_EXPIRE_SECONDS = 5  # SLURM's least.
 UP_TIMEOUT_SECONDS = 60
 STOP_TIMEOUT_SECONDS = 10
 
@@ -121,7 +122,8 @@ class Cluster:
         "SlurmdUser": user,
         "AuthType": "auth/munge",
         "CredType": "cred/munge",
-        "AuthInfo": f"socket={self.path('munge.socket')}",
+        # cred_expire: a requeued job waits this long before it starts again (SLURM's default: 120 s).
+        "AuthInfo": f"socket={self.path('munge.socket')},cred_expire={CRED_EXPIRE_SECONDS}",
         "StateSaveLocation": self.path("state"),
         "SlurmdSpoolDir": self.path("spool"),
         "SlurmctldPidFile": self.path("slurmctld.pid"),
@@ -136,6 +138,7 @@ class Cluster:
         "SelectType": "select/cons_tres",
         "SelectTypeParameters": "CR_CPU",
         "SchedulerType": "sched/builtin",
+        "SchedulerParameters": "sched_interval=1",  # A requeued job starts within a second of its eligible time.
         "MpiDefault": "none",
         "MpiParams": f"ports={mpi_low}-{mpi_low + MPI_PORTS - 1}",
         "ReturnToService": 2,
