@@ -11,7 +11,7 @@ Flags:
                           per-replica batch sizes, whether the workdir holds a run and
                           the step it would resume from, and the step plan from there;
                           writes nothing.
-  --verbose               a user error (exit 2, 3 or 4) prints its Python traceback
+  --verbose               a user error (exit 2, 3 or 170) prints its Python traceback
                           (with the exception it came from, e.g. the one a config
                           file raised) before its `error:` line.
   --check_tpu             compiles and runs the config's train and eval steps the way
@@ -29,13 +29,15 @@ workdir, no TPU, a checkpoint that does not match or cannot be written, what
 --check_tpu finds a TPU would reject, data that does not fit the model or
 the task, cannot be read or holds NaN or inf), as one line `error: ...` on
 stderr (with --verbose, after its traceback); 3 training diverged: a step's
-loss or gradients were not finite while its batch was, as one `error:` line; 4 a
-peer of a multi-worker job could not be reached or stopped answering (one
-`error:` line naming it; a restart of the job resumes it); 143 after SIGTERM
+loss or gradients were not finite while its batch was, as one `error:` line;
+170 a peer of a multi-worker job could not be reached, never came or stopped
+answering (one `error:` line naming it; transient: a restart of the job
+resumes it); 143 after SIGTERM
 and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
 second Ctrl-C aborts; during start-up one line `Stopped by SIGTERM during
 start-up; nothing was written.`, see `stop_signals.handle_outside_training`);
-1 any other error, a bug, with its traceback.
+1 any other error, a bug, with its traceback. 1-127 are permanent, 128-255
+transient (`runner.exit_codes`; docs/clusters.md#exit-statuses).
 TensorFlow's C++ start-up chatter is hidden unless TF_CPP_MIN_LOG_LEVEL is set
 (see `tensorflow_logs`).
 
@@ -104,7 +106,7 @@ _CHECK_TPU = flags.DEFINE_bool(
 _VERBOSE = flags.DEFINE_bool(
     "verbose",
     False,
-    "On a user error (exit 2, 3 or 4), print its Python traceback, chained exceptions included (e.g. what a config "
+    "On a user error (exit 2, 3 or 170), print its Python traceback, chained exceptions included (e.g. what a config "
     "file raised), before the one error: line.",
 )
 
@@ -213,22 +215,28 @@ def _check_tpu(config: Any) -> None:
 
 def _served(config: Any) -> bool:
   """Serves when this process is a worker or ps task of a parameter-server cluster; returns whether it was one."""
+  from runner.cluster import roles
   from runner.cluster import task_server
 
-  if not task_server.is_serving_task(config):
+  role, found = roles.role(config)
+  if role != roles.SERVE:
     return False
   if _DRY_RUN.value:
-    print(f"plan: {task_server.describe()}")
+    print(found.describe())
+    print(f"plan: {task_server.describe(found)}")
     print("dry run: nothing served.")
   else:
-    task_server.serve(config.strategy.timeout_seconds)
+    absl_logging.info("%s.", found.describe())
+    task_server.serve(found, config.strategy.timeout_seconds)
   return True
 
 
 def _dry_run(config: Any) -> None:
   from runner import from_config
+  from runner.cluster import roles
   from runner.outputs import checkpoints
 
+  print(roles.cluster_of(config).describe())
   strategy = from_config.create_strategy(config)
   batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
   print(f"config:\n{config}")

@@ -15,127 +15,77 @@ cluster: it evaluates the checkpoints (`config.mode='continuous_eval'`).
 """
 
 from collections.abc import Mapping
-import dataclasses
 import json
 import os
 from typing import Any, TYPE_CHECKING
 
 from strategies import checks
+from strategies import slurm
+from strategies.cluster_view import ALONE
+from strategies.cluster_view import Cluster
+from strategies.cluster_view import EVALUATOR
+from strategies.cluster_view import TRAINING_JOBS
 from strategies.errors import ConfigError
 
 if TYPE_CHECKING:  # Building a resolver imports TensorFlow; finding the cluster does not.
   import tensorflow as tf
 
+__all__ = ["ALONE", "Cluster", "SOURCES", "find", "from_json", "from_worker_hosts"]
+
 SOURCES = ("auto", "tf_config", "slurm")
-TRAINING_JOBS = ("chief", "worker", "ps")
-EVALUATOR = "evaluator"
 # Job names of the engines -> ours.
 _JOB_NAMES = {"chief": "chief", "master": "chief", "worker": "worker", "ps": "ps", EVALUATOR: EVALUATOR}
 VERTEX_POOLS = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps", "workerpool3": EVALUATOR}
-_TF_CONFIG_EXAMPLE = (
-    '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}'
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-  """A multi-process job as one task sees it; every role is decided, nothing of TensorFlow is started.
-
-  Attributes:
-    source: where it was found: 'TF_CONFIG', 'CLUSTER_SPEC' (Vertex AI),
-      'SLURM', 'worker_hosts', or 'none' (this process alone).
-    jobs: the jobs that train, 'chief', 'worker' and 'ps', each the tasks'
-      'host:port' in index order; an evaluator is not among them. Empty when
-      alone.
-    task_type: this task's role, 'chief', 'worker', 'ps' or 'evaluator';
-      None when alone.
-    task_id: its index among the tasks of its type; None when alone.
-    detail: words on the source for `describe`, e.g. 'job 12, step 0'.
-    gpu_index: on a GPU node under SLURM, the one local GPU this task uses
-      (one task per GPU); None: every GPU this process sees.
-    rpc_layer: the protocol of the servers, 'grpc'.
-  """
-
-  source: str
-  jobs: Mapping[str, tuple[str, ...]]
-  task_type: str | None
-  task_id: int | None
-  detail: str = ""
-  gpu_index: int | None = None
-  rpc_layer: str = "grpc"
-
-  @property
-  def is_evaluator(self) -> bool:
-    """Whether this task is the evaluator beside the training cluster."""
-    return self.task_type == EVALUATOR
-
-  @property
-  def num_workers(self) -> int:
-    """The tasks that run training steps: workers, and the chief unless parameter servers coordinate."""
-    chief = 0 if self.jobs.get("ps") else len(self.jobs.get("chief", ()))
-    return chief + len(self.jobs.get("worker", ()))
-
-  def resolver(self) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
-    """Returns TensorFlow's resolver for the training jobs and this task (for an evaluator: no cluster)."""
-    import tensorflow as tf  # noqa: PLC0415  # Only here: finding the cluster imports no TensorFlow.
-
-    jobs = {} if self.is_evaluator else {job: list(tasks) for job, tasks in self.jobs.items() if tasks}
-    gpus = 1 if self.gpu_index is not None else len(tf.config.list_physical_devices("GPU"))
-    return tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(jobs),
-        task_type=None if self.is_evaluator else self.task_type,
-        task_id=None if self.is_evaluator else self.task_id,
-        rpc_layer=self.rpc_layer,
-        num_accelerators={"GPU": gpus} if gpus else None,
-    )
-
-  def describe(self) -> str:
-    """One line: where the cluster came from and this task's role in it."""
-    if self.source == "none":
-      return "cluster: none (no TF_CONFIG, CLUSTER_SPEC or SLURM step of more than one task): this process alone"
-    sizes = ", ".join(f"{len(tasks)} {job}" for job, tasks in self.jobs.items() if tasks)
-    found = f"cluster from {self.source}" + (f" ({self.detail})" if self.detail else "")
-    if self.is_evaluator:
-      return f"{found}: {sizes}; this task is the evaluator (it trains nothing and evaluates every new checkpoint)"
-    me = self.jobs[self.task_type][self.task_id] if self.task_type in self.jobs else "?"
-    return f"{found}: {sizes}; this task is {self.task_type}:{self.task_id} at {me}"
-
-
-ALONE = Cluster(source="none", jobs={}, task_type=None, task_id=None)
+_TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}'
 
 
 def find(
-    source: str = "auto", *, num_ps: int | None = None, environ: Mapping[str, str] | None = None
+    source: str = "auto",
+    *,
+    parameter_server: bool = False,
+    num_ps: int | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Cluster:
   """Returns the cluster `source` names, read from the environment.
 
   Args:
     source: 'auto', 'tf_config' or 'slurm' (see the module docstring).
-    num_ps: under SLURM, how many tasks after the chief are ps tasks (a
-      parameter-server job); None for a job without ps tasks.
+    parameter_server: whether the job is a parameter-server job (under SLURM
+      its tasks are then a chief, `num_ps` ps tasks and workers).
+    num_ps: under SLURM, how many tasks after the chief are ps tasks; default
+      1 for a parameter-server job. TF_CONFIG names its ps tasks itself, so
+      there it must be None.
     environ: the environment to read; default `os.environ`.
 
   Raises:
     ConfigError: an unknown source, TF_CONFIG or CLUSTER_SPEC that is not
       valid, 'tf_config' where neither is set, 'slurm' outside a SLURM step,
-      or a SLURM step too small for its roles.
+      a SLURM step too small for its roles, or `num_ps` where the cluster is
+      not a SLURM step.
   """
-  from strategies import slurm  # noqa: PLC0415  # slurm builds its Cluster from this module.
-
   environ = os.environ if environ is None else environ
   checks.one_of(source, SOURCES, "config.strategy.cluster")
+  checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
+  found = None
   if source in ("auto", "tf_config"):
-    for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
-      if environ.get(variable):
-        return from_json(environ[variable], variable)
-    if source == "tf_config":
+    variable = next((name for name in ("TF_CONFIG", "CLUSTER_SPEC") if environ.get(name)), None)
+    if variable is not None:
+      found = from_json(environ[variable], variable)
+    elif source == "tf_config":
       raise ConfigError(
           f"config.strategy.cluster='tf_config' but neither TF_CONFIG nor CLUSTER_SPEC (Vertex AI) is set; set "
           f"TF_CONFIG on every task, e.g. {_TF_CONFIG_EXAMPLE}, or use cluster='auto' or 'slurm'."
       )
-    if not slurm.is_multi_task_step(environ):
-      return ALONE
-  return slurm.cluster(environ, num_ps=num_ps)
+    elif not slurm.is_multi_task_step(environ):
+      found = ALONE
+  if found is None:
+    return slurm.cluster(environ, num_ps=(num_ps or 1) if parameter_server else None)
+  if num_ps is not None:
+    raise ConfigError(
+        f"config.strategy.num_ps={num_ps} sets the ps tasks of a SLURM step, but the cluster comes from "
+        f"{found.source if found is not ALONE else 'nowhere (this process alone)'}, which names its own; remove num_ps."
+    )
+  return found
 
 
 def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
@@ -172,7 +122,8 @@ def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
     jobs[names[job]] = tuple(tasks)
   if not any(jobs.get(job) for job in TRAINING_JOBS):
     return ALONE
-  task_type, task_id = names.get(task.get("type"), task.get("type")), task.get("index", 0)
+  task_type, task_id = str(task.get("type")), task.get("index", 0)
+  task_type = names.get(task_type, task_type)
   if task_type not in jobs or not checks.is_int(task_id) or not 0 <= task_id < len(jobs[task_type]):
     tasks = ", ".join(f"{job}:0-{len(addresses) - 1}" for job, addresses in jobs.items())
     raise ConfigError(f"{variable}'s task {task!r} is not one of its cluster's tasks ({tasks}).")
@@ -180,18 +131,6 @@ def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
   if task_type == EVALUATOR and len(evaluators) != 1:
     raise ConfigError(f"{variable} has {len(evaluators)} evaluator tasks; a cluster has at most one evaluator.")
   return Cluster(source=variable, jobs=jobs, task_type=task_type, task_id=task_id)
-
-
-def from_tf_config() -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
-  """Returns the resolver of the cluster in `TF_CONFIG` (or Vertex AI's CLUSTER_SPEC); alone when neither is set.
-
-  Raises:
-    ConfigError: TF_CONFIG or CLUSTER_SPEC is set but not valid (see `from_json`).
-  """
-  for variable in ("TF_CONFIG", "CLUSTER_SPEC"):
-    if os.environ.get(variable):
-      return from_json(os.environ[variable], variable).resolver()
-  return ALONE.resolver()
 
 
 def from_worker_hosts(worker_hosts: Any, task_index: Any) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
@@ -224,4 +163,6 @@ def from_worker_hosts(worker_hosts: Any, task_index: Any) -> "tf.distribute.clus
     raise ConfigError(
         "Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts/task_index."
     )
-  return Cluster(source="worker_hosts", jobs={"worker": tuple(hosts)}, task_type="worker", task_id=task_index).resolver()
+  return Cluster(
+      source="worker_hosts", jobs={"worker": tuple(hosts)}, task_type="worker", task_id=task_index
+  ).resolver()

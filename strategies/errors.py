@@ -18,7 +18,7 @@ class ClusterError(RuntimeError):
 
   Not a mistake in the input: restarting the job (every task) resumes it from
   its last checkpoint. The message names the peers that are missing. The CLI
-  prints it as one line and exits with status 4.
+  prints it as one line and exits with status 170 (`runner.exit_codes.CLUSTER`), which orchestrators retry.
   """
 
 

@@ -50,6 +50,13 @@ _FLAGS: dict[str, tuple[str, Callable[..., Any], str]] = {
         flags.DEFINE_float,
         "multi_worker_mirrored, parameter_server: the longest wait for the other tasks at start-up (default 300 s).",
     ),
+    "cluster": (
+        "cluster",
+        flags.DEFINE_string,
+        "multi_worker_mirrored, parameter_server: where the cluster comes from: auto (TF_CONFIG, else CLUSTER_SPEC, "
+        "else a SLURM step of more than one task, else this process alone), tf_config or slurm.",
+    ),
+    "num_ps": ("num_ps", flags.DEFINE_integer, "parameter_server under SLURM: how many tasks after the chief are ps."),
     "worker_hosts": (
         "worker_hosts",
         flags.DEFINE_list,

@@ -1,9 +1,10 @@
 """Asynchronous training with parameter servers: ParameterServerStrategy."""
 
+from absl import logging
 import tensorflow as tf
 
 from strategies import checks
-from strategies import cluster
+from strategies import cluster as cluster_lib
 from strategies import peers
 from strategies import sharded_variables
 from strategies.errors import ConfigError
@@ -32,6 +33,8 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
       *,
       min_shard_bytes: int | None = None,
       timeout_seconds: float | None = peers.DEFAULT_TIMEOUT_SECONDS,
+      cluster: str = "auto",
+      num_ps: int | None = None,
       cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
   ) -> None:
     """Builds the strategy; every argument is checked first.
@@ -41,8 +44,12 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
         256 KiB, TensorFlow's recommendation.
       timeout_seconds: the longest wait for every worker and ps task to
         accept connections; default 300 (5 minutes). None waits forever.
+      cluster: where the cluster comes from without `cluster_resolver`:
+        'auto', 'tf_config' or 'slurm' (see `strategies.cluster`).
+      num_ps: under SLURM, how many tasks after the chief (task 0) are ps
+        tasks; the rest are workers. Default 1.
       cluster_resolver: a `tf.distribute.cluster_resolver.ClusterResolver`;
-        by default the cluster in `TF_CONFIG`.
+        by default the cluster `cluster` finds.
 
     Raises:
       ConfigError: `min_shard_bytes` or `timeout_seconds` is invalid, the
@@ -53,13 +60,20 @@ class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy
     """
     min_shard_bytes = checks.positive_int(min_shard_bytes, "min_shard_bytes", optional=True)
     checks.positive_number(timeout_seconds, "timeout_seconds", optional=True)
-    resolver = cluster_resolver or cluster.from_tf_config()
+    if cluster_resolver is not None and (cluster != "auto" or num_ps is not None):
+      raise ConfigError(
+          "cluster_resolver gives the cluster; drop cluster and num_ps, which find it in the environment."
+      )
+    if cluster_resolver is None:
+      found = cluster_lib.find(cluster, num_ps=num_ps, parameter_server=True)
+      logging.info("parameter_server: %s.", found.describe())
+    resolver = cluster_resolver or found.resolver()
     jobs = resolver.cluster_spec().as_dict()
     for job in ("ps", "worker"):
       if not jobs.get(job):
-        source = "the cluster_resolver" if cluster_resolver else "TF_CONFIG"
+        source = "the cluster_resolver's cluster" if cluster_resolver else f"the cluster ({found.describe()})"
         raise ConfigError(
-            f"parameter_server needs a {job!r} job in {source}'s cluster, which has "
+            f"parameter_server needs a {job!r} job in {source}, which has "
             f"{', '.join(sorted(jobs)) or 'no jobs'}. Example TF_CONFIG: "
             '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"], '
             '"ps": ["host3:2222"]}, "task": {"type": "chief", "index": 0}}.'

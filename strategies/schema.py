@@ -7,6 +7,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from strategies import checks
+from strategies import cluster
 from strategies.errors import ConfigError
 
 # Field -> default. A field counts as set when its value differs from this.
@@ -19,6 +20,8 @@ DEFAULTS = {
     "num_packs": 1,
     "communication": "auto",
     "timeout_seconds": 300.0,
+    "cluster": "auto",
+    "num_ps": None,
     "worker_hosts": None,
     "task_index": None,
     "min_shard_bytes": None,
@@ -38,6 +41,7 @@ _PLACEHOLDER_TYPES = {
     "timeout_seconds": float,
     "worker_hosts": tuple,
     "task_index": int,
+    "num_ps": int,
     "min_shard_bytes": int,
     "zone": str,
     "project": str,
@@ -51,8 +55,8 @@ FIELDS_USED = {
     "default": (),
     "one_device": ("device", "virtual_cpus"),
     "mirrored": ("devices", "virtual_cpus", "cross_device_ops", "num_packs"),
-    "multi_worker_mirrored": ("communication", "timeout_seconds", "worker_hosts", "task_index"),
-    "parameter_server": ("timeout_seconds", "min_shard_bytes"),
+    "multi_worker_mirrored": ("communication", "timeout_seconds", "cluster", "worker_hosts", "task_index"),
+    "parameter_server": ("timeout_seconds", "cluster", "num_ps", "min_shard_bytes"),
     "tpu": ("tpu", "zone", "project", "computation_shape", "num_replicas", "spmd_xla_partitioning"),
 }
 
@@ -97,6 +101,8 @@ def resolve(config: collections.abc.Mapping[str, Any] | ml_collections.ConfigDic
       )
   fields = {**DEFAULTS, **config}
   name = checks.one_of(fields["name"], NAMES, "config.strategy.name")
+  checks.one_of(fields["cluster"], cluster.SOURCES, "config.strategy.cluster")
+  checks.positive_int(fields["num_ps"], "config.strategy.num_ps", optional=True)
   for field, value in fields.items():
     if field != "name" and field not in FIELDS_USED[name] and value != DEFAULTS[field]:
       users = [n for n, used in FIELDS_USED.items() if field in used]

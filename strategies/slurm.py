@@ -35,7 +35,7 @@ import itertools
 import re
 
 from strategies import checks
-from strategies import cluster as cluster_lib
+from strategies import cluster_view
 from strategies.errors import ConfigError
 
 DERIVED_PORTS_LOW = 16000
@@ -58,7 +58,7 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
   return "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ and tasks.isdigit() and int(tasks) > 1
 
 
-def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_lib.Cluster:
+def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.Cluster:
   """Returns the cluster of the SLURM step this task belongs to; see the module docstring.
 
   Args:
@@ -100,7 +100,7 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_lib.Cl
   ports, ports_detail = _ports(environ, max(tasks_per_node))
   addresses = tuple(f"{host}:{ports[local]}" for host, count in zip(hosts, tasks_per_node) for local in range(count))
   jobs, task_type, task_id = _roles(addresses, rank, num_ps)
-  return cluster_lib.Cluster(
+  return cluster_view.Cluster(
       source="SLURM",
       jobs=jobs,
       task_type=task_type,

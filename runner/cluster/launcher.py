@@ -19,9 +19,10 @@ running then (ps and worker servers) are stopped. When a task fails (a
 non-zero exit or a signal) the launcher prints one line naming it, stops the
 others (SIGTERM, so each saves a checkpoint; SIGKILL after --grace_seconds)
 and, with --max_restarts=K, starts the whole job again, at most K times: every
-task resumes from the last checkpoint in the shared --workdir. Exit status 2
-(a user error) and 3 (a non-finite step) are never restarted: a restart would
-fail the same way. Under parameter servers a worker that dies is not a
+task resumes from the last checkpoint in the shared --workdir. Only transient
+failures are restarted (`exit_codes.is_transient`: a signal, or a status
+128-255 such as a lost peer); a permanent one (1-127: a bug, a user error, a
+non-finite step) is not: a restart would fail the same way. Under parameter servers a worker that dies is not a
 failure (the chief's ClusterCoordinator runs its steps on the others): the
 launcher says so and the job goes on, the worker not started again; only the
 last worker's death fails the job.
@@ -90,7 +91,7 @@ _MAX_RESTARTS = flags.DEFINE_integer(
     "max_restarts",
     0,
     "How many times (>= 0) the whole job is started again after a task fails; it resumes "
-    "from the last checkpoint in its workdir. Exit statuses 2 (user error) and 3 (non-finite) are not restarted.",
+    "from the last checkpoint in its workdir. Only transient failures (a signal, a status 128-255) are restarted.",
 )
 _GRACE_SECONDS = flags.DEFINE_float(
     "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL."
@@ -275,8 +276,8 @@ def describe_exit(returncode: int) -> str:
 
 
 def exit_status(returncode: int) -> int:
-  """The launcher's exit status for a failed task's `returncode`: it when in 1..255, else 1 (a signal)."""
-  return returncode if 1 <= returncode <= 255 else 1
+  """The launcher's exit status for a failed task's `returncode`: it in 1..255; 128 + N for signal N, as a shell."""
+  return 128 - returncode if returncode < 0 else returncode if 1 <= returncode <= 255 else 1
 
 
 class _Output:
@@ -499,9 +500,10 @@ def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int
       if failure is None:
         return 0
       task, returncode = failure
-      if returncode in exit_codes.NOT_RESTARTED:
+      if not exit_codes.is_transient(returncode):
+        why = exit_codes.PERMANENT.get(returncode, "a permanent failure: 1-127")
         output.launcher(
-            f"the job failed: {task.name} {describe_exit(returncode)} ({exit_codes.NOT_RESTARTED[returncode]}), "
+            f"the job failed: {task.name} {describe_exit(returncode)} ({why}), "
             f"which a restart would repeat; exit status {returncode}."
         )
         return returncode

@@ -12,7 +12,7 @@ was stopped; its own exit status says which). The probe needs nothing but
 the cluster addresses (no shared files, so a `gs://` workdir works the
 same). Tasks may start in any order: a server waits for the chief at most
 `config.strategy.timeout_seconds` (None: forever), as the chief waits for
-the servers, then fails with a `ClusterError` (exit 4): a task restarted
+the servers, then fails with a `ClusterError` (exit 170, transient): a task restarted
 after the coordinator finished must not serve forever.
 
 SIGTERM asks a serving task to stop once the coordinator no longer needs
@@ -25,12 +25,9 @@ changes nothing. Each says so in one line on stderr.
 """
 
 from collections.abc import Callable
-import json
-import os
 import signal
 import sys
 import time
-from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -38,40 +35,23 @@ import tensorflow as tf
 from runner import exit_codes
 from runner.cluster import process_exit
 from runner.cluster import stop_signals
-from strategies import cluster
+from strategies import cluster_view
 from strategies import peers
 from strategies.errors import ClusterError
 from strategies.errors import ConfigError
 
 POLL_SECONDS = 2.0
-SERVING_JOBS = ("worker", "ps")
 
 
-def is_serving_task(config: Any) -> bool:
-  """Whether this process is a worker or ps task of a parameter-server cluster, which serves instead of training.
-
-  True when `config.strategy.name` is 'parameter_server' and `TF_CONFIG`
-  names a task of type 'worker' or 'ps' in a cluster with a 'ps' job.
-  """
-  if config.strategy.name != "parameter_server":
-    return False
-  try:
-    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    return tf_config["task"]["type"] in SERVING_JOBS and bool(tf_config["cluster"].get("ps"))
-  except (ValueError, KeyError, TypeError, AttributeError):
-    return False  # Not a serving task; creating the strategy reports a malformed TF_CONFIG.
-
-
-def describe() -> str:
+def describe(found: cluster_view.Cluster) -> str:
   """One line on what this task does, e.g. 'serve as worker:0 of a parameter-server cluster (chief: host:port)'."""
-  resolver = cluster.from_tf_config()
   return (
-      f"serve as {resolver.task_type}:{resolver.task_id} of a parameter-server cluster until the coordinator "
-      f"({_chief_address(resolver.cluster_spec())}) is done"
+      f"serve as {found.task_type}:{found.task_id} of a parameter-server cluster until the coordinator "
+      f"({_chief_address(found)}) is done"
   )
 
 
-def serve(timeout_seconds: float | None) -> None:
+def serve(found: cluster_view.Cluster, timeout_seconds: float | None) -> None:
   """Starts this task's `tf.distribute.Server` and serves until the coordinator is done (see the module docstring).
 
   Prints one line saying so. Returns when the chief's port has closed.
@@ -79,18 +59,20 @@ def serve(timeout_seconds: float | None) -> None:
   Ctrl-C ends the process at once (130).
 
   Args:
+    found: the cluster, with this task a worker or ps task of it
+      (`runner.cluster.roles`).
     timeout_seconds: the longest wait for the chief to come up; None waits
       forever.
 
   Raises:
-    ConfigError: `TF_CONFIG` has no chief, or the server cannot start (e.g.
+    ConfigError: the cluster has no chief, or the server cannot start (e.g.
       its port is taken).
     ClusterError: the chief did not come up within `timeout_seconds`.
     SystemExit: 143, the coordinator done after a SIGTERM.
   """
-  resolver = cluster.from_tf_config()
+  resolver = found.resolver()
   spec = resolver.cluster_spec()
-  chief = _chief_address(spec)
+  chief = _chief_address(found)
   num_workers = len(spec.job_tasks("worker")) if "worker" in spec.jobs else 0
   me = f"{resolver.task_type}:{resolver.task_id}"
   # On a small machine a worker needs more inter-op threads than the functions it runs at once, or it can hang.
@@ -113,15 +95,15 @@ def serve(timeout_seconds: float | None) -> None:
     raise SystemExit(exit_codes.STOPPED_BY[stop.received])
 
 
-def _chief_address(spec: Any) -> str:
-  if "chief" not in spec.jobs or not spec.job_tasks("chief"):
+def _chief_address(found: cluster_view.Cluster) -> str:
+  if not found.jobs.get("chief"):
     raise ConfigError(
-        f"A parameter-server cluster needs a 'chief' task, the coordinator; TF_CONFIG's cluster has "
-        f"{', '.join(sorted(spec.jobs))}. Example: "
+        f"A parameter-server cluster needs a 'chief' task, the coordinator; {found.source}'s cluster has "
+        f"{', '.join(sorted(found.jobs))}. Example TF_CONFIG: "
         '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"], "ps": ["host2:2222"]}, '
         '"task": {"type": "worker", "index": 0}}.'
     )
-  return spec.job_tasks("chief")[0]
+  return found.jobs["chief"][0]
 
 
 def _wait_for_the_coordinator(

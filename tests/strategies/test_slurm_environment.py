@@ -8,6 +8,7 @@ documents. No TensorFlow, no SLURM: a fraction of a second.
 import pytest
 
 from strategies import cluster as cluster_lib
+from strategies import cluster_view
 from strategies import slurm
 from strategies.errors import ConfigError
 
@@ -113,12 +114,12 @@ def test_on_one_cpu_node_every_task_is_a_worker_and_all_agree():
   block = [FIRST_PORT, FIRST_PORT + 1]
   expected_jobs = {"worker": (f"localhost:{block[0]}", f"localhost:{block[1]}")}
   for rank, found in enumerate(clusters):
-    assert isinstance(found, cluster_lib.Cluster)
+    assert isinstance(found, cluster_view.Cluster)
     assert (found.source, dict(found.jobs), found.task_type, found.task_id) == ("SLURM", expected_jobs, "worker", rank)
     assert found.gpu_index is None and found.num_workers == 2
   assert clusters[1].detail == f"job 324057, step 0, ports {block[0]}-{block[1]} from the job id"
   assert clusters[0].describe() == (
-      f"cluster from SLURM (job 324057, step 0, ports {block[0]}-{block[1]} from the job id): 2 worker; "
+      f"cluster from SLURM (job 324057, step 0, ports {block[0]}-{block[1]} from the job id): 2 workers; "
       f"this task is worker:0 at localhost:{block[0]}"
   )
 

@@ -24,6 +24,8 @@ FIELDS = [
     "num_packs",
     "communication",
     "timeout_seconds",
+    "cluster",
+    "num_ps",
     "worker_hosts",
     "task_index",
     "min_shard_bytes",
@@ -49,6 +51,8 @@ def test_default_config_has_exactly_the_design_fields_at_their_defaults():
       "num_packs": 1,
       "communication": "auto",
       "timeout_seconds": 300.0,
+      "cluster": "auto",
+      "num_ps": None,
       "worker_hosts": None,
       "task_index": None,
       "min_shard_bytes": None,
@@ -242,7 +246,7 @@ def test_parameter_server_without_a_ps_job(monkeypatch):
   )
   with pytest.raises(
       strategies.ConfigError,
-      match=r"parameter_server needs a 'ps' job in TF_CONFIG's cluster, which has chief, worker. "
+      match=r"parameter_server needs a 'ps' job in the cluster \(cluster from TF_CONFIG: 1 chief, 1 worker; this task is chief:0 at .*\), which has chief, worker. "
       r"Example TF_CONFIG: ",
   ):
     strategies.create({"name": "parameter_server"})
@@ -266,7 +270,10 @@ def test_parameter_server_on_a_worker_task(monkeypatch):
 
 def test_parameter_server_without_tf_config(monkeypatch):
   monkeypatch.delenv("TF_CONFIG", raising=False)
-  with pytest.raises(strategies.ConfigError, match=r"needs a 'ps' job in TF_CONFIG's cluster, which has no jobs"):
+  with pytest.raises(
+      strategies.ConfigError,
+      match=r"needs a 'ps' job in the cluster \(cluster: none \(no TF_CONFIG, CLUSTER_SPEC or SLURM step of more than one task\): this process alone\), which has no jobs",
+  ):
     strategies.create({"name": "parameter_server"})
 
 

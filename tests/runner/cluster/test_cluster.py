@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+from runner import exit_codes
 from strategies import ClusterError
 from strategies import peers
 from testlib import paths
@@ -144,7 +145,7 @@ def test_a_worker_whose_peer_never_comes_gives_up_at_the_timeout_naming_it(tmp_p
   ((status, stdout, stderr),) = _finish(
       [_start(_runner(hosts, 1, workdir, "--config.strategy.timeout_seconds=3"), subprocess_env)]
   )
-  assert status == 4, stderr[-3000:]
+  assert status == exit_codes.CLUSTER, stderr[-3000:]
   assert stderr.splitlines()[-1] == (
       f"error: worker:1 waited 3 s for the other tasks and gave up: nothing listens at worker:0 ({hosts[0]}), "
       f"worker:2 ({hosts[2]}). Start every task (the same command with its own TF_CONFIG or task_index), or "
@@ -185,7 +186,7 @@ def test_a_worker_that_dies_mid_run_stops_the_others_with_one_line_naming_it(tmp
   _wait_for_line(survivor, "step 100/1000000")
   victim.kill()
   (status, stdout, stderr), _ = _finish([survivor, victim])
-  assert status == 4, stderr[-3000:]
+  assert status == exit_codes.CLUSTER, stderr[-3000:]
   last = stderr.splitlines()[-1]
   assert last.startswith("error: worker:0 stopped after step ")
   assert (

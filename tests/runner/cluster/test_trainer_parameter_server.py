@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+from runner import exit_codes
 from runner.training import parameter_server_loops
 from testlib import paths
 from testlib import process_testlib
@@ -157,7 +158,7 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
 
   status, _, stderr = chief.wait()
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-  assert status == 4 and errors == [
+  assert status == exit_codes.CLUSTER and errors == [
       "error: chief:0 waited 2 s for the other tasks and gave up: nothing listens at "
       f"worker:0 ({lonely['worker'][0]}), ps:0 ({lonely['ps'][0]}). Start every task (the same command with its own "
       "TF_CONFIG or task_index), or raise config.strategy.timeout_seconds."
@@ -178,7 +179,7 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   assert tasks["ps:0"].wait(timeout=30)[0] == -signal.SIGKILL
   status, _, stderr = tasks["chief:0"].wait()
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-  assert status == 4 and len(errors) == 1, stderr[-3000:]
+  assert status == exit_codes.CLUSTER and len(errors) == 1, stderr[-3000:]
   saved = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
   assert errors[0].startswith(f"error: The coordinator lost ps:0 ({cluster['ps'][0]}) after step ")
   assert errors[0].endswith(
