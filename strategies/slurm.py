@@ -215,12 +215,12 @@ def _ports(environ: Mapping[str, str], tasks_on_a_node: int) -> tuple[list[int],
   """The ports of a node's tasks (the i-th local task takes the i-th), and words on where they came from."""
   reserved = environ.get("SLURM_STEP_RESV_PORTS")
   if reserved:
-    ports = []
+    ports: list[int] = []
     for item in reserved.split(","):
       if not _NUMBERS.match(item):
         raise ConfigError(f"SLURM_STEP_RESV_PORTS={reserved!r} is not a list of ports such as '12000-12003'.")
-      first, _, last = item.partition("-")
-      ports += range(int(first), int(last or first) + 1)
+      low, _, high = item.partition("-")
+      ports += range(int(low), int(high or low) + 1)
     if len(ports) < tasks_on_a_node:
       raise ConfigError(
           f"SLURM_STEP_RESV_PORTS={reserved!r} reserves {len(ports)} ports, but a node runs {tasks_on_a_node} tasks "
@@ -240,9 +240,7 @@ def _ports(environ: Mapping[str, str], tasks_on_a_node: int) -> tuple[list[int],
   return list(range(first, first + DERIVED_BLOCK_SIZE)), f"ports {first}-{first + tasks_on_a_node - 1} from the job id"
 
 
-def _roles(
-    addresses: tuple[str, ...], rank: int, num_ps: int | None
-) -> tuple[dict[str, tuple[str, ...]], str, int]:
+def _roles(addresses: tuple[str, ...], rank: int, num_ps: int | None) -> tuple[dict[str, tuple[str, ...]], str, int]:
   """The jobs of the step's task addresses (in rank order), and task `rank`'s type and index."""
   if num_ps is None:
     return {"worker": addresses}, "worker", rank

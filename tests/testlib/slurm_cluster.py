@@ -96,7 +96,13 @@ class Cluster:
     with open(self._pids_file, encoding="utf-8") as f:
       pids = json.load(f)
     if pids.get("slurmctld"):
-      subprocess.run(["scancel", "--full", f"--user={getpass.getuser()}"], env=self.env, capture_output=True, timeout=30)
+      subprocess.run(
+          ["scancel", "--full", f"--user={getpass.getuser()}"],
+          env=self.env,
+          capture_output=True,
+          timeout=30,
+          check=False,
+      )
       deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
       while self.jobs() and time.monotonic() < deadline:
         time.sleep(0.2)

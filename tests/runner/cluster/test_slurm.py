@@ -63,12 +63,16 @@ def _srun(tasks, runner_args, env, logs, *options):
 def _launch(launcher_args, runner_args, env, logs):
   """`python -m runner.launch LAUNCHER_ARGS -- RUNNER_ARGS`: the same job on localhost, with TF_CONFIG."""
   return process_testlib.Process(
-      [sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args], env=env, logs=str(logs), name="launch"
+      [sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args],
+      env=env,
+      logs=str(logs),
+      name="launch",
   )
 
 
 def _assert_same_weights(workdir, reference):
-  values, expected = process_testlib.final_checkpoint_values(workdir), process_testlib.final_checkpoint_values(reference)
+  values = process_testlib.final_checkpoint_values(workdir)
+  expected = process_testlib.final_checkpoint_values(reference)
   assert values and values.keys() == expected.keys()
   for name, value in values.items():
     np.testing.assert_array_equal(value, expected[name], err_msg=name)
