@@ -108,6 +108,16 @@ class Cluster:
         time.sleep(0.2)
     self._stop(pids)
 
+  def leftovers(self):
+    """The command lines of this cluster's daemons still running (none after `down`)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+      with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+        command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        if command.split(" ", 1)[0] in DAEMONS and self.directory in command and _alive(int(pid)):
+          found.append(f"{pid}: {command}")
+    return found
+
   def jobs(self):
     """The ids of the jobs still in the queue (any state)."""
     result = subprocess.run(
@@ -266,6 +276,7 @@ def fixture(directory):
     yield cluster.up()
   finally:
     cluster.down()
+  assert not cluster.leftovers(), f"processes left running: {cluster.leftovers()}"
 
 
 def main(argv):
@@ -280,6 +291,8 @@ def main(argv):
     print(f"export SLURM_CONF={cluster.conf}")
   else:
     cluster.down()
+    for leftover in cluster.leftovers():
+      print(f"still running: {leftover}", file=sys.stderr)
 
 
 if __name__ == "__main__":
