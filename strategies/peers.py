@@ -102,7 +102,7 @@ def rendezvous(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int,
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-      listener.bind(("", int(address.rpartition(":")[2])))
+      listener.bind((_listening_host(address), int(address.rpartition(":")[2])))
     except OSError as e:
       raise ClusterError(
           f"{me} cannot listen at {address}: {e.strerror or e}. Another process holds the port; "
@@ -127,6 +127,12 @@ def rendezvous(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int,
         logging.info("%s: waiting for %s (at most %g s).", me, ", ".join(name for name, _ in waiting), timeout_seconds)
         announced = True
       time.sleep(_POLL_SECONDS)
+
+
+def _listening_host(address: str) -> str:
+  """The interface the rendezvous listens on: loopback for a loopback address (a one-machine job), else all."""
+  host = address.rpartition(":")[0].strip("[]")
+  return "127.0.0.1" if host == "localhost" or host.startswith("127.") else ""
 
 
 def _drain(listener: socket.socket) -> None:

@@ -78,8 +78,16 @@ class StopSignals:
       signal.signal(signum, handler)
     self._previous = {}
 
-  def _note(self, signum: int, frame: object) -> None:
-    del frame
+  def note(self, signum: int) -> None:
+    """Notes `signum` as its handler does (the first stop is `received`); from any thread.
+
+    The handler of SIGTERM and SIGINT calls it, and so does the watch of GCE
+    maintenance events and preemption notices, which notes one as SIGTERM
+    (see `runner.cluster.maintenance_events`).
+
+    Args:
+      signum: `signal.SIGTERM` or `signal.SIGINT`.
+    """
     global _first_stop
     if self.received is None:
       self.received = signum
@@ -87,6 +95,10 @@ class StopSignals:
       self.aborted = True
     if self.in_training and _first_stop is None:
       _first_stop = signum
+
+  def _note(self, signum: int, frame: object) -> None:
+    del frame
+    self.note(signum)
 
 
 class _SignalWatch:

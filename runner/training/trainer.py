@@ -9,6 +9,7 @@ request, evaluation, the user's actions, checkpoints).
 from collections.abc import Callable, Iterator, Mapping, Sequence
 import contextlib
 import functools
+import signal
 import time
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from runner import actions as actions_lib
 from runner import interfaces
+from runner.cluster import maintenance_events
 from runner.cluster import stop_signals
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
@@ -227,7 +229,10 @@ class Trainer:
     the current loop, saves a checkpoint and exits the process with status
     143 or 130; one that arrives during the final evaluation (a single
     compiled call) lets it finish and write its report, then exits with that
-    status. A second Ctrl-C exits at once with 130, without saving.
+    status. A second Ctrl-C exits at once with 130, without saving. On a
+    GCE VM, a maintenance event that stops the VM or a preemption notice
+    (from the metadata server, see `runner.cluster.maintenance_events`) does
+    what SIGTERM does.
 
     Args:
       data: an unbatched `tf.data.Dataset` of `(features, labels)` or
@@ -284,7 +289,10 @@ class Trainer:
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
     self._reporter.resume_at(self._global_step)
-    with stop_signals.StopSignals() as signals:
+    with (
+        stop_signals.StopSignals() as signals,
+        maintenance_events.watching(on_notice=functools.partial(signals.note, signal.SIGTERM)),
+    ):
       try:
         with self._user_errors(provider, label_range, steps=steps, global_batch_size=global_batch_size):
           controller.run(
