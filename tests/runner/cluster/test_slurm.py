@@ -18,6 +18,7 @@ import pytest
 
 from testlib import paths
 from testlib import process_testlib
+from testlib import reference_runs
 from testlib import slurm_cluster
 
 pytestmark = pytest.mark.slurm
@@ -40,10 +41,10 @@ def env(slurm, subprocess_env):
   return {**subprocess_env, "SLURM_CONF": slurm.conf, "PATH": path}
 
 
-def _runner_args(workdir, *more, steps=STEPS):
+def _runner_args(*more, steps=STEPS):
+  """The runner's arguments, but --workdir, for a short synthetic run; `more` appended."""
   return [
       f"--config={SYNTHETIC}",
-      f"--workdir={workdir}",
       "--mode=train",
       "--config.data.num_examples=512",
       f"--config.trainer.train_steps={steps}",
@@ -60,19 +61,8 @@ def _srun(tasks, runner_args, env, logs, *options):
   )
 
 
-def _launch(launcher_args, runner_args, env, logs):
-  """`python -m runner.launch LAUNCHER_ARGS -- RUNNER_ARGS`: the same job on localhost, with TF_CONFIG."""
-  return process_testlib.Process(
-      [sys.executable, "-m", "runner.launch", *launcher_args, "--", *runner_args],
-      env=env,
-      logs=str(logs),
-      name="launch",
-  )
-
-
-def _assert_same_weights(workdir, reference):
+def _assert_same_weights(workdir, expected):
   values = process_testlib.final_checkpoint_values(workdir)
-  expected = process_testlib.final_checkpoint_values(reference)
   assert values and values.keys() == expected.keys()
   for name, value in values.items():
     np.testing.assert_array_equal(value, expected[name], err_msg=name)
@@ -107,10 +97,13 @@ def test_srun_trains_one_two_replica_job_with_the_weights_of_runner_launch(tmp_p
 
   No ports reserved for this step (`--resv-ports=0`): the ports come from the job id.
   """
-  strategy = "--config.strategy.name=multi_worker_mirrored"
-  srun = _srun(2, _runner_args(tmp_path / "srun", strategy), env, tmp_path / "logs", "--nodes=1", "--resv-ports=0")
-  launch = _launch(["--workers=2"], _runner_args(tmp_path / "launch", strategy), env, tmp_path / "logs")
-  status, stdout, stderr = srun.wait()
+  args = _runner_args("--config.strategy.name=multi_worker_mirrored")
+  workdir = tmp_path / "srun"
+  srun = _srun(2, [*args, f"--workdir={workdir}"], env, tmp_path / "logs", "--nodes=1", "--resv-ports=0")
+  try:
+    launched = reference_runs.launched_weights(args, env)  # Meanwhile, or made by another test of the session.
+  finally:
+    status, stdout, stderr = srun.wait()
   assert status == 0, stderr[-3000:]
   ports = []
   for rank in (0, 1):
@@ -120,10 +113,8 @@ def test_srun_trains_one_two_replica_job_with_the_weights_of_runner_launch(tmp_p
     assert f"{rank}: strategy: multi_worker_mirrored: 2 replicas on 2 workers; this is worker:{rank} on " in stdout
     assert f"{rank}: global step: {STEPS}\n" in stdout
   assert ports[1] == ports[0] + 1
-  assert [row["step"] for row in process_testlib.train_rows(tmp_path / "srun")] == list(range(10, STEPS + 1, 10))
-  launch_status, _, launch_stderr = launch.wait()
-  assert launch_status == 0, launch_stderr[-3000:]
-  _assert_same_weights(tmp_path / "srun", tmp_path / "launch")
+  assert [row["step"] for row in process_testlib.train_rows(workdir)] == list(range(10, STEPS + 1, 10))
+  _assert_same_weights(workdir, launched)
 
 
 def _docs_sbatch_script():
@@ -143,9 +134,9 @@ def test_the_docs_sbatch_script_saves_on_scancel_signal_term_requeues_itself_and
   steps = 500  # Some seconds of training after the first row: SIGTERM comes before the end.
   (tmp_path / "train.sbatch").write_text(_docs_sbatch_script())
   os.symlink(os.path.join(REPO, "configs"), tmp_path / "configs")
-  extra = ["--mode=train", "--config.data.num_examples=512", f"--config.trainer.train_steps={steps}"]
+  extra = _runner_args(steps=steps)[1:]  # The script names the config.
   submitted = subprocess.run(
-      ["sbatch", "--parsable", "train.sbatch", *extra, "--config.trainer.steps_per_loop=10"],
+      ["sbatch", "--parsable", "train.sbatch", *extra],
       cwd=tmp_path,
       env=env,
       capture_output=True,
@@ -177,15 +168,22 @@ def test_the_docs_sbatch_script_saves_on_scancel_signal_term_requeues_itself_and
 
 
 def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_path, env):
-  """`srun -n3` with `num_ps=1`: chief, ps:0, worker:0; the weights of `runner.launch --workers=1 --ps=1`.
+  """`srun -n3` with `num_ps=1`: chief, ps:0, worker:0; the job trains what one process on one device trains.
 
-  The ports are those SLURM reserved for the step (MpiParams=ports in slurm.conf).
+  One worker runs the steps one after another on the batches one process
+  would take: the same weights, bit for bit. The ports are those SLURM
+  reserved for the step (MpiParams=ports in slurm.conf).
   """
-  strategy = ["--config.strategy.name=parameter_server"]
-  srun = _srun(3, _runner_args(tmp_path / "srun", *strategy, "--config.strategy.num_ps=1"), env, tmp_path / "logs")
-  launch = _launch(["--workers=1", "--ps=1"], _runner_args(tmp_path / "launch", *strategy), env, tmp_path / "logs")
+  args = _runner_args("--config.strategy.name=parameter_server", "--config.strategy.num_ps=1")
+  srun = _srun(3, [*args, f"--workdir={tmp_path / 'srun'}"], env, tmp_path / "logs")
+  one_device = _runner_args("--config.strategy.name=one_device", f"--workdir={tmp_path / 'one_device'}")
+  alone = process_testlib.Process(
+      [sys.executable, "-m", "runner", *one_device], env=env, logs=str(tmp_path / "logs"), name="one_device"
+  )
   status, stdout, stderr = srun.wait()
+  alone_status, _, alone_stderr = alone.wait()
   assert status == 0, stderr[-3000:]
+  assert alone_status == 0, alone_stderr[-3000:]
   sizes = "1 chief, 1 ps task, 1 worker"
   chief = _cluster_line(stderr, 0, f"{sizes}; this task is chief:0 at localhost:")
   assert chief.group(2).startswith("ports reserved by SLURM (")
@@ -195,6 +193,4 @@ def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_pa
   for rank, task in ((1, "ps:0"), (2, "worker:0")):
     assert f"{rank}: serving as {task} of a parameter-server cluster until the coordinator" in stdout
   assert [row["step"] for row in process_testlib.train_rows(tmp_path / "srun")] == list(range(10, STEPS + 1, 10))
-  launch_status, _, launch_stderr = launch.wait()
-  assert launch_status == 0, launch_stderr[-3000:]
-  _assert_same_weights(tmp_path / "srun", tmp_path / "launch")
+  _assert_same_weights(tmp_path / "srun", process_testlib.final_checkpoint_values(tmp_path / "one_device"))
