@@ -194,3 +194,17 @@ def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_pa
     assert f"{rank}: serving as {task} of a parameter-server cluster until the coordinator" in stdout
   assert [row["step"] for row in process_testlib.train_rows(tmp_path / "srun")] == list(range(10, STEPS + 1, 10))
   _assert_same_weights(tmp_path / "srun", process_testlib.final_checkpoint_values(tmp_path / "one_device"))
+
+
+def test_too_few_tasks_for_the_ps_tasks_is_one_error_line_on_each_task_and_nothing_is_written(tmp_path, env):
+  workdir = tmp_path / "job"
+  args = _runner_args("--config.strategy.name=parameter_server", "--config.strategy.num_ps=1")
+  status, _, stderr = _srun(2, [*args, f"--workdir={workdir}"], env, tmp_path / "logs").wait()
+  assert status == 2, stderr[-3000:]
+  message = (
+      "error: config.strategy.num_ps=1 needs at least 3 SLURM tasks (1 chief, 1 ps, at least 1 worker), but the "
+      "step has 2; start more tasks (srun -n 3) or lower num_ps."
+  )
+  assert sorted(re.findall(r"^\d: error: .*$", stderr, re.M)) == [f"0: {message}", f"1: {message}"]
+  assert "Traceback" not in stderr
+  assert not workdir.exists()
