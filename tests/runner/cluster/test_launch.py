@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from runner import exit_codes
 from runner.cluster import launcher
 from testlib import paths
 from testlib import process_testlib
@@ -368,6 +369,34 @@ def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(tmp_pat
   assert "restart" not in stderr.replace("which a restart would repeat", "")
   assert [len(job.pids(task)) for task in ("worker:0", "worker:1")] == [1, 1]
   assert "Traceback" not in stderr
+
+
+def test_a_bug_in_a_task_is_permanent_and_not_restarted(tmp_path, subprocess_env):
+  # json.loads(config.model) raises TypeError: an exception the runner does not know, a bug (status 1).
+  job = Launch(
+      tmp_path / "job",
+      FAST_STOP + ["--workers=2", "--max_restarts=3"],
+      _runner_args(tmp_path / "job") + ["--config.model.name=json:loads"],
+      subprocess_env,
+  )
+  status, _, stderr = job.wait()
+  assert status == exit_codes.BUG, stderr[-3000:]
+  assert re.search(
+      r"^\[launch\] the job failed: worker:[01] exited with status 1 \(a bug\), which a restart would repeat; "
+      r"exit status 1\.$",
+      stderr,
+      re.M,
+  ), stderr[-3000:]
+  assert [len(job.pids(task)) for task in ("worker:0", "worker:1")] == [1, 1]
+  assert "TypeError: the JSON object must be str, bytes or bytearray, not ConfigDict" in stderr
+
+
+def test_transient_and_permanent_statuses():
+  permanent = [exit_codes.BUG, exit_codes.USER_ERROR, exit_codes.NON_FINITE, 127]
+  transient = [exit_codes.CLUSTER, *exit_codes.STOPPED_BY.values(), 128, 137, 255, -9, -15]
+  assert [exit_codes.is_transient(status) for status in permanent] == [False] * 4
+  assert [exit_codes.is_transient(status) for status in transient] == [True] * 8
+  assert (exit_codes.CLUSTER, sorted(exit_codes.STOPPED_BY.values())) == (170, [130, 143])
 
 
 def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_every_task_ends(
