@@ -13,6 +13,7 @@ import setuptools
 
 TENSORFLOW = os.environ.get("TF_RUNNER_TENSORFLOW", "").strip() or "tensorflow"
 TENSORFLOW_VERSION = ">=2.16"  # Keras 3 is the default from 2.16 on.
+RAY = "ray[train]>=2.60"  # Tested with 2.60.0, whose Ray Train (v2) keeps only metrics reported with a checkpoint.
 
 with open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8") as readme:
   LONG_DESCRIPTION = readme.read()
@@ -42,6 +43,7 @@ setuptools.setup(
             "tensorboard>=2.16",
             "tensorboard-plugin-profile>=2.16",
             "xprof",  # The profile plugin's own package, whose TensorBoard context tests build the plugin with.
+            RAY,  # tests/runner/cluster/test_ray_train.py runs a real Ray Train job.
             # The code checks (pyproject.toml), pinned: a newer release may lint or format differently.
             "ruff==0.17.5",
             "pyink==26.5.1",
@@ -51,6 +53,8 @@ setuptools.setup(
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
         # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
+        # Ray Train as a way in (runner/cluster/ray_train.py, docs/clusters.md#ray-train).
+        "ray": [RAY],
     },
     entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main", "tf-runner-launch=runner.launch:run_main"]},
 )

@@ -22,6 +22,7 @@ from runner.outputs import checkpoints
 from runner.outputs import progress_output
 from runner.outputs import reports
 from runner.tasks import Task
+from runner.training import continuous_eval as continuous_eval_lib
 from runner.training import options as trainer_options
 from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.training.trainer import Trainer
@@ -55,7 +56,10 @@ class RunResult:
       `num_examples`), or None when the mode does not evaluate. A
       'train_and_eval' run with nothing left to train returns the one
       `metrics.jsonl` holds for its step (evaluating only without one).
-    checkpoint_path: the latest checkpoint in the workdir, or None.
+      Mode 'continuous_eval': the evaluation of the last checkpoint it took
+      (None if none).
+    checkpoint_path: the latest checkpoint in the workdir, or None; for mode
+      'continuous_eval', the last checkpoint it evaluated.
     export_path: the SavedModel directory for mode 'export', else None.
     model: the Keras model with the run's final weights (on every worker of
       a multi-worker job, the same weights).
@@ -74,7 +78,7 @@ class RunResult:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:
-  """Runs `config.mode` ('train', 'eval', 'train_and_eval' or 'export').
+  """Runs `config.mode` ('train', 'eval', 'train_and_eval', 'export' or 'continuous_eval').
 
   The config is validated before any TensorFlow device work; then the
   strategy is built and the batch sizes are checked against its replica
@@ -89,6 +93,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   `workdir_state`). A training run holds the workdir's lock from before it
   writes anything until it returns or fails, so a second one stops at once
   (see `workdir_lock`); 'eval' and 'export' neither take nor wait for it.
+  'continuous_eval' is the evaluator beside a trainer (`continuous_eval`):
+  it takes no lock, records no config and writes only its evaluations.
 
   Args:
     config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
@@ -117,6 +123,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
     config = config_lib.validate(config)
     strategy = create_strategy(config)
+    if config.mode == "continuous_eval":
+      return _continuous_eval_result(config, strategy, workdir)
     with _workdir_for(config, strategy, workdir) as workdir:
       trainer, train_data = _restored_trainer(config, strategy, workdir)
       evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
@@ -151,6 +159,77 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
           export_path=export_path,
           model=trainer.model,
       )
+
+
+def continuous_eval(
+    config: ml_collections.ConfigDict, workdir: str | None, strategy: tf.distribute.Strategy
+) -> dict[str, float] | None:
+  """Evaluates each new checkpoint a trainer writes to `workdir`, once; returns the last one's evaluation.
+
+  The evaluator beside a trainer of the same config (see
+  `runner.training.continuous_eval`): it ends after the checkpoint of
+  `config.trainer.train_steps`, or after `config.trainer.eval_timeout_seconds`
+  without a new checkpoint. It takes no lock and writes into `workdir` only its
+  evaluations (TensorBoard scalars in `summaries/eval`, `eval` rows of
+  `metrics.jsonl`), so a failure leaves the workdir as it is.
+
+  Args:
+    config: a validated config (`config.mode` is not read).
+    workdir: the trainer's workdir; it may not exist yet.
+    strategy: the strategy to evaluate under (`create_strategy(config)`).
+
+  Returns:
+    The last evaluation (`loss`, the task's metrics, `num_examples`), or None
+    when no checkpoint was evaluated.
+
+  Raises:
+    ConfigError: no workdir, a checkpoint that does not match the config.
+    runner.data.DataError: the eval data does not fit the model or the task.
+    SystemExit: on SIGTERM (143) or Ctrl-C (130).
+  """
+  _, last = _evaluate_continuously(config, strategy, workdir)
+  return None if last is None else dict(last.metrics)
+
+
+def _evaluate_continuously(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
+) -> tuple[Trainer, continuous_eval_lib.Evaluation | None]:
+  """`continuous_eval`; returns its Trainer and the last `Evaluation` (or None)."""
+  if workdir is None:
+    raise ConfigError(
+        "Mode 'continuous_eval' evaluates the checkpoints a training run writes to its workdir: give that "
+        "workdir (--workdir=DIR, or runner.run(config, workdir))."
+    )
+  trainer = create_trainer(config, strategy, workdir)
+  last = continuous_eval_lib.evaluate_new_checkpoints(
+      trainer,
+      dataset(config, "eval"),
+      final_step=config.trainer.train_steps,
+      timeout_seconds=config.trainer.eval_timeout_seconds,
+      global_batch_size=config.data.eval_global_batch_size,
+      steps=config.trainer.eval_steps,
+  )
+  return trainer, last
+
+
+def _continuous_eval_result(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
+) -> RunResult:
+  """Runs mode 'continuous_eval' (`continuous_eval`); returns its `RunResult`."""
+  trainer, last = _evaluate_continuously(config, strategy, workdir)
+  assert workdir is not None  # `_evaluate_continuously` checked it.
+  return RunResult(
+      workdir=workdir,
+      config=config,
+      strategy=strategy,
+      num_replicas=strategy.num_replicas_in_sync,
+      global_step=trainer.global_step if last is None else last.step,
+      train_metrics=None,
+      eval_metrics=None if last is None else dict(last.metrics),
+      checkpoint_path=None if last is None else last.checkpoint,
+      export_path=None,
+      model=trainer.model,
+  )
 
 
 @contextlib.contextmanager
@@ -308,6 +387,11 @@ def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strateg
   """
   trainer = config.trainer
   evaluation = f"evaluate {'all of the eval split' if trainer.eval_steps is None else f'{trainer.eval_steps} batches'}"
+  if config.mode == "continuous_eval":
+    return (
+        f"mode continuous_eval: {evaluation} at each new checkpoint in the workdir, once, until the checkpoint of "
+        f"step {trainer.train_steps} or {trainer.eval_timeout_seconds:g} s without a new one"
+    )
   if config.mode in ("eval", "export"):
     if step is None:
       return f"mode {config.mode}: none, it needs a checkpoint in the workdir and there is none (exit 2)"

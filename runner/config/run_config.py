@@ -28,7 +28,7 @@ from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
 
-MODES = ("train", "eval", "train_and_eval", "export")
+MODES = ("train", "eval", "train_and_eval", "export", "continuous_eval")
 # The sections that name a model, dataset or task; besides their common fields
 # they hold that model's, dataset's or task's own fields.
 NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
@@ -72,6 +72,7 @@ def _common_config() -> ml_collections.ConfigDict:
           "precision": "float32",
           "seed": 0,
           "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
+          "eval_timeout_seconds": 3600.0,  # Mode continuous_eval ends after this long with no new checkpoint.
       }
   )
   return config
@@ -285,6 +286,7 @@ def validate(config: Any) -> ml_collections.ConfigDict:
           f"steps_per_loop steps. Use a multiple such as {multiple}."
       )
   checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
+  checks.positive_number(trainer.eval_timeout_seconds, "config.trainer.eval_timeout_seconds")
   profile_steps = profiling.check_steps(trainer.profile_steps, "config.trainer.profile_steps")
   if profile_steps is not None and profile_steps[1] > trainer.train_steps:
     raise ConfigError(

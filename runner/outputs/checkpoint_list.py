@@ -138,7 +138,7 @@ def interrupted_saves(directory: str) -> list[str]:
   return sorted(
       path
       for path in tf.io.gfile.glob(pattern)
-      if _step(path[: -len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path)
+      if step_of(path[: -len(INTERRUPTED_SAVE_SUFFIX)]) is not None and tf.io.gfile.isdir(path)
   )
 
 
@@ -196,20 +196,21 @@ def _on_disk(directory: str) -> list[tuple[int, str]]:
   found = []
   for index in tf.io.gfile.glob(os.path.join(directory, f"{PREFIX}-*.index")):
     prefix = index[: -len(".index")]
-    step = _step(prefix)
+    step = step_of(prefix)
     if step is not None:
       found.append((step, prefix))
   return sorted(found)
 
 
-def _step(path: str) -> int | None:
+def step_of(path: str) -> int | None:
+  """The step N of a checkpoint path prefix `.../ckpt-N`, or None for a path of another form."""
   match = _NUMBERED.match(os.path.basename(path))
   return None if match is None else int(match.group(1))
 
 
 def _step_or_oldest(path: str) -> int:
   """The step of `path`; -1 for a path in another form than ckpt-N (the list may name one; the Trainer writes none)."""
-  step = _step(path)
+  step = step_of(path)
   return -1 if step is None else step
 
 

@@ -100,6 +100,9 @@ class Checkpoints:
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
     self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    # Made now, before any restore: made by a later restore or save, it would take the value a restore before left
+    # pending, reading that checkpoint's files again (gone, after a trainer's max_to_keep rotated it away).
+    self.checkpoint.save_counter  # The property makes the variable.
     self._optimizer = optimizer
     self._step = step
     self._strategy = strategy
@@ -111,6 +114,10 @@ class Checkpoints:
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
+
+    A checkpoint deleted while it is read is not a damaged one when the list
+    no longer names it (a running trainer rotated it away by `max_to_keep`):
+    the list is read again, and the newest one not yet tried is next.
 
     Raises:
       ConfigError: the checkpoint does not match the model or optimizer
@@ -130,10 +137,18 @@ class Checkpoints:
     rebuilt = checkpoints.rebuilt_warning()
     if rebuilt:
       logging.warning("%s", rebuilt)
-    unreadable = []
-    for path in reversed(checkpoints.paths):
+    unreadable: list[str] = []
+    tried: set[str] = set()
+    while untried := [path for path in reversed(checkpoints.paths) if path not in tried]:
+      path = untried[0]
+      tried.add(path)
       try:
         self._restore_all_or_nothing(path)
+      except CheckpointGoneError as gone:
+        checkpoints = checkpoint_list.read(self.directory)
+        if path in checkpoints.paths:  # Still listed: not rotated away, what is left of it is damaged.
+          unreadable.append(f"{os.path.basename(path)} ({gone})")
+        continue
       except UnreadableCheckpointError as damage:
         unreadable.append(f"{os.path.basename(path)} ({damage})")
         continue
@@ -154,6 +169,22 @@ class Checkpoints:
           f"move them away to train from scratch."
       )
     return None
+
+  def restore(self, path: str) -> int:
+    """Restores the checkpoint at `path` (a path prefix such as `DIRECTORY/ckpt-N`); returns its step.
+
+    All or nothing: when it raises, no variable changed.
+
+    Raises:
+      CheckpointGoneError: its files were deleted while it was read, or
+        before (a trainer's `max_to_keep` rotated it away).
+      UnreadableCheckpointError: it cannot be read (truncated, corrupt).
+      ConfigError: it does not match the model or optimizer.
+    """
+    self._restore_all_or_nothing(path)
+    logging.info("Restored %s.", path)
+    self.saved_step = int(self._step.numpy())
+    return self.saved_step
 
   def save(self, step: int) -> str:
     """Writes a checkpoint numbered `step`; returns its path (a deleted scratch path off the chief).
@@ -237,6 +268,7 @@ class Checkpoints:
 
     Raises:
       ConfigError: `path` can be read but does not match the model and optimizer.
+      CheckpointGoneError: `path` cannot be read, and its `.index` file is gone (deleted).
       UnreadableCheckpointError: `path` cannot be read (truncated, corrupt, missing files).
     """
     variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
@@ -246,6 +278,8 @@ class Checkpoints:
     except Exception as error:  # noqa: BLE001  # Corrupt files fail in many ways; sorted below.
       self._put_back(before)
       damage = _damage(path)
+      if damage and not tf.io.gfile.exists(path + ".index"):  # Read after the failure: a deletion has gone on.
+        raise CheckpointGoneError(damage) from None
       if damage:
         raise UnreadableCheckpointError(damage) from None
       raise ConfigError(
@@ -281,6 +315,10 @@ class Checkpoints:
 
 class UnreadableCheckpointError(Exception):
   """A checkpoint's files cannot be read; the message says how."""
+
+
+class CheckpointGoneError(UnreadableCheckpointError):
+  """A checkpoint's files were deleted (its `.index` is gone), e.g. rotated away by a trainer's `max_to_keep`."""
 
 
 def _damage(path: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable, Mapping
 import datetime
+import fcntl
 import json
 import os
 import time
@@ -60,8 +61,16 @@ class Reporter:
   `summaries/eval`, and one JSON object per report to `metrics.jsonl`:
   `{"split": "train" | "eval", "step": int, "loss": float, <metric>: float, ...}`,
   train rows with `steps_per_sec` and `examples_per_sec`, eval rows with
-  `num_examples`. A local `metrics.jsonl` stays open, line-buffered, so each
-  row is on disk when the report returns; a remote one is written on `flush`.
+  `num_examples`. A local `metrics.jsonl` stays open, and each row is on
+  disk when the report returns; a remote one is written on `flush`.
+
+  Two processes may append to one local `metrics.jsonl` (a trainer and the
+  evaluator beside it, `runner.training.continuous_eval`): each row is one
+  append under the file's lock (`fcntl.flock`), and the one rewrite
+  (`resume_at`'s drop) holds that lock from its read to its rename, after
+  which a writer appends to the new file. So no row of either is lost or cut
+  into another. On object storage (`gs://`) a file cannot be appended to: a
+  writer uploads it whole, so rows of two writers can overwrite each other.
   Scalars are buffered (see `_BufferedScalars`); the Trainer flushes at the end
   of every train and evaluate call.
 
@@ -170,21 +179,29 @@ class Reporter:
 
   def _write_row(self, row: Mapping[str, Any]) -> None:
     assert self._dir is not None  # Rows are written only where files are (`model_dir` on the chief).
+    path = os.path.join(self._dir, "metrics.jsonl")
     if self._replayed_after is not None:
       if self._jsonl is not None:
         self._jsonl.close()
         self._jsonl = None
-      _drop_rows_past(os.path.join(self._dir, "metrics.jsonl"), self._replayed_after)
+      _drop_rows_past(path, self._replayed_after)
       self._replayed_after = None
+    line = json.dumps(row) + "\n"
+    if "://" in path:  # A remote file (gs://...) is written on flush.
+      if self._jsonl is None:
+        tf.io.gfile.makedirs(self._dir)
+        self._jsonl = tf.io.gfile.GFile(path, "a")
+      self._jsonl.write(line)
+      return
     if self._jsonl is None:
-      tf.io.gfile.makedirs(self._dir)
-      path = os.path.join(self._dir, "metrics.jsonl")
-      # A local file is line-buffered (each row on disk at once); a remote one (gs://...) is written on flush.
-      # Kept open across rows (closed before a replay drops rows); a `with` would reopen it for every row.
-      self._jsonl = (
-          tf.io.gfile.GFile(path, "a") if "://" in path else open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-      )
-    self._jsonl.write(json.dumps(row) + "\n")
+      os.makedirs(self._dir, exist_ok=True)
+    # Kept open across rows (reopened when another writer replaced the file); a `with` would reopen it for every row.
+    self._jsonl = _locked_current(path, self._jsonl)
+    try:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    finally:
+      fcntl.flock(self._jsonl, fcntl.LOCK_UN)
 
   def _write_scalars(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
     assert self._dir is not None  # Scalars are written only where files are (`model_dir` on the chief).
@@ -200,7 +217,17 @@ def _drop_rows_past(path: str, step: int) -> None:
   reader or a crash sees the old rows or the new ones, never a mix. Other
   lines are kept as they are.
   """
-  lines = _lines(path)
+  if "://" in path:
+    _replace_rows_past(path, step, _lines(path))
+    return
+  if not os.path.exists(path):
+    return
+  with _locked_current(path, None, mode="rb") as f:  # No row is appended from the read to the rename.
+    _replace_rows_past(path, step, f.read().splitlines(keepends=True))
+
+
+def _replace_rows_past(path: str, step: int, lines: list[bytes]) -> None:
+  """Replaces the file at `path`, whose `lines` these are, without its rows past `step`, if it has any."""
   kept = []
   for line in lines:
     row = _parsed(line)
@@ -221,6 +248,26 @@ def _drop_rows_past(path: str, step: int) -> None:
       path,
       step,
   )
+
+
+def _locked_current(path: str, opened: IO[Any] | None, *, mode: str = "a") -> IO[Any]:
+  """Returns the local file at `path` open in `mode` and locked (`fcntl.flock`), reusing `opened` if it still is it.
+
+  A file replaced while the lock was awaited (by another writer's
+  `_drop_rows_past`) is closed, and the new file at `path` is opened and
+  locked. The lock is released by `fcntl.flock(f, fcntl.LOCK_UN)` or by
+  closing the file. With mode "a" the file is made if missing.
+  """
+  while True:
+    if opened is None or opened.closed:
+      opened = open(path, mode) if "b" in mode else open(path, mode, encoding="utf-8")  # noqa: SIM115
+    fcntl.flock(opened, fcntl.LOCK_EX)
+    try:
+      if os.path.samestat(os.fstat(opened.fileno()), os.stat(path)):
+        return opened
+    except FileNotFoundError:  # Renamed away, the new file not there yet: open it once it is.
+      pass
+    opened.close()
 
 
 def _lines(path: str) -> list[bytes]:

@@ -194,6 +194,11 @@ class Trainer:
     return self._parts.model
 
   @property
+  def model_dir(self) -> str | None:
+    """Where checkpoints, summaries and metrics.jsonl go, or None."""
+    return self._options.model_dir
+
+  @property
   def last_eval_metrics(self) -> dict[str, float] | None:
     """The results of the latest evaluation (those inside `train` included), or None."""
     return None if self._last_eval_results is None else dict(self._last_eval_results)
@@ -373,24 +378,38 @@ class Trainer:
     self._evaluated_step = self._global_step
     return dict(results)
 
-  def restore(self, *, data: tf.data.Dataset | interfaces.DatasetProvider | None = None) -> int:
+  def restore(
+      self, *, data: tf.data.Dataset | interfaces.DatasetProvider | None = None, checkpoint: str | None = None
+  ) -> int:
     """Builds the variables and restores the latest checkpoint of `model_dir`, once; returns the global step.
 
     The Trainer does this by itself before its first train, evaluate or
     export. Call it to learn the step a run resumes from, or to find a
-    checkpoint that does not match before any work.
+    checkpoint that does not match before any work; or, with `checkpoint`,
+    to restore a given checkpoint of `model_dir` now, as
+    `runner.training.continuous_eval` does for each checkpoint it evaluates.
 
     Args:
       data: optional, as for `train`: its features give the input shape of
         a model that builds lazily.
+      checkpoint: None, or the path of a checkpoint to restore after that
+        (a path prefix, e.g. `model_dir/checkpoints/ckpt-100`); its step
+        becomes the global step.
 
     Returns:
       The global step: the restored checkpoint's, or 0 without one.
 
     Raises:
       ConfigError: the model builds lazily and no `data` was given, or the
-        checkpoint does not match the model and optimizer.
+        checkpoint does not match the model and optimizer, or `checkpoint`
+        is given to a Trainer without a `model_dir`.
+      checkpoints.UnreadableCheckpointError: `checkpoint` cannot be read;
+        `checkpoints.CheckpointGoneError` (a subclass) when its files were
+        deleted, e.g. by the `max_to_keep` of the trainer that wrote it. No
+        variable changed.
     """
+    if checkpoint is not None and self._checkpoints is None:
+      raise ConfigError(f"restore(checkpoint={checkpoint!r}) needs a Trainer with a model_dir; this one has none.")
     if data is not None:
       self._prepare_for(data, data_lib.as_provider(data), "training")
     if not self._ready:
@@ -398,6 +417,11 @@ class Trainer:
           "restore needs the model's input shape, which this model does not know yet: pass restore(data=...), "
           "or give the model an input in model_fn (keras.Input)."
       )
+    if checkpoint is not None:
+      assert self._checkpoints is not None  # Checked above.
+      self._global_step = self._checkpoints.restore(checkpoint)
+      self._train_input = None  # A train call after this starts the data where an uninterrupted run is at this step.
+      self._last_train_results = {}
     return self._global_step
 
   @_showing_progress

@@ -41,6 +41,7 @@ DISTRIBUTIONS = {
     "numpy": "numpy",
     "portpicker": "portpicker",
     "pytest": "pytest",
+    "ray": "ray",
     "sklearn": "scikit-learn",
     "tensorboard": "tensorboard",
     "tensorboard_plugin_profile": "tensorboard-plugin-profile",
@@ -323,6 +324,7 @@ def test_setup_py_declares_the_extras_of_the_design(tmp_path):
   assert declared["examples"] == ["scikit-learn"]
   assert declared["tpu"] == ["tensorflow-tpu"]
   assert declared["tensorboard"] == ["tensorboard", "tensorboard-plugin-profile"]
+  assert declared["ray"] == ["ray"] and "ray" in declared["test"]
 
 
 def test_a_tpu_vm_install_does_not_pull_the_cpu_wheel(tmp_path):

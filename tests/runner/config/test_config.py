@@ -81,6 +81,7 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
       "precision",
       "seed",
       "profile_steps",
+      "eval_timeout_seconds",
   }
   assert config.mode == "train_and_eval"
   assert (config.data.name, config.model.name, config.task.name) == ("synthetic", "mlp", "classification")

@@ -1,0 +1,200 @@
+"""The evaluator beside a trainer: each new checkpoint of a workdir evaluated once, at its step.
+
+A trainer writes checkpoints to `WORKDIR/checkpoints`; the evaluator (mode
+'continuous_eval', or the `evaluator` task of a cluster) reads the checkpoint
+list every `POLL_SECONDS`, and restores each checkpoint newer than the last
+one it took, oldest first, into its own Trainer (`Trainer.restore`), which
+evaluates it (`Trainer.evaluate`) and reports it at the checkpoint's step
+as a trainer's evaluation: a progress line, TensorBoard scalars in
+`WORKDIR/summaries/eval` and an `eval` row of `WORKDIR/metrics.jsonl`
+(appended beside the trainer's rows, see `reports.Reporter`). A checkpoint
+whose step `metrics.jsonl` already holds an evaluation of (by an evaluator
+that was stopped and started again, or by a 'train_and_eval' trainer) is not
+evaluated again; one the trainer's `max_to_keep` deleted while it was read
+is skipped with a warning.
+
+It writes nothing else into the workdir (no config, no lock, no checkpoint,
+no rewrite of the checkpoint list), so it cannot disturb the trainer.
+"""
+
+from collections.abc import Mapping
+import dataclasses
+import os
+import time
+from typing import NoReturn
+
+from absl import logging
+
+from runner import exit_codes
+from runner import interfaces
+from runner.cluster import stop_signals
+from runner.outputs import checkpoint_list
+from runner.outputs import checkpoints
+from runner.outputs import reports
+from runner.training.trainer import Trainer
+from strategies.errors import ConfigError
+
+POLL_SECONDS = 1.0  # How often the checkpoint list is read while no new checkpoint is there.
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """The evaluation of one checkpoint.
+
+  Attributes:
+    checkpoint: the checkpoint's path prefix (`WORKDIR/checkpoints/ckpt-N`).
+    step: its global step N.
+    metrics: `loss`, the task's metrics and `num_examples`, as
+      `Trainer.evaluate` returns them (or as `metrics.jsonl` held them).
+  """
+
+  checkpoint: str
+  step: int
+  metrics: Mapping[str, float]
+
+
+def evaluate_checkpoint(
+    trainer: Trainer,
+    data: interfaces.DatasetProvider,
+    checkpoint: str,
+    *,
+    global_batch_size: int,
+    steps: int | None = None,
+) -> dict[str, float] | None:
+  """Restores `checkpoint` into `trainer` and evaluates it on `data`, reported at the checkpoint's step.
+
+  Args:
+    trainer: a Trainer whose `model_dir` is the workdir the checkpoint is in.
+    data: the eval data, as for `Trainer.evaluate`.
+    checkpoint: the checkpoint's path prefix.
+    global_batch_size: the evaluation's global batch size.
+    steps: None for all of `data`, or at most this many global batches.
+
+  Returns:
+    The results of `Trainer.evaluate`; None when the checkpoint was deleted
+    before or while it was read, or cannot be read (one warning line naming
+    it; nothing reported).
+
+  Raises:
+    ConfigError: the checkpoint does not match the model and optimizer, or
+      an argument is invalid.
+    DataError: as `Trainer.evaluate`.
+  """
+  try:
+    trainer.restore(data=data, checkpoint=checkpoint)
+  except checkpoints.CheckpointGoneError:
+    logging.warning(
+        "Skipped %s: it was deleted while it was read (the trainer keeps its max_to_keep newest checkpoints); "
+        "going on with the newer ones.",
+        checkpoint,
+    )
+    return None
+  except checkpoints.UnreadableCheckpointError as damage:
+    logging.warning("Skipped %s: it cannot be read (%s); going on with the newer ones.", checkpoint, damage)
+    return None
+  return trainer.evaluate(data, global_batch_size=global_batch_size, steps=steps)
+
+
+def evaluate_new_checkpoints(
+    trainer: Trainer,
+    data: interfaces.DatasetProvider,
+    *,
+    final_step: int,
+    timeout_seconds: float,
+    global_batch_size: int,
+    steps: int | None = None,
+    poll_seconds: float = POLL_SECONDS,
+) -> Evaluation | None:
+  """Evaluates each checkpoint of `trainer`'s `model_dir` once as it appears; returns the last evaluation.
+
+  It ends after the checkpoint of `final_step` (or a later one), or once no
+  new checkpoint has come for `timeout_seconds` (one warning line says so);
+  on SIGTERM or Ctrl-C, after the evaluation under way, with exit status 143
+  or 130 (one line says which checkpoints are evaluated).
+
+  Args:
+    trainer: a Trainer with the run's model, optimizer and task whose
+      `model_dir` is the workdir to watch.
+    data: the eval data, as for `Trainer.evaluate`.
+    final_step: the step of the last checkpoint (the run's `train_steps`).
+    timeout_seconds: how long to wait for a new checkpoint (or the first).
+    global_batch_size: the evaluations' global batch size.
+    steps: None for all of `data`, or at most this many global batches.
+    poll_seconds: how often to read the checkpoint list while waiting.
+
+  Returns:
+    The `Evaluation` of the newest checkpoint evaluated (or found evaluated
+    in `metrics.jsonl`), or None when there was none.
+
+  Raises:
+    ConfigError: `trainer` has no `model_dir`; or as `evaluate_checkpoint`.
+    DataError: as `evaluate_checkpoint`.
+    SystemExit: on SIGTERM (143) or Ctrl-C (130).
+  """
+  model_dir = trainer.model_dir
+  if model_dir is None:
+    raise ConfigError("evaluate_new_checkpoints needs a Trainer with a model_dir: the workdir it watches.")
+  if "://" in model_dir:
+    logging.warning(
+        "%s is on object storage, where metrics.jsonl cannot be appended to: rows the trainer and this evaluator "
+        "write there can overwrite each other (the TensorBoard summaries cannot).",
+        model_dir,
+    )
+  directory = os.path.join(model_dir, checkpoints.DIRECTORY)
+  last: Evaluation | None = None
+  taken = -1  # The step of the newest checkpoint taken (evaluated, found evaluated, or skipped).
+  since = time.monotonic()  # When the last new checkpoint was taken, or the watch began.
+  with stop_signals.StopSignals(in_training=False) as signals:
+    logging.info(
+        "Evaluating each new checkpoint in %s once, until the checkpoint of step %d or %g s without a new one.",
+        directory,
+        final_step,
+        timeout_seconds,
+    )
+    while True:
+      if signals.received is not None:
+        _stop(signals.received, last)
+      if taken >= final_step:
+        return last
+      found = _oldest_after(directory, taken)  # The list is read again after each evaluation: it may be stale.
+      if found is None:
+        if time.monotonic() - since >= timeout_seconds:
+          logging.warning(
+              "No new checkpoint in %s for %g s (config.trainer.eval_timeout_seconds): the evaluator ends %s, "
+              "before the checkpoint of step %d.",
+              directory,
+              timeout_seconds,
+              "without one evaluated" if last is None else f"after the checkpoint of step {last.step}",
+              final_step,
+          )
+          return last
+        time.sleep(poll_seconds)
+        continue
+      path, step = found
+      metrics: Mapping[str, float] | None = reports.eval_results_at(model_dir, step)
+      if metrics:
+        logging.info("Not evaluating %s again: metrics.jsonl holds its evaluation.", path)
+      else:
+        metrics = evaluate_checkpoint(trainer, data, path, global_batch_size=global_batch_size, steps=steps)
+      taken, since = step, time.monotonic()
+      if metrics is not None:
+        last = Evaluation(checkpoint=path, step=step, metrics=metrics)
+
+
+def _oldest_after(directory: str, step: int) -> tuple[str, int] | None:
+  """`(path, step)` of the oldest checkpoint listed in `directory` past `step`, or None."""
+  for path in checkpoint_list.read(directory).paths:
+    found = checkpoint_list.step_of(path)
+    if found is not None and found > step:
+      return path, found
+  return None
+
+
+def _stop(signum: int, last: Evaluation | None) -> NoReturn:
+  """Says that a stop signal ends the evaluator, and exits with its status (143 for SIGTERM, 130 for Ctrl-C)."""
+  logging.warning(
+      "Stopped by %s: the evaluator ends %s; run it again to go on (metrics.jsonl keeps what is evaluated).",
+      stop_signals.NAMES[signum],
+      "before its first evaluation" if last is None else f"after the checkpoint of step {last.step}",
+  )
+  raise SystemExit(exit_codes.STOPPED_BY[signum])

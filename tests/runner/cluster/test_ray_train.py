@@ -1,0 +1,225 @@
+"""Ray Train, for real and on loopback: the driver script of docs/clusters.md trains one 2-worker job.
+
+The script runs as it stands in the docs, in a child process that starts a
+local Ray on 127.0.0.1 only (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`), with two
+`TensorflowTrainer` CPU workers that each run `runner.run`; beside it, the
+same job through `python -m runner.launch --workers=2`. Ray's processes are found
+by the `RAY_TMPDIR` in their environment and must all be gone at the end.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import runner
+from runner.cluster import ray_train
+from strategies import ConfigError
+from testlib import paths
+from testlib import process_testlib
+
+ray_train_api = pytest.importorskip("ray.train", reason="Ray is not installed: pip install -e '.[ray]'")
+
+REPO = paths.REPO
+SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
+CLUSTERS_DOC = os.path.join(REPO, "docs", "clusters.md")
+STEPS = 8
+TIMEOUT_SECONDS = 480  # Per process: a Ray start-up and three TensorFlow start-ups on 2 busy cores.
+OVERRIDES = [
+    "data.num_examples=512",
+    "data.num_eval_examples=128",
+    f"trainer.train_steps={STEPS}",
+    "trainer.steps_per_loop=4",
+]
+LOOPBACK_ADDRESS = re.compile(r"^127\.0\.0\.1:\d+$")
+
+
+def _driver_script():
+  """The driver script of docs/clusters.md's "Ray Train" section, as it stands there."""
+  with open(CLUSTERS_DOC, encoding="utf-8") as f:
+    section = f.read().split("\n## Ray Train\n", 1)[1].split("\n## ", 1)[0]
+  return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _ray_processes(ray_tmpdir, *, wait_seconds=20):
+  """The pids of the processes of the Ray that ran in `ray_tmpdir`, after up to `wait_seconds`.
+
+  Every process of that Ray (its daemons, and its workers, whose command line
+  Ray renames) has `RAY_TMPDIR=ray_tmpdir` in its environment, inherited from
+  the driver. They end shortly after the driver's `ray.shutdown()`: they are
+  given that long.
+  """
+  deadline = time.monotonic() + wait_seconds
+  while (found := _processes_with(f"RAY_TMPDIR={ray_tmpdir}\0".encode())) and time.monotonic() < deadline:
+    time.sleep(0.5)
+  return found
+
+
+def _processes_with(variable):
+  """The pids of the processes whose environment holds `variable`, one variable's bytes with its NUL."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        if variable in f.read():
+          found.append(int(pid))
+    except OSError:  # The process ended meanwhile.
+      continue
+  return found
+
+
+def _kill(pids):
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      continue
+
+
+@pytest.mark.ray
+def test_the_docs_driver_script_trains_one_2_replica_job_like_the_launcher_on_loopback(tmp_path, subprocess_env):
+  script = tmp_path / "train_ray.py"
+  script.write_text(_driver_script())
+  (tmp_path / "home").mkdir()
+  ray_tmpdirs = []
+
+  def driver(workdir, *args):
+    """The docs' script in a child process whose Ray is its own, on 127.0.0.1 only."""
+    ray_tmpdirs.append(tempfile.mkdtemp(prefix="tf-runner-ray-", dir="/tmp"))  # Short: Ray's Unix sockets are in it.
+    env = {name: value for name, value in subprocess_env.items() if name != "RAY_ADDRESS"}
+    env.update(
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # Ray's servers and the workers' TF_CONFIG on 127.0.0.1.
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_TMPDIR=ray_tmpdirs[-1],
+        HOME=str(tmp_path / "home"),  # Ray writes ~/.ray/auth_token.
+    )
+    command = [sys.executable, str(script), f"--config={SYNTHETIC}", f"--workdir={workdir}", *args]
+    return process_testlib.TrainingProcess(command, workdir=workdir, env=env, name="train_ray")
+
+  launch_args = [f"--config={SYNTHETIC}", f"--workdir={tmp_path / 'launch'}", *[f"--config.{o}" for o in OVERRIDES]]
+  processes = [
+      process_testlib.TrainingProcess(
+          [sys.executable, "-m", "runner.launch", "--workers=2", "--", *launch_args],
+          workdir=tmp_path / "launch",
+          env=subprocess_env,
+          name="launch",
+      )
+  ]
+  try:
+    processes.append(driver(tmp_path / "ray", f"--storage_path={tmp_path / 'ray_results'}", *OVERRIDES))
+    (launch_status, _, launch_stderr), (status, stdout, stderr) = [
+        process.wait(TIMEOUT_SECONDS) for process in processes
+    ]
+  finally:
+    _kill([process.process.pid for process in processes])
+    left = [pid for directory in ray_tmpdirs for pid in _ray_processes(directory)]
+    _kill(left)
+    for directory in ray_tmpdirs:
+      shutil.rmtree(directory, ignore_errors=True)
+  assert not left, f"Ray processes left running: {left}"
+  assert launch_status == 0, launch_stderr[-3000:]
+  assert status == 0, stderr[-5000:]
+
+  metrics_line, checkpoint_line = stdout.splitlines()[-2:]
+  metrics = json.loads(metrics_line)
+  assert metrics["num_replicas"] == 2 and metrics["global_step"] == STEPS
+  assert metrics["workdir"] == str(tmp_path / "ray")
+  assert metrics["checkpoint_path"] == str(tmp_path / "ray" / "checkpoints" / f"ckpt-{STEPS}")
+  (workers,) = metrics["cluster"].values()
+  assert list(metrics["cluster"]) == ["worker"] and len(workers) == 2
+  assert all(LOOPBACK_ADDRESS.match(address) for address in workers), workers
+  rows = process_testlib.metrics_rows(tmp_path / "ray")
+  (last_train,) = [row for row in rows if row["split"] == "train" and row["step"] == STEPS]
+  (final_eval,) = [row for row in rows if row["split"] == "eval"]
+  assert metrics["train_metrics"] == {name: last_train[name] for name in ("loss", "accuracy")}
+  assert metrics["eval_metrics"] == {name: final_eval[name] for name in ("loss", "accuracy", "num_examples")}
+
+  launched = process_testlib.final_checkpoint_values(tmp_path / "launch")
+  assert sorted(launched) and sorted(launched) == sorted(process_testlib.final_checkpoint_values(tmp_path / "ray"))
+  reported = checkpoint_line.removeprefix("checkpoint: ")
+  assert reported.startswith(str(tmp_path / "ray_results"))
+  for workdir in (tmp_path / "ray", reported):
+    for name, value in process_testlib.final_checkpoint_values(workdir).items():
+      np.testing.assert_array_equal(value, launched[name], err_msg=name)  # Bit for bit.
+  assert (
+      process_testlib.train_rows(tmp_path / "ray")[-1]["loss"]
+      == process_testlib.train_rows(tmp_path / "launch")[-1]["loss"]
+  )
+
+
+def _config(*overrides):
+  return runner.load_config(SYNTHETIC, list(overrides))
+
+
+@pytest.mark.parametrize(
+    ("config", "workdir", "num_workers", "message"),
+    [
+        (
+            ("strategy.name=mirrored",),
+            "run",
+            2,
+            "ScalingConfig(num_workers=2) runs more than one worker, but config.strategy.name is 'mirrored', which "
+            "would train each of them alone; set config.strategy.name='multi_worker_mirrored', whose workers read the "
+            "TF_CONFIG that Ray gives each one and train one job.",
+        ),
+        (
+            ("strategy.name=one_device",),
+            "run",
+            (1, 3),
+            "ScalingConfig(num_workers=(1, 3)) runs more than one worker, but config.strategy.name is 'one_device', "
+            "which would train each of them alone; set config.strategy.name='multi_worker_mirrored', whose workers "
+            "read the TF_CONFIG that Ray gives each one and train one job.",
+        ),
+        (
+            ("strategy.name=multi_worker_mirrored", "strategy.worker_hosts=('localhost:1', 'localhost:2')"),
+            "run",
+            2,
+            "config.strategy.worker_hosts=('localhost:1', 'localhost:2'): under Ray Train the workers' addresses come "
+            "from the TF_CONFIG that Ray gives each one; leave config.strategy.worker_hosts and task_index unset.",
+        ),
+        (
+            ("strategy.name=multi_worker_mirrored", "trainer.train_steps=0"),
+            "run",
+            2,
+            "config.trainer.train_steps must be a positive int, got 0.",
+        ),
+        (
+            ("strategy.name=multi_worker_mirrored",),
+            "",
+            2,
+            "workdir='': give the run's workdir, a path or URL every Ray worker reaches (e.g. gs://...).",
+        ),
+    ],
+)
+def test_bad_input_is_refused_on_the_driver_before_ray_starts(config, workdir, num_workers, message):
+  with pytest.raises(ConfigError) as error:
+    ray_train.run(
+        _config(*config), workdir=workdir, scaling_config=ray_train_api.ScalingConfig(num_workers=num_workers)
+    )
+  assert str(error.value) == message
+
+
+def test_a_loop_config_without_config_and_workdir_is_refused():
+  with pytest.raises(ConfigError) as error:
+    ray_train.train_loop_per_worker({"config": _config()})
+  assert str(error.value) == "train_loop_config has the keys ['config']; it takes exactly ['config', 'workdir']."
+
+
+@pytest.mark.parametrize("error", [ConfigError("config.data.global_batch_size: no."), FloatingPointError("diverged")])
+def test_a_workers_user_error_reaches_the_driver_as_itself_and_others_stay_rays(error):
+  other = RuntimeError("a bug")
+  failed = ray_train_api.WorkerGroupError("Rank 0, 1: ...", {1: error, 0: other})
+  with pytest.raises(type(error)) as raised, ray_train._workers_user_errors_raised():
+    raise failed
+  assert raised.value is error and raised.value.__cause__ is failed
+  only_others = ray_train_api.WorkerGroupError("Rank 0: ...", {0: other})
+  with pytest.raises(ray_train_api.WorkerGroupError) as raised, ray_train._workers_user_errors_raised():
+    raise only_others
+  assert raised.value is only_others
