@@ -45,4 +45,3 @@ def launched_weights(runner_arguments, env):
       assert status == 0, f"the reference runner.launch run failed: {stderr[-3000:]}"
       open(os.path.join(folder, "done"), "w", encoding="utf-8").close()  # noqa: SIM115
     return process_testlib.final_checkpoint_values(workdir)
-

@@ -2,7 +2,8 @@
 
 The training operator gives every replica the same command and its own TF_CONFIG; here the three are set by
 hand as the operator sets them. The master is the chief of a 2-replica multi_worker_mirrored job, and the
-evaluator trains nothing: it evaluates each checkpoint the chief writes, once, and ends at `train_steps`.
+evaluator trains nothing: beside the live trainers, keeping one checkpoint (max_to_keep=1), it evaluates each
+checkpoint it sees once, at that checkpoint's step, and ends at `train_steps`.
 """
 
 import json
@@ -11,42 +12,63 @@ import re
 import sys
 
 import portpicker
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
+import runner
+from runner.outputs import reports
 from testlib import paths
 from testlib import process_testlib
 
 SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")
-STEPS = 60
+STEPS = 200
+OVERRIDES = [
+    "strategy.name=multi_worker_mirrored",
+    "data.num_examples=512",
+    "data.num_eval_examples=128",
+    "model.hidden_units=(16,)",
+    f"trainer.train_steps={STEPS}",
+    "trainer.steps_per_loop=10",
+    "trainer.checkpoint_every=20",
+    "trainer.max_to_keep=1",
+]
 
 
 def _replica(cluster, job, workdir, env, *extra):
   tf_config = {"cluster": cluster, "task": {"type": job, "index": 0}, "environment": "cloud"}
   return process_testlib.Process(
-      [
-          sys.executable,
-          "-m",
-          "runner",
-          f"--config={SYNTHETIC}",
-          f"--workdir={workdir}",
-          "--config.strategy.name=multi_worker_mirrored",
-          f"--config.trainer.train_steps={STEPS}",
-          "--config.trainer.steps_per_loop=10",
-          "--config.trainer.checkpoint_every=20",
-          *extra,
-      ],
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"]
+      + [f"--config.{override}" for override in OVERRIDES]
+      + list(extra),
       env=dict(env, TF_CONFIG=json.dumps(tf_config)),
       logs=f"{workdir}.logs",
       name=job,
   )
 
 
-def test_a_master_is_the_chief_and_the_evaluator_evaluates_each_checkpoint_once(tmp_path, subprocess_env):
+def _eval_scalar_steps(workdir, tag="loss"):
+  """The steps of the `tag` scalars in `workdir/summaries/eval`, read with TensorBoard's event_accumulator."""
+  accumulator = event_accumulator.EventAccumulator(
+      reports.summary_dir(workdir, "eval"), size_guidance={event_accumulator.TENSORS: 0}
+  )
+  accumulator.Reload()
+  return sorted(event.step for event in accumulator.Tensors(tag))
+
+
+def test_a_master_is_the_chief_and_the_evaluator_beside_it_evaluates_each_checkpoint_it_sees_once(
+    tmp_path, subprocess_env
+):
   hosts = [f"localhost:{portpicker.pick_unused_port()}" for _ in range(3)]
   cluster = {"master": hosts[:1], "worker": hosts[1:2], "evaluator": hosts[2:]}
   workdir = tmp_path / "job"
   evaluator = _replica(cluster, "evaluator", workdir, subprocess_env)  # The same command; only TF_CONFIG differs.
   trainers = {job: _replica(cluster, job, workdir, subprocess_env, "--mode=train") for job in ("master", "worker")}
-  outcomes = {job: task.wait() for job, task in {**trainers, "evaluator": evaluator}.items()}
+  tasks = {**trainers, "evaluator": evaluator}
+  try:
+    outcomes = {job: task.wait() for job, task in tasks.items()}
+  finally:
+    for task in tasks.values():
+      task.process.kill()
   for job, (status, _, stderr) in outcomes.items():
     assert status == 0, f"{job}: {stderr[-3000:]}"
 
@@ -55,21 +77,31 @@ def test_a_master_is_the_chief_and_the_evaluator_evaluates_each_checkpoint_once(
   assert f"multi_worker_mirrored: cluster from TF_CONFIG: 1 chief, 1 worker; this task is chief:0 at {hosts[0]}." in (
       master_err
   )
-  assert "global step: 60" in outcomes["worker"][1]
+  assert f"global step: {STEPS}" in outcomes["worker"][1]
+  rows = process_testlib.metrics_rows(workdir)
+  assert [row["step"] for row in rows if row["split"] == "train"] == list(range(10, STEPS + 1, 10))  # None lost.
 
-  evaluator_out, evaluator_err = outcomes["evaluator"][1:]
+  stdout, stderr = outcomes["evaluator"][1:]
   assert (
       "cluster from TF_CONFIG: 1 chief, 1 worker; this task is the evaluator (it trains nothing and evaluates every "
       "new checkpoint): mode 'continuous_eval' under strategy auto (the trainers: mode 'train_and_eval' under "
-      "multi_worker_mirrored)." in evaluator_err
+      "multi_worker_mirrored)." in stderr
   )
-  assert "strategy: one_device: 1 replica on CPU:0" in evaluator_out
-  rows = process_testlib.metrics_rows(workdir)
-  eval_rows = [row for row in rows if row["split"] == "eval"]
-  assert [row["step"] for row in eval_rows] == [20, 40, 60]  # Every checkpoint (max_to_keep 3) once, in order.
-  assert all(row["num_examples"] == 512 for row in eval_rows)
-  assert [row["step"] for row in rows if row["split"] == "train"] == list(range(10, STEPS + 1, 10))  # The chief's.
-  printed = re.search(r"^eval: accuracy=([\d.]+) loss=([\d.]+) num_examples=512$", evaluator_out, re.M)
-  assert printed is not None, evaluator_out
-  assert float(printed.group(2)) == round(eval_rows[-1]["loss"], 4)
-  assert eval_rows[-1]["loss"] < eval_rows[0]["loss"]
+  assert "strategy: one_device: 1 replica on CPU:0" in stdout
+  evaluated = [row["step"] for row in rows if row["split"] == "eval"]
+  assert len(evaluated) == len(set(evaluated)), evaluated  # No checkpoint twice.
+  assert set(evaluated) <= set(range(20, STEPS + 1, 20)) and evaluated == sorted(evaluated), evaluated
+  assert evaluated[-1] == STEPS  # It ended after the checkpoint of train_steps.
+  assert re.findall(r"eval at step (\d+):", stderr) == [str(step) for step in evaluated]
+  skipped = re.findall(r"Skipped \S+/ckpt-(\d+): it was deleted while it was read", stderr)
+  assert not set(map(int, skipped)) & set(evaluated)
+  assert _eval_scalar_steps(str(workdir)) == evaluated
+  final = rows[-1]
+  assert final["split"] == "eval" and final["step"] == STEPS and final["num_examples"] == 128
+  assert f"eval: accuracy={final['accuracy']:.4f} loss={final['loss']:.4f} num_examples=128" in stdout
+
+  plain = runner.run(  # A plain evaluation of that checkpoint, in this process, on one device.
+      runner.load_config(SYNTHETIC, OVERRIDES + ["mode=eval", "strategy.name=one_device"]), str(workdir), quiet=True
+  )
+  assert plain.global_step == STEPS
+  assert plain.eval_metrics == pytest.approx({name: final[name] for name in ("loss", "accuracy", "num_examples")})

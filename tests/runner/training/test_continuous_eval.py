@@ -1,12 +1,14 @@
-"""The evaluator beside a trainer (mode 'continuous_eval'): each checkpoint once, at its step, and nothing else written."""
+"""The evaluator beside a trainer (mode 'continuous_eval'): each checkpoint once, at its step, and nothing else written.
+
+Here in one process, deterministically; tests/runner/cluster/test_tfjob_cluster.py runs it beside a live
+2-worker trainer, as a cluster's evaluator task.
+"""
 
 import json
 import logging
 import os
-import re
 import shutil
 import signal
-import sys
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -62,56 +64,6 @@ def _eval_scalar_steps(workdir, tag="loss"):
   )
   accumulator.Reload()
   return sorted(event.step for event in accumulator.Tensors(tag))
-
-
-def test_the_evaluator_beside_a_live_trainer_evaluates_each_checkpoint_it_sees_once(tmp_path, subprocess_env):
-  """A `python -m runner` trainer keeping one checkpoint and a `--mode=continuous_eval` evaluator on its workdir."""
-  workdir = tmp_path / "run"
-  common = [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"] + [
-      f"--config.{override}" for override in SMALL
-  ]
-  common += [
-      "--config.trainer.train_steps=300",
-      "--config.trainer.steps_per_loop=10",
-      "--config.trainer.checkpoint_every=20",
-      "--config.trainer.max_to_keep=1",
-  ]
-  logs = str(tmp_path / "logs")
-  evaluator = process_testlib.Process(
-      common + ["--mode=continuous_eval", "--config.trainer.eval_timeout_seconds=200"],
-      env=subprocess_env,
-      logs=logs,
-      name="evaluator",
-  )
-  trainer = process_testlib.Process(common + ["--mode=train"], env=subprocess_env, logs=logs, name="trainer")
-  try:
-    trained_status, _, trainer_stderr = trainer.wait()
-    status, stdout, stderr = evaluator.wait()
-  finally:
-    trainer.process.kill()
-    evaluator.process.kill()
-  assert trained_status == 0, trainer_stderr[-3000:]
-  assert status == 0, stderr[-3000:]
-
-  rows = process_testlib.metrics_rows(workdir)
-  assert [row["step"] for row in rows if row["split"] == "train"] == list(range(10, 301, 10))  # None lost.
-  evaluated = [row["step"] for row in rows if row["split"] == "eval"]
-  assert len(evaluated) == len(set(evaluated)), evaluated  # No checkpoint twice.
-  assert set(evaluated) <= set(range(20, 301, 20)) and evaluated == sorted(evaluated), evaluated
-  assert evaluated[-1] == 300  # It ended after the checkpoint of train_steps.
-  assert re.findall(r"eval at step (\d+):", stderr) == [str(step) for step in evaluated]
-  skipped = re.findall(r"Skipped \S+/ckpt-(\d+): it was deleted while it was read", stderr)
-  assert not set(map(int, skipped)) & set(evaluated)
-  assert _eval_scalar_steps(workdir) == evaluated
-  assert sorted(os.listdir(workdir / "summaries")) == ["eval", "train"]
-
-  final = rows[-1]
-  assert final["split"] == "eval" and final["step"] == 300
-  assert "global step: 300" in stdout
-  assert f"eval: accuracy={final['accuracy']:.4f} loss={final['loss']:.4f} num_examples=128" in stdout
-  plain = runner.run(_config("mode=eval"), str(workdir), quiet=True)  # A plain evaluation of that checkpoint.
-  assert plain.global_step == 300
-  assert plain.eval_metrics == pytest.approx({name: final[name] for name in ("loss", "accuracy", "num_examples")})
 
 
 def test_a_checkpoint_deleted_while_it_is_read_is_skipped_with_one_warning(trained, tmp_path, caplog):
