@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slurm
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
-STEPS = 40
+STEPS = reference_runs.STEPS  # The srun job is the shared reference job (`reference_runs`).
 JOB_TIMEOUT_SECONDS = 400  # The sbatch job runs twice: two starts of two TensorFlow processes on a loaded machine.
 
 
@@ -97,11 +97,11 @@ def test_srun_trains_one_two_replica_job_with_the_weights_of_runner_launch(tmp_p
 
   No ports reserved for this step (`--resv-ports=0`): the ports come from the job id.
   """
-  args = _runner_args("--config.strategy.name=multi_worker_mirrored")
+  args = reference_runs.runner_arguments()
   workdir = tmp_path / "srun"
   srun = _srun(2, [*args, f"--workdir={workdir}"], env, tmp_path / "logs", "--nodes=1", "--resv-ports=0")
   try:
-    launched = reference_runs.launched_weights(args, env)  # Meanwhile, or made by another test of the session.
+    launched = process_testlib.final_checkpoint_values(reference_runs.launched_workdir(env))  # Or another test's.
   finally:
     status, stdout, stderr = srun.wait()
   assert status == 0, stderr[-3000:]
@@ -194,17 +194,3 @@ def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_pa
     assert f"{rank}: serving as {task} of a parameter-server cluster until the coordinator" in stdout
   assert [row["step"] for row in process_testlib.train_rows(tmp_path / "srun")] == list(range(10, STEPS + 1, 10))
   _assert_same_weights(tmp_path / "srun", process_testlib.final_checkpoint_values(tmp_path / "one_device"))
-
-
-def test_too_few_tasks_for_the_ps_tasks_is_one_error_line_on_each_task_and_nothing_is_written(tmp_path, env):
-  workdir = tmp_path / "job"
-  args = _runner_args("--config.strategy.name=parameter_server", "--config.strategy.num_ps=1")
-  status, _, stderr = _srun(2, [*args, f"--workdir={workdir}"], env, tmp_path / "logs").wait()
-  assert status == 2, stderr[-3000:]
-  message = (
-      "error: config.strategy.num_ps=1 needs at least 3 SLURM tasks (1 chief, 1 ps, at least 1 worker), but the "
-      "step has 2; start more tasks (srun -n 3) or lower num_ps."
-  )
-  assert sorted(re.findall(r"^\d: error: .*$", stderr, re.M)) == [f"0: {message}", f"1: {message}"]
-  assert "Traceback" not in stderr
-  assert not workdir.exists()
