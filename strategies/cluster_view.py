@@ -51,12 +51,6 @@ class Cluster:
     """Whether this task is the evaluator beside the training cluster."""
     return self.task_type == EVALUATOR
 
-  @property
-  def num_workers(self) -> int:
-    """The tasks that run training steps: workers, and the chief unless parameter servers coordinate."""
-    chief = 0 if self.jobs.get("ps") else len(self.jobs.get("chief", ()))
-    return chief + len(self.jobs.get("worker", ()))
-
   def resolver(self) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
     """Returns TensorFlow's resolver for the training jobs and this task (for an evaluator: no cluster)."""
     import tensorflow as tf  # noqa: PLC0415  # Only here: finding the cluster imports no TensorFlow.
