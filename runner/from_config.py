@@ -4,7 +4,6 @@ from collections.abc import Iterator, Mapping
 import contextlib
 import copy
 import dataclasses
-import functools
 import os
 import tempfile
 from typing import Any
@@ -25,6 +24,7 @@ from runner.outputs import progress_output
 from runner.outputs import reports
 from runner.tasks import Task
 from runner.training import continuous_eval as continuous_eval_lib
+from runner.training import keras_versions
 from runner.training import options as trainer_options
 from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.training.trainer import Trainer
@@ -480,13 +480,24 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
   task = trainer_options.made(
       make_task(config.task), Task, role="the task function", fn=make_task, expected="a runner.Task"
   )
-  model_fn = functools.partial(registry.resolve("model", config.model.name), config.model)
+  build_model = registry.resolve("model", config.model.name)
+  models: list[Any] = (
+      []
+  )  # The model model_fn made: optimizer_fn, called after it, makes an optimizer of the model's Keras.
+
+  def model_fn() -> Any:
+    models[:] = [build_model(config.model)]
+    return models[0]
+
+  def optimizer_fn() -> Any:
+    keras_version = keras_versions.of(models[0]) or keras_versions.KERAS_3
+    return optimizers.create(config.optimizer, trainer.train_steps, keras_version.module)
 
   trainer = config.trainer
   return Trainer(
       strategy,
       model_fn=model_fn,
-      optimizer_fn=lambda: optimizers.create(config.optimizer, trainer.train_steps),
+      optimizer_fn=optimizer_fn,
       task=task,
       model_dir=workdir,
       steps_per_loop=steps_per_loop_lib.AUTO if trainer.steps_per_loop is None else trainer.steps_per_loop,

@@ -10,7 +10,7 @@ import ml_collections
 from strategies import checks
 from strategies.errors import ConfigError
 
-# Name -> the class in keras.optimizers.
+# Name -> the class in keras.optimizers (and tf_keras.optimizers).
 OPTIMIZERS = {
     "sgd": "SGD",
     "adam": "Adam",
@@ -47,8 +47,8 @@ def check(config: ml_collections.ConfigDict, train_steps: int) -> None:
     )
 
 
-def learning_rate(config: ml_collections.ConfigDict, train_steps: int) -> Any:
-  """Returns the learning rate: a float for 'constant', else a Keras schedule.
+def learning_rate(config: ml_collections.ConfigDict, train_steps: int, keras_module: Any = None) -> Any:
+  """Returns the learning rate: a float for 'constant', else a schedule of `keras_module` (default Keras 3).
 
   'cosine' decays from `learning_rate` to 0 over `train_steps`;
   'warmup_cosine' rises linearly from 0 to `learning_rate` over
@@ -57,14 +57,14 @@ def learning_rate(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   Args:
     config: `config.optimizer`, checked by `check`.
     train_steps: the total number of training steps.
+    keras_module: `keras` (Keras 3, the default) or `tf_keras` (Keras 2).
   """
   if config.schedule == "constant":
     return config.learning_rate
-  import keras  # noqa: PLC0415
-
+  schedules = (keras_module or _keras_3()).optimizers.schedules
   if config.schedule == "cosine":
-    return keras.optimizers.schedules.CosineDecay(config.learning_rate, decay_steps=train_steps)
-  return keras.optimizers.schedules.CosineDecay(
+    return schedules.CosineDecay(config.learning_rate, decay_steps=train_steps)
+  return schedules.CosineDecay(
       0.0,
       decay_steps=train_steps - config.warmup_steps,
       warmup_target=config.learning_rate,
@@ -72,8 +72,8 @@ def learning_rate(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   )
 
 
-def create(config: ml_collections.ConfigDict, train_steps: int) -> Any:
-  """Returns a new Keras optimizer for `config.optimizer`; call it inside the strategy's scope.
+def create(config: ml_collections.ConfigDict, train_steps: int, keras_module: Any = None) -> Any:
+  """Returns a new optimizer of `keras_module` for `config.optimizer`; call it inside the strategy's scope.
 
   `weight_decay` is Keras's decoupled weight decay, for every optimizer.
   `clipnorm` is not applied here: the Trainer clips the gradients after their
@@ -82,9 +82,16 @@ def create(config: ml_collections.ConfigDict, train_steps: int) -> Any:
   Args:
     config: `config.optimizer`, checked by `check`.
     train_steps: the total number of training steps, the length of the schedule.
+    keras_module: `keras` (Keras 3, the default) or `tf_keras` (Keras 2): the
+      Keras of the model the optimizer trains.
   """
+  keras_module = keras_module or _keras_3()
+  return getattr(keras_module.optimizers, OPTIMIZERS[config.name])(
+      learning_rate=learning_rate(config, train_steps, keras_module), weight_decay=config.weight_decay
+  )
+
+
+def _keras_3() -> Any:
   import keras  # noqa: PLC0415
 
-  return getattr(keras.optimizers, OPTIMIZERS[config.name])(
-      learning_rate=learning_rate(config, train_steps), weight_decay=config.weight_decay
-  )
+  return keras

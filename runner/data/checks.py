@@ -77,19 +77,6 @@ def declared_features_spec(model: Any) -> Any:
   return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
 
 
-def outputs_spec(model: Any, features_spec: Any) -> Any:
-  """Returns the spec of `model`'s outputs for a batch of `features_spec` (a nest), or None if Keras cannot tell.
-
-  Computed symbolically (`keras.Model.compute_output_spec`): nothing runs.
-  """
-  inputs = tf.nest.map_structure(lambda s: keras.KerasTensor(s.shape, s.dtype), features_spec)
-  try:
-    outputs = model.compute_output_spec(inputs)
-  except (ValueError, TypeError, NotImplementedError, AttributeError):
-    return None
-  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
-
-
 def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
   """Checks the features of one element against what the model takes.
 

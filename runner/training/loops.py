@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from runner.data import checks as data_checks
+from runner.training import keras_versions
 from runner.training import traced_calls
 from strategies import sharded_variables
 from strategies.errors import ConfigError
@@ -168,6 +169,7 @@ class TrainLoop:
       xla: bool,
       clipnorm: float | None,
       loss_scale: bool,
+      keras_version: keras_versions.KerasVersion = keras_versions.KERAS_3,
       valid_labels: Any = None,
       multi_worker: bool = False,
   ) -> None:
@@ -176,7 +178,7 @@ class TrainLoop:
     Args:
       strategy: the `tf.distribute.Strategy` the variables were made under.
       model: a built Keras model, made in `strategy.scope()`.
-      optimizer: a built Keras optimizer, made in `strategy.scope()`.
+      optimizer: a built optimizer of the model's Keras, made in `strategy.scope()`.
       task_loss: `fn(labels, float32_outputs) -> per-example loss [batch]`.
       metrics: Keras metrics made in scope, updated per replica.
       step: the global step variable, advanced by the steps run.
@@ -186,9 +188,10 @@ class TrainLoop:
       xla: compile with XLA each replica's whole step when there is one
         replica, else each replica's forward and backward pass.
       clipnorm: None, or the bound on the global norm of the summed gradient.
-      loss_scale: the optimizer is a `keras.optimizers.LossScaleOptimizer`
-        (which skips steps with non-finite gradients by itself, so those do
-        not stop training).
+      loss_scale: the optimizer is its Keras's `LossScaleOptimizer` (which
+        skips steps with non-finite gradients by itself, so those do not
+        stop training).
+      keras_version: the Keras of the model and optimizer (Keras 3 or tf_keras).
       valid_labels: None, or the `runner.tasks.LabelRange` every label must
         lie in; a step whose batch holds another stops training.
       multi_worker: other workers take part, so stop requests are summed
@@ -203,6 +206,7 @@ class TrainLoop:
     self._global_batch_size = global_batch_size
     self._clipnorm = clipnorm
     self._loss_scale = loss_scale
+    self._keras = keras_version
     self._valid_labels = valid_labels
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
     # update and the checks included; with more, the forward and backward pass.
@@ -339,14 +343,21 @@ class TrainLoop:
       self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
   ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
-    self._optimizer.apply(self._agreed_and_clipped(gradients), self._model.trainable_variables)
+    if self._loss_scale:
+      gradients = self._keras.gradients_to_apply(self._optimizer, gradients)
+    self._keras.apply(self._optimizer, self._agreed_and_clipped(gradients), self._model.trainable_variables)
     # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
     gradient_check = tf.constant(0.0) if self._loss_scale else _finite_sum([g for g in gradients if g is not None])
     label_range_check = tf.math.log(tf.cast(_labels_in(labels, self._valid_labels), tf.float32))
     return (
         loss,
         outputs,
-        (gradient_check, _finite_sum(tf.nest.flatten(features)), _finite_sum([labels]), label_range_check),
+        (
+            gradient_check,
+            _finite_sum(tf.nest.flatten(features, expand_composites=True)),
+            _finite_sum([labels]),
+            label_range_check,
+        ),
     )
 
   def _loss_and_gradients(
@@ -362,7 +373,7 @@ class TrainLoop:
       )
       if self._model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(extra, tf.float32) for extra in self._model.losses]))
-      objective = self._optimizer.scale_loss(loss) if self._loss_scale else loss
+      objective = self._keras.scaled_loss(self._optimizer, loss) if self._loss_scale else loss
     return loss, sharded_variables.gradients(tape, objective, self._model.trainable_variables), outputs
 
   def _agreed_and_clipped(self, gradients: list[Any]) -> list[Any]:
@@ -382,7 +393,7 @@ class TrainLoop:
     if clip:
       norm = tf.linalg.global_norm(context.all_reduce(SUM, present))
       if self._loss_scale:
-        norm /= tf.cast(self._optimizer.dynamic_scale, norm.dtype)
+        norm /= tf.cast(self._keras.loss_scale(self._optimizer), norm.dtype)
       factor = self._clipnorm / tf.maximum(norm, self._clipnorm)
       poison = tf.where(tf.math.is_finite(norm), 0.0, float("nan"))
     else:

@@ -5,10 +5,10 @@ import dataclasses
 from typing import Any
 
 from absl import logging
-import keras
 import tensorflow as tf
 
 from runner import interfaces
+from runner.training import keras_versions
 from runner.training import options as trainer_options
 from runner.training import parameter_server_loops
 from runner.training import scoped_settings
@@ -21,20 +21,22 @@ class ModelParts:
   Attributes:
     model: the Keras model `model_fn` returned (its variables built by `build`).
     optimizer: the optimizer `optimizer_fn` returned; under 'mixed_float16'
-      wrapped in a `keras.optimizers.LossScaleOptimizer` unless it is one.
+      wrapped in its Keras's `LossScaleOptimizer` unless it is one.
     metrics: the task's metrics.
     step: the global step, an int64 variable read from the first replica.
+    keras_version: the Keras of the model and the optimizer (Keras 3 or tf_keras).
   """
 
-  model: keras.Model
-  optimizer: keras.optimizers.Optimizer
-  metrics: list[keras.metrics.Metric]
+  model: Any
+  optimizer: Any
+  metrics: list[Any]
   step: tf.Variable
+  keras_version: keras_versions.KerasVersion
 
   @property
   def loss_scaled(self) -> bool:
     """The optimizer scales the loss (mixed precision): it skips steps with non-finite gradients itself."""
-    return isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+    return self.keras_version.scales_loss(self.optimizer)
 
   def build(self, strategy: tf.distribute.Strategy, features_spec: Any) -> bool:
     """Builds the model's and optimizer's variables in `strategy.scope()`; returns whether they are built.
@@ -49,8 +51,7 @@ class ModelParts:
         if features_spec is None:
           return False
         self.model(tf.nest.map_structure(_zeros, features_spec), training=False)
-      if not self.optimizer.built:
-        self.optimizer.build(self.model.trainable_variables)
+      self.keras_version.build_optimizer(self.optimizer, self.model.trainable_variables)
     return True
 
 
@@ -65,30 +66,41 @@ def make(
 ) -> ModelParts:
   """Calls `model_fn`, `optimizer_fn` and `task.metrics` in `strategy.scope()`, under `precision` and `seed`.
 
+  `model_fn` is called before `optimizer_fn`. Both Kerases are taken: Keras 3
+  and tf_keras (Keras 2), told apart by the objects made.
+
   Raises:
     ConfigError: `model_fn` or `optimizer_fn` returned something else than
-      a Keras model or optimizer, or the metrics' names are unusable.
+      a Keras model or optimizer, the two are of different Kerases, or the
+      metrics' names are unusable.
   """
   if precision == "mixed_float16":
     _warn_if_float16_on_cpu(strategy)
   with strategy.scope(), scoped_settings.random_seed(seed):
-    with scoped_settings.dtype_policy(precision):
-      model = trainer_options.made(model_fn(), keras.Model, role="model_fn", fn=model_fn, expected="a keras.Model")
+    with keras_versions.dtype_policies(precision):
+      model = trainer_options.made(
+          model_fn(),
+          keras_versions.is_model,
+          role="model_fn",
+          fn=model_fn,
+          expected="a keras.Model. A tf_keras.Model (Keras 2) works too",
+      )
     optimizer = trainer_options.made(
         optimizer_fn(),
-        keras.optimizers.Optimizer,
+        keras_versions.is_optimizer,
         role="optimizer_fn",
         fn=optimizer_fn,
-        expected="a keras.optimizers.Optimizer",
+        expected="a keras.optimizers.Optimizer. One of tf_keras.optimizers (Keras 2) works too",
     )
-    if precision == "mixed_float16" and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-      optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    keras_version = keras_versions.of_model_and_optimizer(model, optimizer)
+    if precision == "mixed_float16":
+      optimizer = keras_version.loss_scale_optimizer(optimizer)
     metrics = list(task.metrics())
     step = tf.Variable(
         0, dtype=tf.int64, trainable=False, name="global_step", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
     )
   trainer_options.metric_names(metrics)
-  return ModelParts(model=model, optimizer=optimizer, metrics=metrics, step=step)
+  return ModelParts(model=model, optimizer=optimizer, metrics=metrics, step=step, keras_version=keras_version)
 
 
 def is_tpu(strategy: tf.distribute.Strategy) -> bool:
@@ -105,7 +117,7 @@ def _warn_if_float16_on_cpu(strategy: tf.distribute.Strategy) -> None:
     return
   try:
     device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}
-  except (AttributeError, ValueError):  # A strategy that does not list its devices here: nothing to tell.
+  except (AttributeError, ValueError, RuntimeError):  # A strategy that does not list its devices: nothing to tell.
     return
   if device_types and "GPU" not in device_types:
     logging.warning(

@@ -4,12 +4,12 @@ from collections.abc import Callable, Sequence
 import dataclasses
 from typing import Any
 
-import keras
 import tensorflow as tf
 
 from runner import interfaces
 from runner.outputs import profiling
 from runner.tasks import Task
+from runner.training import keras_versions
 from runner.training import scoped_settings
 from runner.training import steps_per_loop as steps_per_loop_lib
 from strategies import checks
@@ -98,7 +98,7 @@ def check_components(
         f"strategy must be a tf.distribute.Strategy (e.g. from strategies.create), got {type(strategy).__name__}."
     )
   for name, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn)):
-    if isinstance(fn, (keras.Model, keras.optimizers.Optimizer)) or not callable(fn):
+    if keras_versions.of(fn) is not None or not callable(fn):
       raise ConfigError(
           f"{name} must be a function with no arguments that makes the object inside strategy.scope(), "
           f"got {type(fn).__name__}."
@@ -110,13 +110,18 @@ def check_components(
 
 
 def made(
-    value: Any, expected_type: type | tuple[type, ...], *, role: str, fn: Callable[..., Any], expected: str
+    value: Any,
+    expected_type: type | tuple[type, ...] | Callable[[Any], bool],
+    *,
+    role: str,
+    fn: Callable[..., Any],
+    expected: str,
 ) -> Any:
   """Returns `value` if the function `fn` made an `expected_type`.
 
   Args:
     value: what `fn` returned.
-    expected_type: the type it must have.
+    expected_type: the type it must have, or a function that says whether it is one.
     role: what `fn` is, e.g. 'model_fn' or 'the task function'.
     fn: the function (named in the message by module and name).
     expected: the type's name for the message, e.g. 'a keras.Model'.
@@ -124,7 +129,8 @@ def made(
   Raises:
     ConfigError: naming the function, what it returned and what it must return.
   """
-  if not isinstance(value, expected_type):
+  is_expected = isinstance(value, expected_type) if isinstance(expected_type, (type, tuple)) else expected_type(value)
+  if not is_expected:
     while hasattr(fn, "func"):  # functools.partial
       fn = fn.func
     name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
@@ -136,13 +142,15 @@ def metric_names(metrics: Sequence[Any]) -> list[str]:
   """Returns the names of `metrics`, checked to be Keras metrics with unique, unreserved names.
 
   Raises:
-    ConfigError: a metric is not a `keras.metrics.Metric`, or its name is
-      reserved or used twice.
+    ConfigError: a metric is not a `keras.metrics.Metric` (or a
+      `tf_keras.metrics.Metric`), or its name is reserved or used twice.
   """
   names = []
   for metric in metrics:
-    if not isinstance(metric, keras.metrics.Metric):
-      raise ConfigError(f"Task.metrics() must return keras.metrics.Metric objects, got {metric!r}.")
+    if not keras_versions.is_metric(metric):
+      raise ConfigError(
+          f"Task.metrics() must return keras.metrics.Metric (or tf_keras.metrics.Metric) objects, got {metric!r}."
+      )
     if metric.name in RESERVED_NAMES or metric.name in names:
       raise ConfigError(
           f"Metric name {metric.name!r} is {'reserved' if metric.name in RESERVED_NAMES else 'used twice'}; "

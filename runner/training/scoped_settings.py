@@ -1,6 +1,7 @@
-"""Process-wide settings the Trainer changes only for a while: the dtype policy and the random seeds.
+"""Process-wide settings the Trainer changes only for a while: the random seeds; and the precisions it knows.
 
-Imports no TensorFlow until the dtype policy is set: the config checks use PRECISIONS before it loads.
+Imports no TensorFlow: the config checks use PRECISIONS before it loads. The
+dtype policy is set per Keras by `runner.training.keras_versions.dtype_policies`.
 """
 
 from collections.abc import Iterator
@@ -21,23 +22,6 @@ def check_precision(precision: str) -> str:
     ConfigError: naming the valid precisions and the closest one.
   """
   return checks.one_of(precision, PRECISIONS, "precision")
-
-
-@contextlib.contextmanager
-def dtype_policy(precision: str) -> Iterator[None]:
-  """Sets the Keras global dtype policy to `precision` inside the block, then restores the previous one.
-
-  Layers take the policy when they are created, so a model made inside the
-  block keeps it afterwards.
-  """
-  import keras  # noqa: PLC0415
-
-  previous = keras.mixed_precision.global_policy()
-  keras.mixed_precision.set_global_policy(precision)
-  try:
-    yield
-  finally:
-    keras.mixed_precision.set_global_policy(previous)
 
 
 @contextlib.contextmanager

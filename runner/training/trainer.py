@@ -479,7 +479,7 @@ class Trainer:
     features_spec = input_pipeline.batch_spec(element_spec[0])
     self._prepare(features_spec)
     if self._outputs_spec is None and self._ready:
-      self._outputs_spec = data_checks.outputs_spec(self._parts.model, features_spec)
+      self._outputs_spec = self._parts.keras_version.outputs_spec(self._parts.model, features_spec)
     label_range = data_checks.label_range(element_spec, self._outputs_spec, self._task, purpose=purpose)
     self._checked_data[purpose] = (data, label_range)
     return label_range
@@ -610,6 +610,7 @@ class Trainer:
           xla=self._xla,
           clipnorm=self._options.clipnorm,
           loss_scale=self._parts.loss_scaled,
+          keras_version=self._parts.keras_version,
           valid_labels=label_range,
       )
       if self._coordinator is not None:

@@ -1,0 +1,198 @@
+"""The two Kerases a Trainer trains: Keras 3 (`keras`) and Keras 2 (`tf_keras`), and the calls where they differ.
+
+Which one a run uses is read from the objects `model_fn` and `optimizer_fn`
+return, never from a flag. Keras 3 is always importable (a requirement);
+`tf_keras` is looked at only when it is already imported, which it is once a
+tf_keras object exists, so a Keras 3 run never imports it.
+
+Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
+
+| | Keras 3 | tf_keras |
+|---|---|---|
+| apply gradients | `optimizer.apply(grads, variables)` | `optimizer.apply_gradients(zip(grads, variables))` |
+| loss scaling | `scale_loss(loss)`; `apply` unscales | `get_scaled_loss(loss)`, `get_unscaled_gradients(grads)` |
+| optimizer built | `optimizer.built` | `optimizer._built` (set by `build`) |
+| output spec of a model | `compute_output_spec(KerasTensor)` | `compute_output_signature(TensorSpec)` |
+
+Both sum the gradients over replicas inside their apply, as the Trainer's
+loss (scaled by the global batch) expects.
+"""
+
+from collections.abc import Iterator
+import contextlib
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from typing import Any
+
+import tensorflow as tf
+
+from strategies.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasVersion:
+  """One Keras, by the module that holds it.
+
+  Attributes:
+    name: how messages name it, e.g. "tf_keras (Keras 2)".
+    module_name: its top-level module, 'keras' or 'tf_keras'.
+  """
+
+  name: str
+  module_name: str
+
+  @property
+  def module(self) -> Any:
+    """The Keras module (imported on first use)."""
+    return importlib.import_module(self.module_name)
+
+  def owns(self, value: Any) -> bool:
+    """Whether `value` is a model, optimizer or metric of this Keras (False when the module is not imported)."""
+    module = sys.modules.get(self.module_name)
+    if module is None:
+      return False
+    return isinstance(value, (module.Model, module.optimizers.Optimizer, module.metrics.Metric))
+
+  def is_model(self, value: Any) -> bool:
+    """Whether `value` is a model of this Keras."""
+    return self.owns(value) and isinstance(value, self.module.Model)
+
+  def is_optimizer(self, value: Any) -> bool:
+    """Whether `value` is an optimizer of this Keras."""
+    return self.owns(value) and isinstance(value, self.module.optimizers.Optimizer)
+
+  def is_metric(self, value: Any) -> bool:
+    """Whether `value` is a metric of this Keras."""
+    return self.owns(value) and isinstance(value, self.module.metrics.Metric)
+
+  def loss_scale_optimizer(self, optimizer: Any) -> Any:
+    """Returns `optimizer` wrapped in this Keras's `LossScaleOptimizer` (dynamic scale), unless it is one."""
+    if self.scales_loss(optimizer):
+      return optimizer
+    return self.module.mixed_precision.LossScaleOptimizer(optimizer)
+
+  def scales_loss(self, optimizer: Any) -> bool:
+    """Whether `optimizer` is this Keras's `LossScaleOptimizer`."""
+    return isinstance(optimizer, self.module.mixed_precision.LossScaleOptimizer)
+
+  def scaled_loss(self, optimizer: Any, loss: tf.Tensor) -> tf.Tensor:
+    """The loss to differentiate under a `LossScaleOptimizer`: `loss` times its current scale."""
+    return optimizer.scale_loss(loss) if self is KERAS_3 else optimizer.get_scaled_loss(loss)
+
+  def gradients_to_apply(self, optimizer: Any, gradients: list[Any]) -> list[Any]:
+    """Gradients of the scaled loss, as this Keras's `LossScaleOptimizer` wants them handed to it.
+
+    Keras 3's `apply` unscales them itself; tf_keras wants them unscaled first.
+    """
+    return gradients if self is KERAS_3 else optimizer.get_unscaled_gradients(gradients)
+
+  def loss_scale(self, optimizer: Any) -> Any:
+    """The factor by which `gradients_to_apply`'s result is too large: the loss scale (Keras 3), else 1."""
+    return optimizer.dynamic_scale if self is KERAS_3 else 1.0
+
+  def apply(self, optimizer: Any, gradients: list[Any], variables: list[Any]) -> None:
+    """Applies `gradients` (each replica's, summed over replicas by the optimizer) to `variables`."""
+    if self is KERAS_3:
+      optimizer.apply(gradients, variables)
+    else:
+      optimizer.apply_gradients(zip(gradients, variables))
+
+  def build_optimizer(self, optimizer: Any, variables: list[Any]) -> None:
+    """Makes `optimizer`'s slot variables for `variables` unless it has them."""
+    built = optimizer.built if self is KERAS_3 else getattr(optimizer, "_built", False)
+    if not built:
+      optimizer.build(variables)
+
+  @contextlib.contextmanager
+  def dtype_policy(self, precision: str) -> Iterator[None]:
+    """Sets this Keras's global dtype policy to `precision` inside the block, then restores the previous one."""
+    mixed_precision = self.module.mixed_precision
+    previous = mixed_precision.global_policy()
+    mixed_precision.set_global_policy(precision)
+    try:
+      yield
+    finally:
+      mixed_precision.set_global_policy(previous)
+
+  def outputs_spec(self, model: Any, features_spec: Any) -> Any:
+    """The spec of `model`'s outputs for a batch of `features_spec` (a nest of specs), or None if it cannot tell.
+
+    Computed symbolically: nothing runs.
+    """
+    try:
+      if self is KERAS_3:
+        keras_tensor = self.module.KerasTensor
+        outputs = model.compute_output_spec(
+            tf.nest.map_structure(lambda s: keras_tensor(s.shape, s.dtype), features_spec)
+        )
+      else:
+        outputs = model.compute_output_signature(features_spec)
+      return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
+    except (ValueError, TypeError, NotImplementedError, AttributeError):
+      return None
+
+
+KERAS_3 = KerasVersion(name="Keras 3", module_name="keras")
+TF_KERAS = KerasVersion(name="tf_keras (Keras 2)", module_name="tf_keras")
+VERSIONS = (KERAS_3, TF_KERAS)
+
+
+def of(value: Any) -> KerasVersion | None:
+  """The Keras whose model, optimizer or metric `value` is; None for anything else."""
+  return next((version for version in VERSIONS if version.owns(value)), None)
+
+
+def is_model(value: Any) -> bool:
+  """Whether `value` is a model of either Keras."""
+  return any(version.is_model(value) for version in VERSIONS)
+
+
+def is_optimizer(value: Any) -> bool:
+  """Whether `value` is an optimizer of either Keras."""
+  return any(version.is_optimizer(value) for version in VERSIONS)
+
+
+def is_metric(value: Any) -> bool:
+  """Whether `value` is a metric of either Keras (a task's metrics may be of either, whatever the model's)."""
+  return any(version.is_metric(value) for version in VERSIONS)
+
+
+def of_model_and_optimizer(model: Any, optimizer: Any) -> KerasVersion:
+  """The one Keras that `model` and `optimizer` both belong to.
+
+  Raises:
+    ConfigError: they belong to different Kerases (the message names both
+      and the optimizer to use instead).
+  """
+  model_version, optimizer_version = of(model), of(optimizer)
+  if model_version is None or model_version is not optimizer_version:
+    raise ConfigError(
+        f"model_fn made a {_named(model_version)} model but optimizer_fn made a {_named(optimizer_version)} "
+        f"optimizer ({type(optimizer).__name__}); both must be of one Keras. Make the optimizer with the model's "
+        f"Keras, e.g. {(model_version or KERAS_3).module_name}.optimizers.{type(optimizer).__name__}."
+    )
+  return model_version
+
+
+def dtype_policies(precision: str) -> contextlib.ExitStack:
+  """Sets the global dtype policy of Keras 3 and, when it is imported or precision is mixed, of tf_keras.
+
+  A `model_fn` may import tf_keras inside itself, after the policy is set:
+  under a mixed precision tf_keras is imported first (if installed) so that
+  its layers take the policy too.
+  """
+  stack = contextlib.ExitStack()
+  stack.enter_context(KERAS_3.dtype_policy(precision))
+  if TF_KERAS.module_name in sys.modules or (precision != "float32" and _installed(TF_KERAS.module_name)):
+    stack.enter_context(TF_KERAS.dtype_policy(precision))
+  return stack
+
+
+def _installed(module_name: str) -> bool:
+  return importlib.util.find_spec(module_name) is not None
+
+
+def _named(version: KerasVersion | None) -> str:
+  return "non-Keras" if version is None else version.name
