@@ -47,7 +47,8 @@ class Task(abc.ABC):
   The Trainer calls `loss` inside each replica's step with float32 outputs and
   averages the per-example values over the global batch itself (honouring
   sample weights), so a task never reduces over the batch. `metrics` is called
-  once, inside `strategy.scope()`.
+  once, inside `strategy.scope()`. `preprocess` maps each batch's features
+  before the model sees them.
   """
 
   @abc.abstractmethod
@@ -65,6 +66,22 @@ class Task(abc.ABC):
     Their names are the keys of the Trainer's results; each must give a scalar.
     """
     return []
+
+  def preprocess(self, features: Any) -> Any:
+    """Returns one replica's batch of features as the model takes them; the default returns them unchanged.
+
+    Called inside each replica's training and evaluation step, before the
+    model, e.g. to merge a batch of TF-GNN `GraphTensor`s into one graph of
+    many components (`graph.merge_batch_to_components()`), as TF-GNN's
+    runner does; that can equally be the model's first layer. A task that
+    preprocesses gets its features checked against the model's input after
+    this call, and `Trainer.export` serves the model on preprocessed features.
+
+    Args:
+      features: the features of one per-replica batch, as batched from the
+        dataset (composite ones included).
+    """
+    return features
 
   def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
     """Checks that labels of `labels_spec` can be scored against outputs of `outputs_spec`.

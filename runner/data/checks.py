@@ -74,7 +74,15 @@ def declared_features_spec(model: Any) -> Any:
     if not inputs:
       return None
     structure = inputs[0] if len(inputs) == 1 else list(inputs)
-  return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape[1:], t.dtype), structure)
+  return tf.nest.map_structure(_per_example, structure)
+
+
+def _per_example(symbolic_input: Any) -> Any:
+  """The spec of one example of a model's symbolic input: dense, or composite (a tf_keras `Input(type_spec=...)`)."""
+  type_spec = getattr(symbolic_input, "type_spec", None)  # tf_keras; Keras 3's inputs are dense.
+  if type_spec is not None and is_composite(type_spec):
+    return type_spec._unbatch()  # noqa: SLF001  The batchable TypeSpec protocol tf.data itself uses.
+  return tf.TensorSpec(symbolic_input.shape[1:], symbolic_input.dtype)
 
 
 def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
@@ -102,16 +110,15 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
         f"{_spec(element_spec)}). The Trainer batches the data itself; return an unbatched dataset of one example "
         "per element (drop the .batch(...))."
     )
-  for path, spec in leaves(features):
-    if isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)):
-      kind = "ragged" if isinstance(spec, tf.RaggedTensorSpec) else "sparse"
-      raise DataError(
-          f"{where}'s features{path} are {kind} ({_spec(spec)}), but the Trainer batches dense tensors of one "
-          "shape. Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
-          "tf.sparse.to_dense)."
-      )
   if expected is None:
     for path, spec in leaves(features):
+      if is_composite(spec):
+        raise DataError(
+            f"{where}'s features{path} are {_kind(spec)} ({_spec(spec)}), but the Trainer batches dense tensors of "
+            "one shape for a model that builds from its first batch. Pad or cut them to a fixed length in the "
+            "dataset (e.g. ragged.to_tensor(shape=[N]) or tf.sparse.to_dense), or declare the model's input "
+            "(keras.Input(type_spec=...) in tf_keras), which may be composite."
+        )
       if not spec.shape.is_fully_defined():
         raise DataError(
             f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, and the "
@@ -127,6 +134,19 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
         "structures differ."
     ) from None
   for (path, spec), want in zip(leaves(features), tf.nest.flatten(expected)):
+    if is_composite(spec) or is_composite(want):
+      if not (is_composite(spec) and is_composite(want) and want.is_compatible_with(spec)):
+        raise DataError(
+            f"{where}'s features{path} are {_kind(spec)} ({_spec(spec)}) per example, but the model's input takes "
+            f"{_kind(want)} ({_spec(want)})."
+            + (
+                " Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
+                "tf.sparse.to_dense)."
+                if is_composite(spec) and not is_composite(want)
+                else ""
+            )
+        )
+      continue
     if spec.shape.rank == want.shape.rank + 1 and want.shape.is_compatible_with(spec.shape[1:]):
       raise DataError(
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example, one dimension more than the "
@@ -495,6 +515,19 @@ def leaves(nest: Any, path: str = "") -> Iterator[tuple[str, Any]]:
       yield from leaves(part, f"{path}[{index}]")
   else:
     yield path, nest
+
+
+def is_composite(spec: Any) -> bool:
+  """Whether `spec` is the spec of a composite tensor (ragged, sparse, an extension type such as a GraphTensor)."""
+  return not isinstance(spec, tf.TensorSpec)
+
+
+def _kind(spec: Any) -> str:
+  if isinstance(spec, tf.RaggedTensorSpec):
+    return "ragged"
+  if isinstance(spec, tf.SparseTensorSpec):
+    return "sparse"
+  return f"a {type(spec).__name__.removesuffix('Spec')}" if is_composite(spec) else "dense"
 
 
 def _shape(shape: Any) -> str:

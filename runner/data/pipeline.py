@@ -79,7 +79,8 @@ def for_evaluation(strategy: tf.distribute.Strategy, data: Any, global_batch_siz
   count, and the evaluation loop stops once the real examples are used up.
   The batches are those of padding the elements one by one and then
   batching, made a batch at a time (one vectorized map per batch, not per
-  example) and prefetched.
+  example) and prefetched. Composite features (ragged, sparse, a
+  `GraphTensor`) are padded with copies of the first example instead, by example.
 
   Args:
     strategy: the `tf.distribute.Strategy`.
@@ -106,8 +107,12 @@ def for_evaluation(strategy: tf.distribute.Strategy, data: Any, global_batch_siz
           "pass evaluate(..., steps=N) or give data that does not repeat."
       )
     pipelines.append(input_context.num_input_pipelines)
-    batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
-    return without_autotune_model(batches.concatenate(_padding(batches)).prefetch(tf.data.AUTOTUNE))
+    if all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(batches.element_spec)):
+      batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
+      batches = batches.concatenate(_padding(batches))
+    else:
+      batches = _padded_by_example(data.get_dataset(input_context), batch_size)
+    return without_autotune_model(batches.prefetch(tf.data.AUTOTUNE))
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
   return distributed, pipelines[0]
@@ -173,6 +178,27 @@ def _filled_up(batch: tf.Tensor, batch_size: int) -> tf.Tensor:
   return full
 
 
+def _padded_by_example(examples: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+  """Batches `examples` with composite features (ragged, sparse, GraphTensor) as `(features, labels, weight, mask)`.
+
+  A composite batch cannot be filled up with zeros, so the examples are
+  followed by endless copies of the first one, each paired with its mask
+  (1, or 0 for a copy), then batched: the batches of the provider's
+  `get_batches`, filled up. Nothing maps single examples: a map would turn
+  an example's ragged tensor of one ragged dimension into a dense one.
+  """
+  real = tf.data.Dataset.zip(examples, tf.data.Dataset.from_tensors(1.0).repeat())
+  padding = tf.data.Dataset.zip(examples.take(1).repeat(), tf.data.Dataset.from_tensors(0.0).repeat())
+  return real.concatenate(padding).batch(batch_size, drop_remainder=True).map(_weighted_and_masked)
+
+
+@tf.autograph.experimental.do_not_convert
+def _weighted_and_masked(element: tuple[Any, ...], mask: tf.Tensor) -> tuple[Any, Any, tf.Tensor, tf.Tensor]:
+  """Maps a batch of `(element, mask)` to `(features, labels, weight, mask)`; weight is 0 where mask is."""
+  weight = mask if len(element) == 2 else tf.cast(element[2], tf.float32) * mask
+  return element[0], element[1], weight, mask
+
+
 def _padding(batches: tf.data.Dataset) -> tf.data.Dataset:
   """Returns endless zero-weight, zero-mask batches shaped like `batches`' (full batches)."""
   spec = batches.element_spec
@@ -181,6 +207,12 @@ def _padding(batches: tf.data.Dataset) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensors(zeros).repeat()
   # Shapes known only from the data: copy the first batch, with weights and mask 0.
   return batches.take(1).map(lambda x, y, w, m: (x, y, tf.zeros_like(w), tf.zeros_like(m))).repeat()
+
+
+def preprocessed_spec(preprocess: Any, features_spec: Any) -> Any:
+  """The spec of `preprocess(features)` for a batch of `features_spec`, found by tracing it (nothing runs)."""
+  traced = tf.function(preprocess, autograph=False).get_concrete_function(features_spec)
+  return tf.nest.map_structure(tf.type_spec_from_value, traced.structured_outputs)
 
 
 def element_spec(data: Any, purpose: str) -> Any:
@@ -198,5 +230,11 @@ def element_spec(data: Any, purpose: str) -> Any:
 
 
 def batch_spec(spec: Any) -> Any:
-  """Returns the spec of a batch of elements of `spec` (a nest of `tf.TensorSpec`), batch dimension None."""
-  return tf.nest.map_structure(lambda s: tf.TensorSpec([None, *s.shape], s.dtype), spec)
+  """Returns the spec of a batch of elements of `spec` (a nest of specs, composite ones too), batch dimension None."""
+  return tf.nest.map_structure(_batched, spec)
+
+
+def _batched(spec: Any) -> Any:
+  if isinstance(spec, tf.TensorSpec):
+    return tf.TensorSpec([None, *spec.shape], spec.dtype)
+  return spec._batch(None)  # noqa: SLF001  The batchable TypeSpec protocol tf.data itself uses.

@@ -1,6 +1,7 @@
 """Export: a SavedModel whose `serving_default` signature gives the model's predictions."""
 
 from typing import Any
+import warnings
 
 import tensorflow as tf
 
@@ -17,16 +18,24 @@ def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_sp
   a list, the model's own keys for a dict. Floating outputs are float32. The
   SavedModel loads with `tf.saved_model.load` alone, without this package.
 
+  Composite features (ragged, sparse, a TF-GNN `GraphTensor`) cannot be a
+  signature's inputs: the SavedModel then has no signatures, and the same
+  function is its attribute `serve` (`tf.saved_model.load(path).serve(features)`;
+  a `GraphTensor` needs `tensorflow_gnn` imported to load).
+
   Args:
     strategy: the `tf.distribute.Strategy` of the model's variables.
     model: a built Keras model.
-    features_spec: the `tf.TensorSpec` nest of one batch of features.
+    features_spec: the spec nest of one batch of features.
     path: the SavedModel directory.
 
   Returns:
     `path` on the chief, else the deleted temporary directory.
   """
-  if isinstance(features_spec, dict):
+  composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(features_spec))
+  if composite:
+    signature = features_spec
+  elif isinstance(features_spec, dict):
     signature = {
         key: tf.TensorSpec([None] + spec.shape[1:], spec.dtype, name=key) for key, spec in features_spec.items()
     }
@@ -48,5 +57,7 @@ def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_sp
   module.model = model
   module.serve = serve
   with worker_files.destination(strategy, path) as written:
-    tf.saved_model.save(module, written, signatures={"serving_default": serve})
+    with warnings.catch_warnings():  # Composite specs: "loading ... will require that this type be imported".
+      warnings.filterwarnings("ignore", "Encoding a StructuredValue with type", UserWarning)
+      tf.saved_model.save(module, written, signatures=None if composite else {"serving_default": serve})
   return written

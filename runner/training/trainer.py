@@ -146,6 +146,8 @@ class Trainer:
     self._strategy = strategy
     self._coordinator = parameter_server_loops.coordinator_for(strategy, jit_compile=jit_compile)
     self._task = task
+    # The task's preprocess, when it has its own (None: the model takes the features as batched).
+    self._preprocess = task.preprocess if type(task).preprocess is not interfaces.Task.preprocess else None
     self._xla = jit_compile and not model_parts.is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
     self._parts = model_parts.make(
         strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, precision=precision, seed=seed
@@ -363,6 +365,7 @@ class Trainer:
               num_input_pipelines=num_pipelines,
               xla=self._xla,
               valid_labels=label_range,
+              preprocess=self._preprocess,
           ),
       )
     start = time.perf_counter()
@@ -472,11 +475,14 @@ class Trainer:
     if checked is not None and checked[0] is data:
       return checked[1]
     element_spec = input_pipeline.element_spec(provider, purpose)
-    data_checks.check_features(
-        element_spec, data_checks.features_expected(self._parts.model, self._features_spec), purpose=purpose
-    )
-    data_checks.check_one_tensor_for_sequential(element_spec, self._parts.model, purpose=purpose)
     features_spec = input_pipeline.batch_spec(element_spec[0])
+    if self._preprocess is None:
+      data_checks.check_features(
+          element_spec, data_checks.features_expected(self._parts.model, self._features_spec), purpose=purpose
+      )
+      data_checks.check_one_tensor_for_sequential(element_spec, self._parts.model, purpose=purpose)
+    else:  # The model takes the preprocessed features: checked against its input when it is called.
+      features_spec = input_pipeline.preprocessed_spec(self._preprocess, features_spec)
     self._prepare(features_spec)
     if self._outputs_spec is None and self._ready:
       self._outputs_spec = self._parts.keras_version.outputs_spec(self._parts.model, features_spec)
@@ -611,6 +617,7 @@ class Trainer:
           clipnorm=self._options.clipnorm,
           loss_scale=self._parts.loss_scaled,
           keras_version=self._parts.keras_version,
+          preprocess=self._preprocess,
           valid_labels=label_range,
       )
       if self._coordinator is not None:

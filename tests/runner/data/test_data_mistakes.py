@@ -112,7 +112,7 @@ def test_ragged_and_variable_length_features_are_named(one_device):
       DataError,
       match=r"^The training data's features are ragged \(RaggedTensorSpec\(TensorShape"
       r"\(\[None\]\), tf\.float32, 0, tf\.int64\)\), but the Trainer batches dense "
-      r"tensors of one shape\. Pad or cut them to a fixed length",
+      r"tensors of one shape for a model that builds from its first batch\. Pad or cut them to a fixed length",
   ):
     trainer_testlib.make_trainer(one_device, model_fn=_lazy_model).train(ragged, global_batch_size=2, steps=1)
   varying = tf.data.Dataset.from_generator(
