@@ -37,6 +37,7 @@ DISTRIBUTIONS = {
     "absl": "absl-py",
     "google.protobuf": "protobuf",
     "keras": "keras",
+    "tf_keras": "tf-keras",
     "ml_collections": "ml-collections",
     "numpy": "numpy",
     "portpicker": "portpicker",
