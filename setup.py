@@ -55,6 +55,8 @@ setuptools.setup(
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
         # Ray Train as a way in (runner/cluster/ray_train.py, docs/clusters.md#ray-train).
         "ray": [RAY],
+        # TF-GNN's Keras 2 and TF-GNN itself (configs/graphs.py, docs/keras2_and_gnn.md).
+        "gnn": ["tf-keras", "tensorflow-gnn"],
     },
     entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main", "tf-runner-launch=runner.launch:run_main"]},
 )

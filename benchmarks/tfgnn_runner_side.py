@@ -1,4 +1,4 @@
-"""The TF-GNN runner's side of the comparison: configs/graphs.py's model and data trained by `tensorflow_gnn.runner.run`.
+"""The TF-GNN runner's side of the comparison: configs/graphs.py's model and data in `tensorflow_gnn.runner.run`.
 
 `train(config, strategy, model_dir=..., steps=..., log_every=...)` trains the
 model of `configs.graphs.gnn` on the data of `configs.graphs.random_graph_density`
@@ -137,7 +137,12 @@ def _check_supported(config, steps, log_every):
         f"data {config.data.name!r}."
     )
   optimizer = config.optimizer
-  if (optimizer.name, optimizer.schedule, optimizer.weight_decay, optimizer.clipnorm) != ("adam", "constant", 0.0, None):
+  if (optimizer.name, optimizer.schedule, optimizer.weight_decay, optimizer.clipnorm) != (
+      "adam",
+      "constant",
+      0.0,
+      None,
+  ):
     raise ValueError(
         "tfgnn_runner_side trains with Adam at a constant learning rate, without weight decay or clipnorm; got "
         f"{optimizer.name!r}, schedule {optimizer.schedule!r}, weight_decay {optimizer.weight_decay}, "

@@ -21,7 +21,6 @@ TF_USE_LEGACY_KERAS=1 (unless it is set) when it is imported, before
 TensorFlow GNN is, which needs `tf.keras` to be tf_keras.
 """
 
-import importlib
 import importlib.util
 import os
 
@@ -48,12 +47,14 @@ def _gnn_modules():
     ConfigError: either is not installed, or tf.keras was already Keras 3 when TensorFlow GNN was imported.
   """
   try:
-    return importlib.import_module("tf_keras"), importlib.import_module("tensorflow_gnn")
+    import tensorflow_gnn  # noqa: PLC0415  The config loads without TensorFlow; TF-GNN is optional.
+    import tf_keras  # noqa: PLC0415
   except ImportError as e:
     raise ConfigError(
         f"configs/graphs.py needs tf_keras and TensorFlow GNN: {e}. Install them with: {INSTALL}; "
         "and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported."
     ) from e
+  return tf_keras, tensorflow_gnn
 
 
 def _check_installed():
@@ -113,7 +114,8 @@ def _graph_dataset(graphs, num_node_features):
         },
         edge_sets={
             EDGE_SET: tfgnn.EdgeSet.from_fields(
-                sizes=tf.shape(sources), adjacency=tfgnn.Adjacency.from_indices((NODE_SET, sources), (NODE_SET, targets))
+                sizes=tf.shape(sources),
+                adjacency=tfgnn.Adjacency.from_indices((NODE_SET, sources), (NODE_SET, targets)),
             )
         },
     )

@@ -46,6 +46,8 @@ DISTRIBUTIONS = {
     "tensorboard": "tensorboard",
     "tensorboard_plugin_profile": "tensorboard-plugin-profile",
     "tensorflow": "tensorflow",
+    "tensorflow_gnn": "tensorflow-gnn",
+    "tf_keras": "tf-keras",
     "xprof": "xprof",
 }
 # (source, module) -> why that import is neither a requirement nor the project's.

@@ -61,8 +61,9 @@ def _rule_labels(dataset):
     del label  # Recomputed.
     return graph.edge_sets[graphs.EDGE_SET].total_size / graph.node_sets[graphs.NODE_SET].total_size
 
-  return np.digitize(_labels(dataset.map(lambda graph, label: (graph, mean_degree(graph, label)))),
-                     graphs.MEAN_DEGREE_BOUNDS)
+  return np.digitize(
+      _labels(dataset.map(lambda graph, label: (graph, mean_degree(graph, label)))), graphs.MEAN_DEGREE_BOUNDS
+  )
 
 
 def main(out, steps):
