@@ -1,6 +1,6 @@
-"""The TF-GNN checks of tests/runner/test_gnn_runner_wrappers.py, in one process (run as a process, not by pytest).
+"""The TF-GNN checks of tests/runner/test_gnn_example.py, in one process (run as a process, not by pytest).
 
-Usage: gnn_runner_main.py OUT.npz STEPS
+Usage: gnn_runner_main.py OUT.npz STEPS FULL_STEPS
 
 A process of its own: TF-GNN needs `tf.keras` to be tf_keras (TF_USE_LEGACY_KERAS=1, set by the modules it
 imports before TensorFlow), which a test process whose other tests touched `tf.keras` as Keras 3 no longer
@@ -15,7 +15,11 @@ batches with `deterministic=False`, which let one run's batches come in another 
 - `ours_initial/i`, `tfgnn_initial/i`: the initial weights of configs.graphs.gnn and of the TF-GNN runner's base
   model (`tfgnn_runner_side.base_model`), each made after the same seeding;
 - for each run R in RUNS, `R/losses` and `R/weight/i`: `tfgnn_runner_side.train` for STEPS steps, one loss per
-  step (`windows` one loss per 5 steps) under the strategy R names.
+  step (`windows` one loss per 5 steps) under the strategy R names;
+- for each run R in TRAINER_RUNS, the same for our `runner.Trainer` on the same model, data and optimizer;
+- `full/losses`, `full/eval_loss`, `full/eval_accuracy`: the example's whole run (FULL_STEPS steps, one device)
+  through `tensorflow_gnn.runner.run`, one loss per FULL_WINDOW steps, its model then scored on the evaluation
+  split; `trainer_full/...`: the same with our Trainer.
 """
 
 import os
@@ -30,6 +34,7 @@ sys.path.insert(0, paths.REPO)
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 from benchmarks import tfgnn_runner_side
 from configs import graphs
@@ -38,6 +43,7 @@ from runner.cluster import process_exit
 import strategies
 
 WINDOW = 5
+FULL_WINDOW = 50
 CPUS = ("/cpu:0", "/cpu:1")
 # name -> (strategy maker, steps per loss).
 RUNS = {
@@ -47,6 +53,56 @@ RUNS = {
     "ours_mirrored": (lambda: strategies.MirroredStrategy(devices=list(CPUS)), 1),
     "windows": (lambda: tf.distribute.OneDeviceStrategy(CPUS[0]), WINDOW),
 }
+
+
+# name -> strategy maker: our Trainer, one loss per step.
+TRAINER_RUNS = {
+    "trainer_one_device": lambda: strategies.OneDeviceStrategy(device=CPUS[0]),
+    "trainer_mirrored": lambda: strategies.MirroredStrategy(devices=list(CPUS)),
+}
+
+
+class _StepLosses(runner.actions.Action):
+  """Records the loss of every loop (one step each)."""
+
+  def __init__(self):
+    self.losses = []
+
+  def __call__(self, loop):
+    self.losses.append(loop.train_results["loss"])
+
+
+def _trainer_run(config, strategy, steps, log_every=1):
+  """Trains configs.graphs' model on its data with our Trainer, one step per loop.
+
+  Returns:
+    (the mean loss of each window of `log_every` steps, the final weights, the model).
+  """
+  recorder = _StepLosses()
+  trainer = runner.Trainer(
+      strategy,
+      model_fn=lambda: graphs.gnn(config.model),
+      optimizer_fn=lambda: tf_keras.optimizers.Adam(config.optimizer.learning_rate),
+      task=runner.tasks.Classification(),
+      seed=config.trainer.seed,
+      actions=[recorder],
+      quiet=True,
+  )
+  trainer.train(
+      graphs.random_graph_density(config.data, "train"), global_batch_size=config.data.global_batch_size, steps=steps
+  )
+  losses = np.reshape(recorder.losses, [-1, log_every]).mean(axis=1)
+  return losses, trainer.model.get_weights(), trainer.model
+
+
+def _scored(logits_of, evaluation):
+  """The mean loss and the accuracy of `logits_of(batch of graphs)` over every graph of `evaluation`."""
+  losses, hits = [], []
+  for graph, labels in evaluation.batch(64):
+    logits = logits_of(graph)
+    losses.append(tf_keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True).numpy())
+    hits.append(np.argmax(logits, axis=1) == labels.numpy())
+  return np.concatenate(losses).mean(), np.concatenate(hits).mean()
 
 
 def _labels(dataset):
@@ -66,7 +122,7 @@ def _rule_labels(dataset):
   )
 
 
-def main(out, steps):
+def main(out, steps, full_steps):
   strategies.virtual_cpus(len(CPUS))
   tf.config.experimental.enable_op_determinism()  # TF-GNN's runner maps batches with deterministic=False.
   config = runner.load_config(os.path.join(paths.REPO, "configs", "graphs.py"))
@@ -98,10 +154,29 @@ def main(out, steps):
     arrays[f"{name}/losses"] = np.array(run.losses)
     for i, weight in enumerate(run.weights):
       arrays[f"{name}/weight/{i}"] = weight
+  for name, make_strategy in TRAINER_RUNS.items():
+    losses, weights, _ = _trainer_run(config, make_strategy(), steps)
+    arrays[f"{name}/losses"] = np.array(losses)
+    for i, weight in enumerate(weights):
+      arrays[f"{name}/weight/{i}"] = weight
+  full = tfgnn_runner_side.train(
+      config,
+      RUNS["real_one_device"][0](),
+      model_dir=os.path.join(os.path.dirname(out), "full"),
+      steps=full_steps,
+      log_every=FULL_WINDOW,
+  )
+  arrays["full/losses"] = np.array(full.losses)
+  arrays["full/eval_loss"], arrays["full/eval_accuracy"] = _scored(
+      lambda graph: full.model(graph.merge_batch_to_components()), evaluation
+  )
+  losses, _, model = _trainer_run(config, TRAINER_RUNS["trainer_one_device"](), full_steps, FULL_WINDOW)
+  arrays["trainer_full/losses"] = np.array(losses)
+  arrays["trainer_full/eval_loss"], arrays["trainer_full/eval_accuracy"] = _scored(model, evaluation)
   np.savez(out, **arrays)
   print("done", flush=True)
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], int(sys.argv[2]))
+  main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
   process_exit.exit_now(0)  # See runner.__main__.run_main: no tf.data teardown.

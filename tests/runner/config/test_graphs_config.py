@@ -1,4 +1,4 @@
-"""configs/graphs.py without TF-GNN: its config, its label rule, its errors (the rest: test_gnn_runner_wrappers.py)."""
+"""configs/graphs.py without TF-GNN: its config, its label rule, its errors (the rest: test_gnn_example.py)."""
 
 import os
 import sys
