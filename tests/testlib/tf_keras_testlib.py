@@ -41,7 +41,12 @@ def make_trainer(strategy, **options):
 
 
 def hand_written_training(initial_weights, features, labels, *, global_batch_size, steps, clipnorm=None):
-  """Trains `model_fn()` from `initial_weights` on the first `steps` batches of the arrays; returns its weights.
+  """Trains `model_fn()` from `initial_weights` on the first `steps` batches of the arrays.
+
+  Returns:
+    `(weights, step_results)`: the final weights, and per step a dict of the
+    batch's mean `loss` and `accuracy` (of the logits the step's gradients
+    were taken at).
 
   Args:
     initial_weights: the weights to start from, e.g. a Trainer's before training.
@@ -62,15 +67,19 @@ def hand_written_training(initial_weights, features, labels, *, global_batch_siz
       loss = tf.reduce_mean(
           tf_keras.losses.sparse_categorical_crossentropy(batch_labels, logits, from_logits=True)
       )
+    correct = tf.equal(tf.argmax(logits, axis=1, output_type=batch_labels.dtype), batch_labels)
     gradients = tape.gradient(loss, model.trainable_variables)
     if clipnorm is not None:
       gradients, _ = tf.clip_by_global_norm(gradients, clipnorm)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    return {"loss": loss, "accuracy": tf.reduce_mean(tf.cast(correct, tf.float32))}
 
+  step_results = []
   for index in range(steps):
     batch = slice(index * global_batch_size, (index + 1) * global_batch_size)
-    step(tf.constant(features[batch]), tf.constant(labels[batch]))
-  return model.get_weights()
+    results = step(tf.constant(features[batch]), tf.constant(labels[batch]))
+    step_results.append({name: float(value) for name, value in results.items()})
+  return model.get_weights(), step_results
 
 
 def assert_weights_close(got, want, *, rtol=1e-5, atol=1e-6):

@@ -91,7 +91,7 @@ def _assert_the_tf_keras_model_trained_as_the_hand_written_loop(out_dir):
     np.testing.assert_array_equal(first, second)
   initial, trained = per_worker[0][:2], per_worker[0][2:]
   features, labels = trainer_testlib.classification_arrays()
-  reference = tf_keras_testlib.hand_written_training(
+  reference, _ = tf_keras_testlib.hand_written_training(
       initial,
       features,
       labels,

@@ -32,17 +32,24 @@ def _data():
   return features, labels, tf.data.Dataset.from_tensor_slices((features, labels))
 
 
-def _train_against_the_hand_written_loop(strategy, **options):
-  """Trains STEPS steps in loops of 3; returns (trainer, its weights, the hand-written loop's weights)."""
+def _train_against_the_hand_written_loop(strategy, results_tolerance=1e-5, **options):
+  """Trains STEPS steps in loops of 3; returns (trainer, its weights, the hand-written loop's weights).
+
+  The last loop's results (mean loss and accuracy of its 3 steps) are
+  checked against the hand-written loop's, as closely as `results_tolerance`.
+  """
   features, labels, dataset = _data()
   trainer = tf_keras_testlib.make_trainer(strategy, steps_per_loop=3, **options)
   initial = trainer.model.get_weights()
-  trainer.train(dataset, global_batch_size=GLOBAL_BATCH, steps=STEPS)
+  results = trainer.train(dataset, global_batch_size=GLOBAL_BATCH, steps=STEPS)
   assert trainer.global_step == STEPS
-  reference = tf_keras_testlib.hand_written_training(
+  reference, step_results = tf_keras_testlib.hand_written_training(
       initial, features, labels, global_batch_size=GLOBAL_BATCH, steps=STEPS, clipnorm=options.get("clipnorm")
   )
   assert not np.allclose(reference[0], initial[0], atol=1e-2)  # It trained.
+  last_loop = step_results[STEPS - 3 :]
+  assert results["loss"] == pytest.approx(np.mean([r["loss"] for r in last_loop]), rel=results_tolerance)
+  assert results["accuracy"] == pytest.approx(np.mean([r["accuracy"] for r in last_loop]), abs=1e-6)
   return trainer, trainer.model.get_weights(), reference
 
 
@@ -67,7 +74,7 @@ def test_clipnorm_changes_the_weights_so_the_clipped_comparison_can_fail(cpu_dev
       strategies.MirroredStrategy(cpu_devices(2)), clipnorm=0.5
   )
   del trainer
-  unclipped = tf_keras_testlib.hand_written_training(
+  unclipped, _ = tf_keras_testlib.hand_written_training(
       tf_keras_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0")).model.get_weights(),
       features,
       labels,
@@ -86,7 +93,7 @@ def test_mixed_precision_computes_in_the_low_precision_and_ends_near_the_float32
     precision, compute_dtype, tolerance, cpu_devices
 ):
   trainer, weights, reference = _train_against_the_hand_written_loop(
-      strategies.MirroredStrategy(cpu_devices(2)), precision=precision
+      strategies.MirroredStrategy(cpu_devices(2)), results_tolerance=tolerance, precision=precision
   )
   dense = trainer.model.layers[0]
   assert dense.dtype_policy.name == precision
