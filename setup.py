@@ -44,6 +44,7 @@ setuptools.setup(
             "tensorboard-plugin-profile>=2.16",
             "xprof",  # The profile plugin's own package, whose TensorBoard context tests build the plugin with.
             RAY,  # tests/runner/cluster/test_ray_train.py runs a real Ray Train job.
+            "tf-keras",  # The Trainer's tf_keras (Keras 2) tests, e.g. tests/runner/training/test_trainer_tf_keras.py.
             # The code checks (pyproject.toml), pinned: a newer release may lint or format differently.
             "ruff==0.17.5",
             "pyink==26.5.1",

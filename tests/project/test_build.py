@@ -46,6 +46,7 @@ DISTRIBUTIONS = {
     "tensorboard": "tensorboard",
     "tensorboard_plugin_profile": "tensorboard-plugin-profile",
     "tensorflow": "tensorflow",
+    "tf_keras": "tf-keras",
     "xprof": "xprof",
 }
 # (source, module) -> why that import is neither a requirement nor the project's.

@@ -64,9 +64,7 @@ def hand_written_training(initial_weights, features, labels, *, global_batch_siz
   def step(batch_features, batch_labels):
     with tf.GradientTape() as tape:
       logits = model(batch_features, training=True)
-      loss = tf.reduce_mean(
-          tf_keras.losses.sparse_categorical_crossentropy(batch_labels, logits, from_logits=True)
-      )
+      loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(batch_labels, logits, from_logits=True))
     correct = tf.equal(tf.argmax(logits, axis=1, output_type=batch_labels.dtype), batch_labels)
     gradients = tape.gradient(loss, model.trainable_variables)
     if clipnorm is not None:
@@ -87,3 +85,22 @@ def assert_weights_close(got, want, *, rtol=1e-5, atol=1e-6):
   assert [np.shape(w) for w in got] == [np.shape(w) for w in want]
   for got_weight, want_weight in zip(got, want):
     np.testing.assert_allclose(got_weight, want_weight, rtol=rtol, atol=atol)
+
+
+class PyFunctionLayer(tf_keras.layers.Layer):
+  """Doubles its input in Python (`tf.py_function`): what a TPU program cannot run."""
+
+  def call(self, inputs):
+    doubled = tf.py_function(lambda t: t * 2.0, [inputs], tf.float32)
+    return tf.ensure_shape(doubled, inputs.shape)
+
+
+def py_function_model(config):
+  """A config's model function: a tf_keras model with a `PyFunctionLayer` named 'doubled_in_python'."""
+  return tf_keras.Sequential(
+      [
+          tf_keras.Input((trainer_testlib.NUM_FEATURES,)),
+          PyFunctionLayer(name="doubled_in_python"),
+          tf_keras.layers.Dense(config.num_outputs),
+      ]
+  )
