@@ -14,6 +14,10 @@ import setuptools
 TENSORFLOW = os.environ.get("TF_RUNNER_TENSORFLOW", "").strip() or "tensorflow"
 TENSORFLOW_VERSION = ">=2.16"  # Keras 3 is the default from 2.16 on.
 RAY = "ray[train]>=2.60"  # Tested with 2.60.0, whose Ray Train (v2) keeps only metrics reported with a checkpoint.
+# Keras 2 and what tensorflow-gnn needs to import (docs/keras2_and_gnn.md). tensorflow-gnn itself is installed
+# after, with `pip install --no-deps tensorflow-gnn==1.0.3`: its other requirements, apache-beam and google-vizier,
+# serve its data and tuning tools, not its models, and pip cannot leave out a requirement's own requirements.
+GNN = ["tf-keras" + TENSORFLOW_VERSION, "networkx", "pyarrow"]
 
 with open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8") as readme:
   LONG_DESCRIPTION = readme.read()
@@ -44,7 +48,7 @@ setuptools.setup(
             "tensorboard-plugin-profile>=2.16",
             "xprof",  # The profile plugin's own package, whose TensorBoard context tests build the plugin with.
             RAY,  # tests/runner/cluster/test_ray_train.py runs a real Ray Train job.
-            "tf-keras",  # The Trainer's tf_keras (Keras 2) tests, e.g. tests/runner/training/test_trainer_tf_keras.py.
+            *GNN,  # The tf_keras and TF-GNN tests (with tensorflow-gnn installed as the README says).
             # The code checks (pyproject.toml), pinned: a newer release may lint or format differently.
             "ruff==0.17.5",
             "pyink==26.5.1",
@@ -56,6 +60,8 @@ setuptools.setup(
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
         # Ray Train as a way in (runner/cluster/ray_train.py, docs/clusters.md#ray-train).
         "ray": [RAY],
+        # tf_keras (Keras 2) models and TF-GNN (docs/keras2_and_gnn.md); then `pip install --no-deps tensorflow-gnn`.
+        "gnn": GNN,
     },
     entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main", "tf-runner-launch=runner.launch:run_main"]},
 )

@@ -9,7 +9,6 @@ import tempfile
 from typing import Any
 
 from absl import logging
-import keras
 import ml_collections
 import tensorflow as tf
 
@@ -64,7 +63,7 @@ class RunResult:
     checkpoint_path: the latest checkpoint in the workdir, or None; for mode
       'continuous_eval', the last checkpoint it evaluated.
     export_path: the SavedModel directory for mode 'export', else None.
-    model: the Keras model with the run's final weights (on every worker of
+    model: the Keras model (Keras 3 or tf_keras) with the run's final weights (on every worker of
       a multi-worker job, the same weights).
   """
 
@@ -77,7 +76,7 @@ class RunResult:
   eval_metrics: Mapping[str, float] | None
   checkpoint_path: str | None
   export_path: str | None
-  model: keras.Model
+  model: Any  # A keras.Model, or a tf_keras.Model.
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:

@@ -38,6 +38,7 @@ _STARTUP_CHATTER = re.compile(
 )
 _NO_GPU_CUINIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
 _TENSORFLOW_DIR = f"{os.sep}tensorflow{os.sep}"
+_TFGNN_MAPPING_WARNING = re.compile(r"Mapping types may not work well with tf\.nest\. .*'tensorflow_gnn\.")
 
 
 def quiet_start() -> bool:
@@ -68,7 +69,9 @@ def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object]) -> N
   with _filtered_stderr(_is_chatter):
     load()
     tensorflow_module.config.list_physical_devices()  # Loads the device platforms: the cuInit line comes here.
-  logging.getLogger("tensorflow").setLevel(logging.WARNING)  # tf_logging, which has a handler of its own.
+  tensorflow_logger = logging.getLogger("tensorflow")  # tf_logging, which has a handler of its own.
+  tensorflow_logger.setLevel(logging.WARNING)
+  tensorflow_logger.addFilter(without_tensorflow_info)
   absl_logging.get_absl_handler().addFilter(without_tensorflow_info)  # TensorFlow code that logs through absl.
 
 
@@ -104,8 +107,14 @@ class _QuietLoader(importlib.abc.Loader):
 
 
 def without_tensorflow_info(record: logging.LogRecord) -> bool:
-  """A logging filter: drops INFO (and DEBUG) records logged from TensorFlow's own Python code."""
-  return record.levelno >= logging.WARNING or _TENSORFLOW_DIR not in record.pathname
+  """A logging filter: drops INFO (and DEBUG) records logged from TensorFlow's own Python code.
+
+  Also TensorFlow's warning that `tf.nest` meets a read-only mapping of TF-GNN's (a `GraphTensor`'s
+  features), which TF-GNN's own layers cause and a user cannot act on.
+  """
+  if _TENSORFLOW_DIR not in record.pathname:
+    return True
+  return record.levelno >= logging.WARNING and not _TFGNN_MAPPING_WARNING.match(record.getMessage())
 
 
 def _is_chatter(line: str) -> bool:

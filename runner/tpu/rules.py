@@ -105,7 +105,8 @@ def element_problem(element_spec: Any, data_name: str) -> str | None:
             "dense in the input pipeline (tf.sparse.to_dense with a fixed dense_shape)."
         )
       if not isinstance(leaf, tf.TensorSpec):
-        return f"{where} is a {type(leaf).__name__} ({leaf}): a TPU takes only dense tensors of static shape."
+        kind = type(leaf).__name__.removesuffix("Spec")  # E.g. TF-GNN's GraphTensorSpec: a GraphTensor.
+        return f"{where} is a {kind} ({leaf}): a TPU takes only dense tensors of static shape."
       if leaf.dtype not in TPU_DTYPES:
         reason, fix = NOT_TPU_DTYPES.get(leaf.dtype, (f"a TPU does not take {leaf.dtype.name}", "cast it"))
         return f"{where} is {leaf.dtype.name}: {reason}; {fix}. TPU dtypes: {_names(TPU_DTYPES)}."

@@ -18,10 +18,10 @@ def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_sp
   a list, the model's own keys for a dict. Floating outputs are float32. The
   SavedModel loads with `tf.saved_model.load` alone, without this package.
 
-  Composite features (ragged, sparse, a TF-GNN `GraphTensor`) cannot be a
-  signature's inputs: the SavedModel then has no signatures, and the same
-  function is its attribute `serve` (`tf.saved_model.load(path).serve(features)`;
-  a `GraphTensor` needs `tensorflow_gnn` imported to load).
+  A signature takes dense tensors only, so with composite features (ragged,
+  sparse, a TF-GNN `GraphTensor`) the function is given as the SavedModel's
+  attribute `serve` instead (`tf.saved_model.load(path).serve(features)`; a
+  `GraphTensor` needs `tensorflow_gnn` imported to load it).
 
   Args:
     strategy: the `tf.distribute.Strategy` of the model's variables.

@@ -157,8 +157,18 @@ class ScheduledTrainLoop(loops.TrainLoop):
     Args:
       coordinator: the `ClusterCoordinator` of the strategy.
       **kwargs: as for `loops.TrainLoop` (`looping` excluded).
+
+    Raises:
+      ConfigError: a metric cannot update statelessly (a tf_keras metric).
     """
     super().__init__(looping=False, multi_worker=True, **kwargs)
+    stateful = [metric.name for metric in self._metrics if not hasattr(metric, "stateless_update_state")]
+    if stateful:
+      raise ConfigError(
+          f"Under parameter servers the Trainer updates metrics statelessly, which the metric(s) {stateful} of "
+          "Task.metrics() cannot (tf_keras metrics cannot); return Keras 3 metrics (keras.metrics), also for a "
+          "tf_keras model."
+      )
     self._coordinator = coordinator
     self._num_workers = num_workers(coordinator.strategy)
     self.function = tf.function(self._scheduled_steps)

@@ -1,0 +1,107 @@
+"""The TF-GNN checks of tests/runner/test_gnn_runner_wrappers.py, in one process (run as a process, not by pytest).
+
+Usage: gnn_runner_main.py OUT.npz STEPS
+
+A process of its own: TF-GNN needs `tf.keras` to be tf_keras (TF_USE_LEGACY_KERAS=1, set by the modules it
+imports before TensorFlow), which a test process whose other tests touched `tf.keras` as Keras 3 no longer
+can be. Splits the CPU into 2 logical devices; enables TensorFlow's op determinism (TF-GNN's runner maps its
+batches with `deterministic=False`, which let one run's batches come in another order); loads configs/graphs.py; then saves to OUT.npz:
+
+- `train_labels`, `train_labels_again`, `eval_labels`, `eval_labels_again`: the labels of the data function's
+  splits in the order it gives them, each read twice from a new dataset; `eval_rule_labels`: the eval labels
+  recomputed from each eval GraphTensor's own node and edge counts by the mean-degree rule; `train_epoch2_labels`:
+  the second pass over the first train dataset;
+- `logits_shape`: the shape of configs.graphs.gnn's output on a batch of 5 eval graphs;
+- `ours_initial/i`, `tfgnn_initial/i`: the initial weights of configs.graphs.gnn and of the TF-GNN runner's base
+  model (`tfgnn_runner_side.base_model`), each made after the same seeding;
+- for each run R in RUNS, `R/losses` and `R/weight/i`: `tfgnn_runner_side.train` for STEPS steps, one loss per
+  step (`windows` one loss per 5 steps) under the strategy R names.
+"""
+
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for `testlib`
+
+from testlib import paths
+
+sys.path.insert(0, paths.REPO)
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks import tfgnn_runner_side
+from configs import graphs
+import runner
+from runner.cluster import process_exit
+import strategies
+
+WINDOW = 5
+CPUS = ("/cpu:0", "/cpu:1")
+# name -> (strategy maker, steps per loss).
+RUNS = {
+    "real_one_device": (lambda: tf.distribute.OneDeviceStrategy(CPUS[0]), 1),
+    "ours_one_device": (lambda: strategies.OneDeviceStrategy(device=CPUS[0]), 1),
+    "real_mirrored": (lambda: tf.distribute.MirroredStrategy(list(CPUS)), 1),
+    "ours_mirrored": (lambda: strategies.MirroredStrategy(devices=list(CPUS)), 1),
+    "windows": (lambda: tf.distribute.OneDeviceStrategy(CPUS[0]), WINDOW),
+}
+
+
+def _labels(dataset):
+  labels = dataset.map(lambda graph, label: label)
+  return next(iter(labels.batch(int(dataset.cardinality())))).numpy()
+
+
+def _rule_labels(dataset):
+  """The labels by the mean-degree rule, from each graph's own sizes (edges are stored in both directions)."""
+
+  def mean_degree(graph, label):
+    del label  # Recomputed.
+    return graph.edge_sets[graphs.EDGE_SET].total_size / graph.node_sets[graphs.NODE_SET].total_size
+
+  return np.digitize(
+      _labels(dataset.map(lambda graph, label: (graph, mean_degree(graph, label)))), graphs.MEAN_DEGREE_BOUNDS
+  )
+
+
+def main(out, steps):
+  strategies.virtual_cpus(len(CPUS))
+  tf.config.experimental.enable_op_determinism()  # TF-GNN's runner maps batches with deterministic=False.
+  config = runner.load_config(os.path.join(paths.REPO, "configs", "graphs.py"))
+  arrays = {}
+  train = graphs.random_graph_density(config.data, "train")
+  arrays["train_labels"] = _labels(train)
+  arrays["train_epoch2_labels"] = _labels(train)
+  arrays["train_labels_again"] = _labels(graphs.random_graph_density(config.data, "train"))
+  evaluation = graphs.random_graph_density(config.data, "eval")
+  arrays["eval_labels"] = _labels(evaluation)
+  arrays["eval_labels_again"] = _labels(graphs.random_graph_density(config.data, "eval"))
+  arrays["eval_rule_labels"] = _rule_labels(evaluation)
+
+  random.seed(config.trainer.seed)
+  np.random.seed(config.trainer.seed)
+  ours = graphs.gnn(config.model)
+  batch, _ = next(iter(evaluation.batch(5)))
+  arrays["logits_shape"] = np.array(ours(batch).shape)
+  merged_spec = batch.merge_batch_to_components().spec.relax(num_components=True, num_nodes=True, num_edges=True)
+  theirs = tfgnn_runner_side.base_model(config, merged_spec)
+  for name, model in (("ours_initial", ours), ("tfgnn_initial", theirs)):
+    for i, weight in enumerate(model.weights):
+      arrays[f"{name}/{i}"] = weight.numpy()
+
+  for name, (make_strategy, log_every) in RUNS.items():
+    run = tfgnn_runner_side.train(
+        config, make_strategy(), model_dir=os.path.join(os.path.dirname(out), name), steps=steps, log_every=log_every
+    )
+    arrays[f"{name}/losses"] = np.array(run.losses)
+    for i, weight in enumerate(run.weights):
+      arrays[f"{name}/weight/{i}"] = weight
+  np.savez(out, **arrays)
+  print("done", flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], int(sys.argv[2]))
+  process_exit.exit_now(0)  # See runner.__main__.run_main: no tf.data teardown.
