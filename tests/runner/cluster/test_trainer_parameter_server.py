@@ -199,7 +199,10 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
 
 
 def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(tmp_path, subprocess_env):
-  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks."""
+  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks.
+
+  A tf_keras metric, which cannot update statelessly, is one ConfigError before any step.
+  """
   cluster = _cluster(workers=1, ps=2)
   subprocess_env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
   completed = subprocess.run(
@@ -228,3 +231,9 @@ def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_lo
   for loop, steps in zip(results["loops"], (step_results[:3], step_results[3:])):
     assert loop["loss"] == pytest.approx(np.mean([r["loss"] for r in steps]), rel=1e-5)
     assert loop["accuracy"] == pytest.approx(np.mean([r["accuracy"] for r in steps]), abs=1e-6)
+  assert results["tf_keras_metric_error"] == (
+      "Under parameter servers the Trainer updates metrics statelessly, which the metric(s) ['accuracy'] of "
+      "Task.metrics() cannot (tf_keras metrics cannot); return Keras 3 metrics (keras.metrics), also for a "
+      "tf_keras model."
+  )
+  assert results["step_after_the_error"] == 0
