@@ -5,7 +5,10 @@ the shared test model with MultiWorkerMirroredStrategy, writes this worker's
 final weights to OUT_DIR/weights_<task index>.npz, the steps and chief flag its
 action saw to OUT_DIR/actions_<task index>.json, evaluates 1001 examples split
 unevenly between the workers and writes the results to
-OUT_DIR/eval_<task index>.json.
+OUT_DIR/eval_<task index>.json. Then, in the same processes and strategy,
+it trains the tiny tf_keras (Keras 2) model of `tf_keras_testlib` the same
+way and writes its initial and final weights to
+OUT_DIR/tf_keras_weights_<task index>.npz.
 """
 
 import json
@@ -17,6 +20,7 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for `testlib`
 import runner
+from testlib import tf_keras_testlib
 from testlib import trainer_testlib
 
 
@@ -50,6 +54,19 @@ def main(out_dir):
   )
   with open(os.path.join(out_dir, f"eval_{task_index}.json"), "w", encoding="utf-8") as f:
     json.dump(results, f)
+  train_tf_keras(strategy, os.path.join(out_dir, f"tf_keras_weights_{task_index}.npz"))
+
+
+def train_tf_keras(strategy, path):
+  """Trains the tf_keras model as the Keras 3 one, in loops of 3 steps; saves its initial and final weights."""
+  trainer = tf_keras_testlib.make_trainer(strategy, steps_per_loop=3)
+  initial = trainer.model.get_weights()
+  trainer.train(
+      trainer_testlib.classification_data(),
+      global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+      steps=trainer_testlib.MULTI_WORKER_STEPS,
+  )
+  np.savez(path, *initial, *trainer.model.get_weights())
 
 
 if __name__ == "__main__":

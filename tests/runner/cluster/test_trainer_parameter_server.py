@@ -3,6 +3,8 @@
 Every task runs the same command with its own TF_CONFIG: the chief trains
 (steps scheduled onto the workers), the workers and ps tasks serve until the
 chief is done. Tasks start in a shuffled order, as they may on a cluster.
+The tf_keras (Keras 2) test runs its cluster's servers in the coordinator's
+one process (tests/testlib/tf_keras_parameter_server_main.py).
 """
 
 import glob
@@ -11,6 +13,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 
 import numpy as np
@@ -23,9 +26,12 @@ from runner import exit_codes
 from runner.training import parameter_server_loops
 from testlib import paths
 from testlib import process_testlib
+from testlib import tf_keras_testlib
+from testlib import trainer_testlib
 
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
+TF_KERAS_SCRIPT = os.path.join(paths.TESTLIB, "tf_keras_parameter_server_main.py")
 STEPS = 60
 # Measured on a 2-core CPU machine (4 runs of this cluster): the last loop's mean train loss was 1.354 to 1.361 at
 # step 60 (2.20 in the first loop, ln 10 = 2.30 untrained); evaluation loss 1.175 to 1.183. Asynchronous training
@@ -190,3 +196,44 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   assert "Traceback" not in stderr
   status, _, stderr = tasks["worker:0"].wait()
   assert status == 0, stderr[-3000:]  # Its coordinator is gone: nothing left to serve.
+
+
+def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(tmp_path, subprocess_env):
+  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks.
+
+  A tf_keras metric, which cannot update statelessly, is one ConfigError before any step.
+  """
+  cluster = _cluster(workers=1, ps=2)
+  subprocess_env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+  completed = subprocess.run(
+      [sys.executable, TF_KERAS_SCRIPT, str(tmp_path)],
+      env=subprocess_env,
+      capture_output=True,
+      text=True,
+      timeout=process_testlib.TIMEOUT_SECONDS,
+      check=False,
+  )
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  with open(tmp_path / "results.json", encoding="utf-8") as f:
+    results = json.load(f)
+  assert results["servers"] == 3 and results["kernel_shards"] == [[4, 4], [4, 4]]
+  with np.load(tmp_path / "weights.npz") as saved:
+    weights = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+  initial, trained = weights[:2], weights[2:]
+  features, labels = trainer_testlib.classification_arrays()
+  reference, step_results = tf_keras_testlib.hand_written_training(
+      initial, features, labels, global_batch_size=trainer_testlib.MULTI_WORKER_BATCH, steps=6
+  )
+  assert not np.allclose(reference[0], initial[0], atol=1e-2)  # It trained.
+  tf_keras_testlib.assert_weights_close(trained, reference)
+  # Each loop's mean loss, and the task's Keras 3 accuracy, updated statelessly on the worker.
+  assert [loop["step"] for loop in results["loops"]] == [3, 6]
+  for loop, steps in zip(results["loops"], (step_results[:3], step_results[3:])):
+    assert loop["loss"] == pytest.approx(np.mean([r["loss"] for r in steps]), rel=1e-5)
+    assert loop["accuracy"] == pytest.approx(np.mean([r["accuracy"] for r in steps]), abs=1e-6)
+  assert results["tf_keras_metric_error"] == (
+      "Under parameter servers the Trainer updates metrics statelessly, which the metric(s) ['accuracy'] of "
+      "Task.metrics() cannot (tf_keras metrics cannot); return Keras 3 metrics (keras.metrics), also for a "
+      "tf_keras model."
+  )
+  assert results["step_after_the_error"] == 0

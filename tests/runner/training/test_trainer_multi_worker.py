@@ -1,4 +1,8 @@
-"""MultiWorkerMirroredStrategy: two worker processes on localhost train like one process."""
+"""MultiWorkerMirroredStrategy: two worker processes on localhost train like one process.
+
+The same two processes then train a tf_keras (Keras 2) model, compared with a
+hand-written tf_keras loop (the multi-process part of test_trainer_tf_keras.py).
+"""
 
 import json
 import os
@@ -11,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from testlib import paths
+from testlib import tf_keras_testlib
 from testlib import trainer_testlib
 
 WORKER_SCRIPT = os.path.join(paths.TESTLIB, "trainer_multi_worker_main.py")
@@ -74,3 +79,24 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   # Only the chief wrote checkpoints: every 2 steps, numbered by step.
   checkpoints = tf.train.get_checkpoint_state(str(tmp_path / "model_dir" / "checkpoints"))
   assert [os.path.basename(p) for p in checkpoints.all_model_checkpoint_paths] == ["ckpt-2", "ckpt-4", "ckpt-6"]
+  _assert_the_tf_keras_model_trained_as_the_hand_written_loop(tmp_path)
+
+
+def _assert_the_tf_keras_model_trained_as_the_hand_written_loop(out_dir):
+  per_worker = []
+  for index in range(2):
+    with np.load(out_dir / f"tf_keras_weights_{index}.npz") as saved:
+      per_worker.append([saved[f"arr_{i}"] for i in range(len(saved.files))])
+  for first, second in zip(*per_worker):
+    np.testing.assert_array_equal(first, second)
+  initial, trained = per_worker[0][:2], per_worker[0][2:]
+  features, labels = trainer_testlib.classification_arrays()
+  reference, _ = tf_keras_testlib.hand_written_training(
+      initial,
+      features,
+      labels,
+      global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+      steps=trainer_testlib.MULTI_WORKER_STEPS,
+  )
+  assert not np.allclose(reference[0], initial[0], atol=1e-2)  # It trained.
+  tf_keras_testlib.assert_weights_close(trained, reference)
