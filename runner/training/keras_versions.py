@@ -12,6 +12,7 @@ Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
 | apply gradients | `optimizer.apply(grads, variables)` | `optimizer.apply_gradients(zip(grads, variables))` |
 | loss scaling | `scale_loss(loss)`; `apply` unscales | `get_scaled_loss(loss)`, `get_unscaled_gradients(grads)` |
 | optimizer built | `optimizer.built` | `optimizer._built` (set by `build`) |
+| next step's learning rate | `optimizer.learning_rate` | the schedule at `iterations` (not the last step's rate) |
 | output spec of a model | `compute_output_spec(KerasTensor)` | `compute_output_signature(TensorSpec)` |
 
 Both sum the gradients over replicas inside their apply, as the Trainer's
@@ -98,6 +99,20 @@ class KerasVersion:
       optimizer.apply(gradients, variables)
     else:
       optimizer.apply_gradients(zip(gradients, variables))
+
+  def learning_rate(self, optimizer: Any) -> Any:
+    """The learning rate the optimizer's next step uses (under a schedule: the schedule at `iterations`).
+
+    Keras 3's `optimizer.learning_rate` is that; tf_keras's is the rate its
+    last step used, so a schedule's is computed here.
+    """
+    if self is KERAS_3:
+      return optimizer.learning_rate
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # Under a LossScaleOptimizer.
+    schedule = getattr(inner, "_learning_rate", None)
+    if isinstance(schedule, self.module.optimizers.schedules.LearningRateSchedule):
+      return schedule(inner.iterations)
+    return inner.learning_rate
 
   def build_optimizer(self, optimizer: Any, variables: list[Any]) -> None:
     """Makes `optimizer`'s slot variables for `variables` unless it has them."""

@@ -326,7 +326,7 @@ class TrainLoop:
     return self._results(totals, self._last.read_value())
 
   def _results(self, totals: tf.Tensor, last: tf.Tensor) -> tf.Tensor:
-    learning_rate = tf.cast(self._optimizer.learning_rate, tf.float32)
+    learning_rate = tf.cast(self._keras.learning_rate(self._optimizer), tf.float32)
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
   def _replica_step(self, batch: Sequence[Any], stop: tf.Tensor) -> tf.Tensor:

@@ -193,7 +193,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     outputs = [remote.fetch() for remote in scheduled]
     step = int(self._step.numpy())
     self._optimizer.iterations.assign(step)
-    learning_rate = float(tf.cast(self._optimizer.learning_rate, tf.float32).numpy())
+    learning_rate = float(tf.cast(self._keras.learning_rate(self._optimizer), tf.float32).numpy())
     values = [dict(zip(_RESULT, vector.tolist())) for vector, _ in outputs]
     steps_run = sum(v["steps_run"] for v in values)
     bad = [v for v in values if not all(math.isfinite(v[name]) for name in _RESULT[2:])]
