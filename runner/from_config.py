@@ -480,9 +480,8 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
       make_task(config.task), Task, role="the task function", fn=make_task, expected="a runner.Task"
   )
   build_model = registry.resolve("model", config.model.name)
-  models: list[Any] = (
-      []
-  )  # The model model_fn made: optimizer_fn, called after it, makes an optimizer of the model's Keras.
+  # The model model_fn made: optimizer_fn, called after it, makes an optimizer of the model's Keras.
+  models: list[Any] = []
 
   def model_fn() -> Any:
     models[:] = [build_model(config.model)]

@@ -73,9 +73,10 @@ class Task(abc.ABC):
     Called inside each replica's training and evaluation step, before the
     model, e.g. to merge a batch of TF-GNN `GraphTensor`s into one graph of
     many components (`graph.merge_batch_to_components()`), as TF-GNN's
-    runner does; that can equally be the model's first layer. A task that
-    preprocesses gets its features checked against the model's input after
-    this call, and `Trainer.export` serves the model on preprocessed features.
+    runner does; that can equally be the model's first layer. With a
+    `preprocess` of its own, the dataset's features are not checked against
+    the model's input (the model takes what this returns), and
+    `Trainer.export` serves the model on preprocessed features.
 
     Args:
       features: the features of one per-replica batch, as batched from the

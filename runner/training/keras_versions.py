@@ -3,7 +3,8 @@
 Which one a run uses is read from the objects `model_fn` and `optimizer_fn`
 return, never from a flag. Keras 3 is always importable (a requirement);
 `tf_keras` is looked at only when it is already imported, which it is once a
-tf_keras object exists, so a Keras 3 run never imports it.
+tf_keras object exists, so a Keras 3 run does not import it (except to set
+its dtype policy too under a mixed precision, when it is installed).
 
 Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
 
@@ -50,23 +51,23 @@ class KerasVersion:
     return importlib.import_module(self.module_name)
 
   def owns(self, value: Any) -> bool:
-    """Whether `value` is a model, optimizer or metric of this Keras (False when the module is not imported)."""
-    module = sys.modules.get(self.module_name)
-    if module is None:
-      return False
-    return isinstance(value, (module.Model, module.optimizers.Optimizer, module.metrics.Metric))
+    """Whether `value` is a model, optimizer or metric of this Keras."""
+    return self.is_model(value) or self.is_optimizer(value) or self.is_metric(value)
 
   def is_model(self, value: Any) -> bool:
-    """Whether `value` is a model of this Keras."""
-    return self.owns(value) and isinstance(value, self.module.Model)
+    """Whether `value` is a model of this Keras (False when the module is not imported: it has none)."""
+    module = sys.modules.get(self.module_name)
+    return module is not None and isinstance(value, module.Model)
 
   def is_optimizer(self, value: Any) -> bool:
     """Whether `value` is an optimizer of this Keras."""
-    return self.owns(value) and isinstance(value, self.module.optimizers.Optimizer)
+    module = sys.modules.get(self.module_name)
+    return module is not None and isinstance(value, module.optimizers.Optimizer)
 
   def is_metric(self, value: Any) -> bool:
     """Whether `value` is a metric of this Keras."""
-    return self.owns(value) and isinstance(value, self.module.metrics.Metric)
+    module = sys.modules.get(self.module_name)
+    return module is not None and isinstance(value, module.metrics.Metric)
 
   def loss_scale_optimizer(self, optimizer: Any) -> Any:
     """Returns `optimizer` wrapped in this Keras's `LossScaleOptimizer` (dynamic scale), unless it is one."""
