@@ -19,7 +19,10 @@ from testlib import process_testlib
 _MISSING = [name for name in ("tf_keras", "tensorflow_gnn") if importlib.util.find_spec(name) is None]
 pytestmark = pytest.mark.skipif(
     bool(_MISSING),
-    reason=f"{' and '.join(_MISSING)} not installed: pip install tf-keras && pip install --no-deps tensorflow-gnn",
+    reason=(
+        f"{' and '.join(_MISSING)} not installed, which the README's test command installs (pip install --no-deps "
+        "tensorflow-gnn==1.0.3); if pip cannot install it for this TensorFlow, these tests cannot run here"
+    ),
 )
 
 MAIN = os.path.join(paths.TESTLIB, "gnn_runner_main.py")
