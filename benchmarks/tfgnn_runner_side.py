@@ -32,7 +32,10 @@ input iterator is not restarted between epochs (the dataset repeats and the
 epochs have a number of steps). So `log_every=1` gives each step's loss, and
 a larger `log_every` the mean of each window, as our Trainer's metrics.jsonl
 gives per loop. Steps/s is timed from the end of the first epoch (tracing
-and the first steps) to the end of the last.
+and the first steps) to the end of the last, and so is the CPU time of all the
+process's threads per step. `steps_per_execution` is TF-GNN's option of the same
+name (tf_keras `compile`'s: steps per `tf.function` call; None, TF-GNN's default
+off TPU, is 1).
 
 TF-GNN's runner batches and merges with `Dataset.map(..., deterministic=False)`, so
 batches may come out of order when the machine is busy (seen on 2 loaded cores: a run under
@@ -70,6 +73,8 @@ class TFGNNRun:
   Attributes:
     losses: the training loss of each window of `log_every` steps (its mean over the window's steps), in order.
     steps_per_sec: steps after the first window divided by their wall-clock seconds; None for a single window.
+    cpu_ms_per_step: the CPU milliseconds (all the process's threads) per step after the first window; None for a
+      single window.
     weights: the trained model's weights, numpy arrays in the order of `model.weights` (the same order as a model of
       `configs.graphs.gnn`'s).
     model: the base GNN that TF-GNN's runner trained (its input: one graph of components).
@@ -77,6 +82,7 @@ class TFGNNRun:
 
   losses: list
   steps_per_sec: float | None
+  cpu_ms_per_step: float | None
   weights: list
   model: tf_keras.Model
 
@@ -116,17 +122,19 @@ class _ClassifyByLogits(tfgnn_runner.Task):
 
 
 class _EpochLosses(tf_keras.callbacks.Callback):
-  """Records each epoch's mean loss and the wall-clock time at its end."""
+  """Records each epoch's mean loss, and the wall-clock and CPU time at its end."""
 
   def __init__(self):
     super().__init__()
     self.losses = []
     self.times = []
+    self.cpu_times = []
 
   def on_epoch_end(self, epoch, logs=None):
     del epoch  # In order.
     self.losses.append(float(logs["loss"]))
     self.times.append(time.perf_counter())
+    self.cpu_times.append(time.process_time())
 
 
 def _check_supported(config, steps, log_every):
@@ -171,7 +179,7 @@ def base_model(config, merged_graph_spec):
   return tf_keras.Model(graph, graphs.gnn_logits(graph, config.model))
 
 
-def train(config, strategy, *, model_dir, steps, log_every=1):
+def train(config, strategy, *, model_dir, steps, log_every=1, steps_per_execution=None):
   """Trains configs/graphs.py's model on its training data with `tensorflow_gnn.runner.run` under `strategy`.
 
   Args:
@@ -180,6 +188,8 @@ def train(config, strategy, *, model_dir, steps, log_every=1):
     model_dir: the KerasTrainer's model directory (nothing is written there: no checkpoints, summaries or export).
     steps: the number of training steps, a multiple of `log_every`.
     log_every: the steps of each loss in `TFGNNRun.losses` (one tf_keras epoch each).
+    steps_per_execution: `tensorflow_gnn.runner.run`'s argument: steps per `tf.function` call (None: its default,
+      1 off TPU).
 
   Returns:
     A `TFGNNRun`.
@@ -215,12 +225,15 @@ def train(config, strategy, *, model_dir, steps, log_every=1):
       epochs=steps // log_every,
       drop_remainder=True,
       model_exporters=[],
+      steps_per_execution=steps_per_execution,
   )
   timed_steps = steps - log_every
   seconds = recorder.times[-1] - recorder.times[0]
+  cpu_seconds = recorder.cpu_times[-1] - recorder.cpu_times[0]
   return TFGNNRun(
       losses=recorder.losses,
       steps_per_sec=timed_steps / seconds if timed_steps else None,
+      cpu_ms_per_step=1000 * cpu_seconds / timed_steps if timed_steps else None,
       weights=[w.numpy() for w in result.base_model.weights],
       model=result.base_model,
   )
