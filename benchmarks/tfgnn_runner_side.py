@@ -13,9 +13,10 @@ tf_keras `Model.fit`), doing the same work as our Trainer:
 - the same model: the same layers (`configs.graphs.gnn_logits`) created in
   the same order from Python's `random` seeded with `config.trainer.seed`
   (tf_keras draws each initializer's seed from it, as under our Trainer's
-  seed), on the batch merged to components; TF-GNN merges in the dataset,
-  our model as its first layer; the task's `predict` is the identity, so the
-  logits are the model's;
+  seed), on the batch merged to components, which both sides do in the
+  input pipeline (TF-GNN's runner after batching, ours in the task's
+  `preprocess`); the task's `predict` is the identity, so the logits are
+  the model's;
 - the same loss: sparse categorical crossentropy from logits averaged over the
   global batch (tf_keras's `fit` averages per replica and divides by the
   replicas), Adam with `config.optimizer.learning_rate`, accuracy as metric.

@@ -48,7 +48,7 @@ class Task(abc.ABC):
   averages the per-example values over the global batch itself (honouring
   sample weights), so a task never reduces over the batch. `metrics` is called
   once, inside `strategy.scope()`. `preprocess` maps each batch's features
-  before the model sees them.
+  in the input pipeline, before the model sees them.
   """
 
   @abc.abstractmethod
@@ -70,10 +70,12 @@ class Task(abc.ABC):
   def preprocess(self, features: Any) -> Any:
     """Returns one replica's batch of features as the model takes them; the default returns them unchanged.
 
-    Called inside each replica's training and evaluation step, before the
-    model, e.g. to merge a batch of TF-GNN `GraphTensor`s into one graph of
-    many components (`graph.merge_batch_to_components()`), as TF-GNN's
-    runner does; that can equally be the model's first layer. With a
+    Mapped over each replica's batch in the input pipeline (a parallel
+    `tf.data` map, in order), for training and evaluation, so it runs
+    beside the steps, not in them: e.g. to merge a batch of TF-GNN
+    `GraphTensor`s into one graph of many components
+    (`graph.merge_batch_to_components()`), as TF-GNN's runner does. That can
+    also be the model's first layer, which then runs inside the step. With a
     `preprocess` of its own, the dataset's features are not checked against
     the model's input (the model takes what this returns), and
     `Trainer.export` serves the model on preprocessed features.

@@ -1,5 +1,6 @@
 """How the user's data becomes per-replica batches distributed over a strategy."""
 
+from collections.abc import Callable
 import functools
 from typing import Any
 
@@ -29,7 +30,14 @@ def check_global_batch_size(strategy: tf.distribute.Strategy, global_batch_size:
     )
 
 
-def for_training(strategy: tf.distribute.Strategy, data: Any, global_batch_size: int, *, start_step: int = 0) -> Any:
+def for_training(
+    strategy: tf.distribute.Strategy,
+    data: Any,
+    global_batch_size: int,
+    *,
+    start_step: int = 0,
+    preprocess: Callable[[Any], Any] | None = None,
+) -> Any:
   """Distributes `data` for training: repeated, in full per-replica batches, from `start_step` on.
 
   Each input pipeline repeats its share and batches it by
@@ -50,6 +58,8 @@ def for_training(strategy: tf.distribute.Strategy, data: Any, global_batch_size:
       of a dataset) of `(features, labels)` or `(features, labels, sample_weight)`.
     global_batch_size: examples per step over all replicas.
     start_step: the global step the first batch is for.
+    preprocess: None, or a function mapped over each batch's features (the
+      task's `preprocess`), in parallel, keeping the batches' order.
 
   Returns:
     The distributed dataset from `distribute_datasets_from_function`.
@@ -62,12 +72,20 @@ def for_training(strategy: tf.distribute.Strategy, data: Any, global_batch_size:
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     batches = data.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
-    return without_autotune_model(_checked_batches(batches, "training").prefetch(tf.data.AUTOTUNE))
+    batches = _preprocessed(_checked_batches(batches, "training"), preprocess)
+    return without_autotune_model(batches.prefetch(tf.data.AUTOTUNE))
 
   return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def for_evaluation(strategy: tf.distribute.Strategy, data: Any, global_batch_size: int, *, bounded: bool) -> Any:
+def for_evaluation(
+    strategy: tf.distribute.Strategy,
+    data: Any,
+    global_batch_size: int,
+    *,
+    bounded: bool,
+    preprocess: Callable[[Any], Any] | None = None,
+) -> Any:
   """Distributes `data` for evaluation, padded so that every example counts exactly once.
 
   Each input pipeline batches its elements by the per-replica batch size
@@ -88,6 +106,7 @@ def for_evaluation(strategy: tf.distribute.Strategy, data: Any, global_batch_siz
     global_batch_size: examples per step over all replicas.
     bounded: the caller stops after a given number of steps, so `data` may
       be infinite.
+    preprocess: as for `for_training`, mapped over the padded batches.
 
   Returns:
     `(distributed_dataset, num_input_pipelines)`.
@@ -112,7 +131,7 @@ def for_evaluation(strategy: tf.distribute.Strategy, data: Any, global_batch_siz
       batches = batches.concatenate(_padding(batches))
     else:
       batches = _padded_by_example(data.get_dataset(input_context), batch_size)
-    return without_autotune_model(batches.prefetch(tf.data.AUTOTUNE))
+    return without_autotune_model(_preprocessed(batches, preprocess).prefetch(tf.data.AUTOTUNE))
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
   return distributed, pipelines[0]
@@ -176,6 +195,15 @@ def _filled_up(batch: tf.Tensor, batch_size: int) -> tf.Tensor:
   if batch.shape.rank is not None:
     full.set_shape([batch_size, *batch.shape[1:]])
   return full
+
+
+def _preprocessed(batches: tf.data.Dataset, preprocess: Callable[[Any], Any] | None) -> tf.data.Dataset:
+  """`batches` with `preprocess` mapped over their features (the first part), in parallel and in order."""
+  if preprocess is None:
+    return batches
+  return batches.map(
+      lambda features, *rest: (preprocess(features), *rest), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+  )
 
 
 def _padded_by_example(examples: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:

@@ -14,7 +14,7 @@ Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
 | loss scaling | `scale_loss(loss)`; `apply` unscales | `get_scaled_loss(loss)`, `get_unscaled_gradients(grads)` |
 | optimizer built | `optimizer.built` | `optimizer._built` (set by `build`) |
 | next step's learning rate | `optimizer.learning_rate` | the schedule at `iterations` (not the last step's rate) |
-| output spec of a model | `compute_output_spec(KerasTensor)` | `compute_output_signature(TensorSpec)` |
+| output spec | `compute_output_spec(KerasTensor)` | a functional model's `output`, else `compute_output_signature` |
 
 Both sum the gradients over replicas inside their apply, as the Trainer's
 loss (scaled by the global batch) expects.
@@ -143,6 +143,8 @@ class KerasVersion:
         outputs = model.compute_output_spec(
             tf.nest.map_structure(lambda s: keras_tensor(s.shape, s.dtype), features_spec)
         )
+      elif getattr(model, "_is_graph_network", False):  # A functional tf_keras model: its declared outputs.
+        outputs = model.output
       else:
         outputs = model.compute_output_signature(features_spec)
       return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)

@@ -172,7 +172,6 @@ class TrainLoop:
       keras_version: keras_versions.KerasVersion = keras_versions.KERAS_3,
       valid_labels: Any = None,
       multi_worker: bool = False,
-      preprocess: Callable[[Any], Any] | None = None,
   ) -> None:
     """Initializes the `TrainLoop`.
 
@@ -197,8 +196,6 @@ class TrainLoop:
         lie in; a step whose batch holds another stops training.
       multi_worker: other workers take part, so stop requests are summed
         over workers in the steps.
-      preprocess: None, or the task's `preprocess`, applied to each
-        replica's features before the model.
     """
     self._strategy = strategy
     self._model = model
@@ -210,7 +207,6 @@ class TrainLoop:
     self._clipnorm = clipnorm
     self._loss_scale = loss_scale
     self._keras = keras_version
-    self._preprocess = preprocess or _unchanged
     self._valid_labels = valid_labels
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
     # update and the checks included; with more, the forward and backward pass.
@@ -304,7 +300,8 @@ class TrainLoop:
     for metric in self._metrics:
       metric.reset_state()
     values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
-    self._step.assign_add(1)
+    with tf.control_dependencies([values]):  # Not advanced by a step that raised (e.g. a loss op on a bad label).
+      self._step.assign_add(1)
     return self._results(values, values)
 
   def _many_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
@@ -368,7 +365,7 @@ class TrainLoop:
       self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
   ) -> tuple[tf.Tensor, list[Any], Any]:
     with tf.GradientTape() as tape:
-      outputs = float32_outputs(self._model(self._preprocess(features), training=True))
+      outputs = float32_outputs(self._model(features, training=True))
       per_example_loss = self._task_loss(labels, outputs)
       if sample_weight is not None:
         sample_weight = tf.cast(sample_weight, per_example_loss.dtype)
@@ -432,7 +429,6 @@ class EvalLoop:
       num_input_pipelines: int,
       xla: bool,
       valid_labels: Any = None,
-      preprocess: Callable[[Any], Any] | None = None,
   ) -> None:
     """Initializes the `EvalLoop`.
 
@@ -445,7 +441,6 @@ class EvalLoop:
         step that sees padding is the last one.
       xla: compile each replica's forward pass with XLA.
       valid_labels: as for `TrainLoop`.
-      preprocess: as for `TrainLoop`.
     """
     self._strategy = strategy
     self._model = model
@@ -453,8 +448,7 @@ class EvalLoop:
     self._metrics = metrics
     self._single_pipeline = num_input_pipelines == 1
     self._valid_labels = valid_labels
-    preprocess = preprocess or _unchanged
-    self._forward = _maybe_xla(lambda features: self._model(preprocess(features), training=False), xla)
+    self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
     self.function = tf.function(self._evaluate, autograph=False)
 
   def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
@@ -522,10 +516,6 @@ class EvalLoop:
             1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
         ]
     )
-
-
-def _unchanged(features: Any) -> Any:
-  return features
 
 
 def _finite_sum(tensors: Sequence[Any]) -> tf.Tensor:

@@ -21,7 +21,7 @@ parts differ from the synchronous loops of `runner.training.loops`:
   counts every example exactly once.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import math
 import re
 from typing import Any
@@ -111,13 +111,18 @@ def _numbered(dataset: tf.data.Dataset, start: int) -> tf.data.Dataset:
 
 
 def per_worker_iterator(
-    coordinator: Any, data: interfaces.DatasetProvider, global_batch_size: int, *, start_step: int
+    coordinator: Any,
+    data: interfaces.DatasetProvider,
+    global_batch_size: int,
+    *,
+    start_step: int,
+    preprocess: Callable[[Any], Any] | None = None,
 ) -> Any:
   """Returns the per-worker iterator of the training stream from `start_step` on (see the module docstring).
 
   Each worker's dataset is `input_pipeline.for_training` of `data`, its
   examples numbered; a batch's first number over `global_batch_size` is its
-  step.
+  step. `preprocess` (the task's) maps each batch's features, not their numbers.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
@@ -126,8 +131,18 @@ def per_worker_iterator(
   numbered = _StepNumbered(data)
   strategy = coordinator.strategy
 
+  def numbered_preprocess(features: Any) -> Any:
+    assert preprocess is not None
+    return features[0], preprocess(features[1])
+
   def dataset_fn() -> tf.data.Dataset:
-    return input_pipeline.for_training(strategy, numbered, global_batch_size, start_step=start_step)
+    return input_pipeline.for_training(
+        strategy,
+        numbered,
+        global_batch_size,
+        start_step=start_step,
+        preprocess=None if preprocess is None else numbered_preprocess,
+    )
 
   return iter(coordinator.create_per_worker_dataset(dataset_fn))
 

@@ -1,5 +1,6 @@
 """The Trainer's training input: the distributed iterator of a provider's batches, from the step a run is at."""
 
+from collections.abc import Callable
 from typing import Any
 
 from absl import logging
@@ -10,7 +11,13 @@ from runner.training import parameter_server_loops
 
 
 def training_iterator(
-    strategy: Any, provider: Any, global_batch_size: int, *, start_step: int, coordinator: Any = None
+    strategy: Any,
+    provider: Any,
+    global_batch_size: int,
+    *,
+    start_step: int,
+    coordinator: Any = None,
+    preprocess: Callable[[Any], Any] | None = None,
 ) -> Any:
   """Returns the distributed iterator of `provider`'s batches from the batch of global step `start_step` on.
 
@@ -26,6 +33,8 @@ def training_iterator(
     start_step: the global step the first batch is for.
     coordinator: under parameter servers, the `ClusterCoordinator`: the
       iterator is then per worker (`parameter_server_loops.per_worker_iterator`).
+    preprocess: None, or the task's `preprocess`, mapped over each replica's
+      batch of features in the input pipeline.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
@@ -46,8 +55,12 @@ def training_iterator(
         start_step,
     )
   if coordinator is not None:
-    return parameter_server_loops.per_worker_iterator(coordinator, provider, global_batch_size, start_step=start_step)
-  return iter(input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step))
+    return parameter_server_loops.per_worker_iterator(
+        coordinator, provider, global_batch_size, start_step=start_step, preprocess=preprocess
+    )
+  return iter(
+      input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step, preprocess=preprocess)
+  )
 
 
 def _warn_if_batch_exceeds_data(provider: Any, global_batch_size: int) -> None:

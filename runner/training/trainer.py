@@ -352,7 +352,7 @@ class Trainer:
     provider = data_lib.as_provider(data)
     label_range = self._prepare_for(data, provider, "evaluation")
     dataset, num_pipelines = input_pipeline.for_evaluation(
-        strategy, provider, global_batch_size, bounded=steps is not None
+        strategy, provider, global_batch_size, bounded=steps is not None, preprocess=self._preprocess
     )
     if self._eval_loop is None or self._eval_loop[0] != label_range:
       self._eval_loop = (
@@ -365,7 +365,6 @@ class Trainer:
               num_input_pipelines=num_pipelines,
               xla=self._xla,
               valid_labels=label_range,
-              preprocess=self._preprocess,
           ),
       )
     start = time.perf_counter()
@@ -518,7 +517,12 @@ class Trainer:
     key = (id(data), global_batch_size)
     if self._train_input is None or self._train_input[0] != key:
       iterator = train_input.training_iterator(
-          self._strategy, provider, global_batch_size, start_step=self._global_step, coordinator=self._coordinator
+          self._strategy,
+          provider,
+          global_batch_size,
+          start_step=self._global_step,
+          coordinator=self._coordinator,
+          preprocess=self._preprocess,
       )
       self._train_input = (key, data, iterator)
     return self._train_input[2]
@@ -617,7 +621,6 @@ class Trainer:
           clipnorm=self._options.clipnorm,
           loss_scale=self._parts.loss_scaled,
           keras_version=self._parts.keras_version,
-          preprocess=self._preprocess,
           valid_labels=label_range,
       )
       if self._coordinator is not None:

@@ -7,6 +7,7 @@ of the example (one device, and mirrored over 2 logical CPUs), and one child pro
 
 import importlib.util
 import os
+import re
 import sys
 
 import numpy as np
@@ -155,3 +156,13 @@ def test_our_trainer_follows_the_tfgnn_runners_loss_curve(saved, kind):
   np.testing.assert_allclose(ours, theirs, rtol=1e-6)
   for a, b in zip(_weights(saved, f"trainer_{kind}/weight"), _weights(saved, f"real_{kind}/weight")):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_label_the_model_has_no_output_for_is_one_line_naming_it(saved):
+  # The example number counts in a new pass over the data, which this training split reshuffles.
+  assert re.fullmatch(
+      r"The training data's batch of step 1 holds a label outside the task's range: example \d+ of the data "
+      r"\(counting from 0\) has label 2, but labels must be integers in \[0, 2\) \(class ids of a model with 2 "
+      r"outputs \(classes\)\)\.",
+      str(saved["bad_label_message"]),
+  )

@@ -19,9 +19,11 @@ batches with `deterministic=False`, which let one run's batches come in another 
 - for each run R in TRAINER_RUNS, the same for our `runner.Trainer` on the same model, data and optimizer;
 - `full/losses`, `full/eval_loss`, `full/eval_accuracy`: the example's whole run (FULL_STEPS steps, one device)
   through `tensorflow_gnn.runner.run`, one loss per FULL_WINDOW steps, its model then scored on the evaluation
-  split; `trainer_full/...`: the same with our Trainer.
+  split; `trainer_full/...`: the same with our Trainer;
+- `bad_label_message`: the DataError of training a model of 2 classes on the 3 classes' labels.
 """
 
+import copy
 import os
 import random
 import sys
@@ -83,7 +85,7 @@ def _trainer_run(config, strategy, steps, log_every=1):
       strategy,
       model_fn=lambda: graphs.gnn(config.model),
       optimizer_fn=lambda: tf_keras.optimizers.Adam(config.optimizer.learning_rate),
-      task=runner.tasks.Classification(),
+      task=graphs.graph_classification(config.task),
       seed=config.trainer.seed,
       actions=[recorder],
       quiet=True,
@@ -93,6 +95,25 @@ def _trainer_run(config, strategy, steps, log_every=1):
   )
   losses = np.reshape(recorder.losses, [-1, log_every]).mean(axis=1)
   return losses, trainer.model.get_weights(), trainer.model
+
+
+def _bad_label_message(config):
+  """The error of training the example's model with 2 outputs (its labels go to 2): the data check's one line."""
+  two_classes = copy.deepcopy(config.model)
+  two_classes.num_classes = 2
+  trainer = runner.Trainer(
+      strategies.OneDeviceStrategy(device=CPUS[0]),
+      model_fn=lambda: graphs.gnn(two_classes),
+      optimizer_fn=lambda: tf_keras.optimizers.Adam(config.optimizer.learning_rate),
+      task=graphs.graph_classification(config.task),
+      seed=config.trainer.seed,
+      quiet=True,
+  )
+  try:
+    trainer.train(graphs.random_graph_density(config.data, "train"), global_batch_size=32, steps=2)
+  except runner.data.DataError as error:
+    return str(error)
+  return "no error"
 
 
 def _scored(logits_of, evaluation):
@@ -140,7 +161,7 @@ def main(out, steps, full_steps):
   np.random.seed(config.trainer.seed)
   ours = graphs.gnn(config.model)
   batch, _ = next(iter(evaluation.batch(5)))
-  arrays["logits_shape"] = np.array(ours(batch).shape)
+  arrays["logits_shape"] = np.array(ours(batch.merge_batch_to_components()).shape)
   merged_spec = batch.merge_batch_to_components().spec.relax(num_components=True, num_nodes=True, num_edges=True)
   theirs = tfgnn_runner_side.base_model(config, merged_spec)
   for name, model in (("ours_initial", ours), ("tfgnn_initial", theirs)):
@@ -172,7 +193,10 @@ def main(out, steps, full_steps):
   )
   losses, _, model = _trainer_run(config, TRAINER_RUNS["trainer_one_device"](), full_steps, FULL_WINDOW)
   arrays["trainer_full/losses"] = np.array(losses)
-  arrays["trainer_full/eval_loss"], arrays["trainer_full/eval_accuracy"] = _scored(model, evaluation)
+  arrays["trainer_full/eval_loss"], arrays["trainer_full/eval_accuracy"] = _scored(
+      lambda graph: model(graph.merge_batch_to_components()), evaluation
+  )
+  arrays["bad_label_message"] = np.array(_bad_label_message(config))
   np.savez(out, **arrays)
   print("done", flush=True)
 

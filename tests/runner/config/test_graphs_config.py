@@ -26,7 +26,7 @@ def test_the_config_names_its_own_data_and_model_with_their_fields():
   assert (config.model.num_classes, config.model.message_passing_rounds) == (3, 2)
   assert (config.mode, config.task.name, config.optimizer.name, config.trainer.seed) == (
       "train_and_eval",
-      "classification",
+      "configs.graphs:graph_classification",
       "adam",
       0,
   )
@@ -36,7 +36,10 @@ def test_the_config_names_its_own_data_and_model_with_their_fields():
 @pytest.mark.parametrize("missing", ["tf_keras", "tensorflow_gnn"])
 def test_a_missing_package_is_a_config_error_naming_the_install(monkeypatch, missing):
   monkeypatch.setitem(sys.modules, missing, None)  # What importlib reports for a package that is not installed.
-  with pytest.raises(ConfigError, match=rf"needs {missing}, not installed\. Install with: pip install tf-keras"):
+  with pytest.raises(
+      ConfigError,
+      match=rf"needs {missing}, not installed\. Install with: pip install \"tf-runner\[gnn\]\" && pip install --no-deps",
+  ):
     runner.load_config(GRAPHS)
 
 

@@ -151,6 +151,16 @@ def test_a_label_outside_the_classes_is_named_with_its_step_example_and_the_numb
   assert trainer.global_step == 0  # The loop ended in the error: no step of it is reported.
 
 
+def test_a_label_outside_the_classes_is_named_at_its_step_with_one_step_per_call(one_device):
+  # One step per call: the loss op fails on the label, and the step that failed is not counted (it was, once).
+  features, labels = trainer_testlib.classification_arrays(64)
+  labels[37] = 2 * NUM_CLASSES + 1  # In the batch of step 3 (global batch 16).
+  trainer = trainer_testlib.make_trainer(one_device, steps_per_loop=1)
+  with pytest.raises(DataError, match=r"^The training data's batch of step 3 holds a label outside the task's range"):
+    trainer.train(_dataset(features, labels), global_batch_size=16, steps=4)
+  assert trainer.global_step == 2
+
+
 class _OneHotClassification(runner.tasks.Classification):
   """Cross-entropy through tf.one_hot, which gives a finite loss for any label, as on a GPU or a TPU."""
 
