@@ -52,12 +52,7 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
       steps=trainer_testlib.MULTI_WORKER_STEPS,
   )
   expected = single.model.get_weights()
-  per_worker = []
-  for index in range(2):
-    with np.load(tmp_path / f"weights_{index}.npz") as saved:
-      per_worker.append([saved[f"arr_{i}"] for i in range(len(saved.files))])
-  for first, second in zip(*per_worker):
-    np.testing.assert_array_equal(first, second)
+  per_worker = _equal_weights_of_both_workers(tmp_path, "weights")
   assert len(per_worker[0]) == len(expected)
   for got, want in zip(per_worker[0], expected):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -82,13 +77,19 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   _assert_the_tf_keras_model_trained_as_the_hand_written_loop(tmp_path)
 
 
-def _assert_the_tf_keras_model_trained_as_the_hand_written_loop(out_dir):
+def _equal_weights_of_both_workers(out_dir, stem):
+  """Reads `{stem}_0.npz` and `{stem}_1.npz`, asserts the two workers saved equal arrays; returns both lists."""
   per_worker = []
   for index in range(2):
-    with np.load(out_dir / f"tf_keras_weights_{index}.npz") as saved:
+    with np.load(out_dir / f"{stem}_{index}.npz") as saved:
       per_worker.append([saved[f"arr_{i}"] for i in range(len(saved.files))])
   for first, second in zip(*per_worker):
     np.testing.assert_array_equal(first, second)
+  return per_worker
+
+
+def _assert_the_tf_keras_model_trained_as_the_hand_written_loop(out_dir):
+  per_worker = _equal_weights_of_both_workers(out_dir, "tf_keras_weights")
   initial, trained = per_worker[0][:2], per_worker[0][2:]
   features, labels = trainer_testlib.classification_arrays()
   reference, _ = tf_keras_testlib.hand_written_training(
