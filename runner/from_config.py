@@ -4,6 +4,7 @@ from collections.abc import Iterator, Mapping
 import contextlib
 import copy
 import dataclasses
+import functools
 import os
 import tempfile
 from typing import Any
@@ -483,6 +484,7 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
   # The model model_fn made: optimizer_fn, called after it, makes an optimizer of the model's Keras.
   models: list[Any] = []
 
+  @functools.wraps(build_model)  # Messages name the user's function.
   def model_fn() -> Any:
     models[:] = [build_model(config.model)]
     return models[0]

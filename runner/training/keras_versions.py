@@ -3,8 +3,7 @@
 Which one a run uses is read from the objects `model_fn` and `optimizer_fn`
 return, never from a flag. Keras 3 is always importable (a requirement);
 `tf_keras` is looked at only when it is already imported, which it is once a
-tf_keras object exists, so a Keras 3 run does not import it (except to set
-its dtype policy too under a mixed precision, when it is installed).
+tf_keras object exists, so a Keras 3 run never imports it.
 
 Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
 
@@ -24,7 +23,6 @@ from collections.abc import Iterator
 import contextlib
 import dataclasses
 import importlib
-import importlib.util
 import sys
 from typing import Any
 
@@ -195,21 +193,16 @@ def of_model_and_optimizer(model: Any, optimizer: Any) -> KerasVersion:
 
 
 def dtype_policies(precision: str) -> contextlib.ExitStack:
-  """Sets the global dtype policy of Keras 3 and, when it is imported or precision is mixed, of tf_keras.
+  """Sets the global dtype policy of Keras 3 and, when it is imported, of tf_keras.
 
-  A `model_fn` may import tf_keras inside itself, after the policy is set:
-  under a mixed precision tf_keras is imported first (if installed) so that
-  its layers take the policy too.
+  The module of a tf_keras `model_fn` imports tf_keras (before the Trainer
+  calls it); one that imports it only inside `model_fn` gets float32 layers.
   """
   stack = contextlib.ExitStack()
   stack.enter_context(KERAS_3.dtype_policy(precision))
-  if TF_KERAS.module_name in sys.modules or (precision != "float32" and _installed(TF_KERAS.module_name)):
+  if TF_KERAS.module_name in sys.modules:
     stack.enter_context(TF_KERAS.dtype_policy(precision))
   return stack
-
-
-def _installed(module_name: str) -> bool:
-  return importlib.util.find_spec(module_name) is not None
 
 
 def _named(version: KerasVersion | None) -> str:
