@@ -166,3 +166,11 @@ def test_a_label_the_model_has_no_output_for_is_one_line_naming_it(saved):
       r"outputs \(classes\)\)\.",
       str(saved["bad_label_message"]),
   )
+
+
+def test_check_tpu_names_a_graph_tensor_as_a_tpus_problem(saved):
+  assert re.fullmatch(
+      r"the training data's features is a GraphTensor \(GraphTensorSpec\(.*\)\): a TPU takes only dense tensors "
+      r"of static shape\.",
+      str(saved["tpu_problem"]),
+  )

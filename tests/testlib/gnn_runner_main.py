@@ -20,7 +20,8 @@ batches with `deterministic=False`, which let one run's batches come in another 
 - `full/losses`, `full/eval_loss`, `full/eval_accuracy`: the example's whole run (FULL_STEPS steps, one device)
   through `tensorflow_gnn.runner.run`, one loss per FULL_WINDOW steps, its model then scored on the evaluation
   split; `trainer_full/...`: the same with our Trainer;
-- `bad_label_message`: the DataError of training a model of 2 classes on the 3 classes' labels.
+- `bad_label_message`: the DataError of training a model of 2 classes on the 3 classes' labels;
+- `tpu_problem`: what `--check_tpu` says of the training data (runner.tpu.rules.element_problem).
 """
 
 import copy
@@ -42,6 +43,7 @@ from benchmarks import tfgnn_runner_side
 from configs import graphs
 import runner
 from runner.cluster import process_exit
+from runner.tpu import rules as tpu_rules
 import strategies
 
 WINDOW = 5
@@ -197,6 +199,7 @@ def main(out, steps, full_steps):
       lambda graph: model(graph.merge_batch_to_components()), evaluation
   )
   arrays["bad_label_message"] = np.array(_bad_label_message(config))
+  arrays["tpu_problem"] = np.array(tpu_rules.element_problem(train.element_spec, "the training data"))
   np.savez(out, **arrays)
   print("done", flush=True)
 

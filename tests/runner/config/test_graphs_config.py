@@ -1,5 +1,6 @@
 """configs/graphs.py without TF-GNN: its config, its label rule, its errors (the rest: test_gnn_example.py)."""
 
+import importlib
 import os
 import sys
 
@@ -7,12 +8,24 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import graphs
 import runner
 from strategies import ConfigError
 from testlib import paths
 
 GRAPHS = os.path.join(paths.REPO, "configs", "graphs.py")
+
+
+@pytest.fixture(autouse=True)
+def no_legacy_keras_left_behind(monkeypatch):
+  """configs/graphs.py sets TF_USE_LEGACY_KERAS when it loads: removed after each test, for later tests' children."""
+  monkeypatch.setenv("TF_USE_LEGACY_KERAS", "")  # Recorded as it was, so that undoing both restores that.
+  monkeypatch.delenv("TF_USE_LEGACY_KERAS")
+
+
+@pytest.fixture(name="graphs")
+def fixture_graphs():
+  """configs/graphs.py as a module, imported inside a test (not at collection, which would set the variable for good)."""
+  return importlib.import_module("configs.graphs")
 
 
 def test_the_config_names_its_own_data_and_model_with_their_fields():
@@ -43,7 +56,7 @@ def test_a_missing_package_is_a_config_error_naming_the_install(monkeypatch, mis
     runner.load_config(GRAPHS)
 
 
-def test_labels_are_the_mean_degree_class_and_fixed_by_the_seed():
+def test_labels_are_the_mean_degree_class_and_fixed_by_the_seed(graphs):
   made = graphs.random_graphs(300, seed=[0, 0])
   again = graphs.random_graphs(300, seed=[0, 0])
   other = graphs.random_graphs(300, seed=[0, 1])
@@ -70,7 +83,7 @@ def test_labels_are_the_mean_degree_class_and_fixed_by_the_seed():
         ),
     ],
 )
-def test_bad_data_arguments_are_config_errors(fields, split, message):
+def test_bad_data_arguments_are_config_errors(graphs, fields, split, message):
   config = ml_collections.ConfigDict(
       {
           "num_train_examples": 8,
