@@ -53,19 +53,21 @@ class KerasVersion:
     return self.is_model(value) or self.is_optimizer(value) or self.is_metric(value)
 
   def is_model(self, value: Any) -> bool:
-    """Whether `value` is a model of this Keras (False when the module is not imported: it has none)."""
-    module = sys.modules.get(self.module_name)
-    return module is not None and isinstance(value, module.Model)
+    """Whether `value` is a model of this Keras."""
+    return self._is_instance(value, lambda module: module.Model)
 
   def is_optimizer(self, value: Any) -> bool:
     """Whether `value` is an optimizer of this Keras."""
-    module = sys.modules.get(self.module_name)
-    return module is not None and isinstance(value, module.optimizers.Optimizer)
+    return self._is_instance(value, lambda module: module.optimizers.Optimizer)
 
   def is_metric(self, value: Any) -> bool:
     """Whether `value` is a metric of this Keras."""
+    return self._is_instance(value, lambda module: module.metrics.Metric)
+
+  def _is_instance(self, value: Any, class_in: Any) -> bool:
+    """Whether `value` is an instance of `class_in(module)`; False while the module is not imported (none exists)."""
     module = sys.modules.get(self.module_name)
-    return module is not None and isinstance(value, module.metrics.Metric)
+    return module is not None and isinstance(value, class_in(module))
 
   def loss_scale_optimizer(self, optimizer: Any) -> Any:
     """Returns `optimizer` wrapped in this Keras's `LossScaleOptimizer` (dynamic scale), unless it is one."""

@@ -131,17 +131,13 @@ def per_worker_iterator(
   numbered = _StepNumbered(data)
   strategy = coordinator.strategy
 
-  def numbered_preprocess(features: Any) -> Any:
-    assert preprocess is not None
-    return features[0], preprocess(features[1])
-
   def dataset_fn() -> tf.data.Dataset:
     return input_pipeline.for_training(
         strategy,
         numbered,
         global_batch_size,
         start_step=start_step,
-        preprocess=None if preprocess is None else numbered_preprocess,
+        preprocess=None if preprocess is None else lambda numbered: (numbered[0], preprocess(numbered[1])),
     )
 
   return iter(coordinator.create_per_worker_dataset(dataset_fn))
