@@ -20,6 +20,7 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from runner import sharding_policies
+from runner.config import config_file
 from runner.config import optimizers
 from runner.config import registry
 from runner.outputs import profiling
@@ -307,6 +308,8 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
   Args:
     path: 'FILE.py' or 'FILE.py:ARG'; the file's `get_config()` (or
       `get_config(ARG)`) returns a ConfigDict with any part of the schema.
+      FILE may be a URL of a TensorFlow filesystem (`gs://...`), read
+      through `tf.io.gfile` (`runner.config.config_file`).
     overrides: strings 'section.field=value' (as after `--config.` on the
       command line; a bool field alone means True, 'None' sets an optional
       field to None), or a mapping {'section.field': value}.
@@ -315,19 +318,15 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
     The locked, complete, checked config (see `validate`).
 
   Raises:
-    ConfigError: a missing file, a file that does not load (a SyntaxError,
+    ConfigError: a missing file, a remote one that cannot be read, a file that does not load (a SyntaxError,
       an ImportError, any exception, a `sys.exit` call: the message names the
       file, its line and the error, the exception is chained), a `get_config` that is missing,
       raises or returns something other than a ConfigDict, an unknown
       field (with a did-you-mean), a value of the wrong type, or any check of
       `validate`.
   """
-  file_path, _, argument = path.partition(":")
-  if not os.path.isfile(file_path):
-    raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
-  spec = importlib.util.spec_from_file_location("runner_config_file", file_path)
-  if spec is None or spec.loader is None:  # Python loads only its own files (FILE.py).
-    raise ConfigError(f"Config file {file_path!r} is not a Python file; give FILE.py (from {path!r}).")
+  file_path, argument = config_file.split(path)
+  spec = config_file.module_spec(file_path, path)
   module = importlib.util.module_from_spec(spec)
   with _failures_named(file_path, ""):
     spec.loader.exec_module(module)

@@ -2,16 +2,14 @@
 
 from collections.abc import Callable, Mapping
 import datetime
-import fcntl
-import json
 import os
 import time
-from typing import Any, IO
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
-from runner.workdir import atomic_files
+from runner.outputs import metrics_file
 
 # What tf.summary.scalar (from the tensorboard package, not a dependency) attaches: TensorBoard shows these as scalars.
 _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
@@ -44,10 +42,9 @@ def eval_results_at(model_dir: str, step: int) -> dict[str, float]:
 
 
 def _last_row(model_dir: str, *, split: str, step: int) -> dict[str, float]:
-  """The values of the last row of `split` and `step` in `model_dir/metrics.jsonl` (without those two keys), or {}."""
+  """The values of the last row of `split` and `step` in the metrics of `model_dir` (without those two keys), or {}."""
   found = {}
-  for line in _lines(os.path.join(model_dir, "metrics.jsonl")):
-    row = _parsed(line)
+  for row in metrics_file.rows(model_dir, step=step):
     if isinstance(row, dict) and row.get("split") == split and row.get("step") == step:
       found = row
   return {name: value for name, value in found.items() if name not in ("split", "step")}
@@ -61,16 +58,12 @@ class Reporter:
   `summaries/eval`, and one JSON object per report to `metrics.jsonl`:
   `{"split": "train" | "eval", "step": int, "loss": float, <metric>: float, ...}`,
   train rows with `steps_per_sec` and `examples_per_sec`, eval rows with
-  `num_examples`. A local `metrics.jsonl` stays open, and each row is on
-  disk when the report returns; a remote one is written on `flush`.
-
-  Two processes may append to one local `metrics.jsonl` (a trainer and the
-  evaluator beside it, `runner.training.continuous_eval`): each row is one
-  append under the file's lock (`fcntl.flock`), and the one rewrite
-  (`resume_at`'s drop) holds that lock from its read to its rename, after
-  which a writer appends to the new file. So no row of either is lost or cut
-  into another. On object storage (`gs://`) a file cannot be appended to: a
-  writer uploads it whole, so rows of two writers can overwrite each other.
+  `num_examples`. Rows go through `metrics_file.Appender`: on a local
+  workdir each row is on disk when the report returns; on a remote one
+  (`gs://`) rows are written as a new part at `flush` or after a minute,
+  never by rewriting what is written. A trainer and an evaluator beside it
+  can write to one workdir's metrics, local or remote, and neither loses a
+  row (`runner.outputs.metrics_file`).
   Scalars are buffered (see `_BufferedScalars`); the Trainer flushes at the end
   of every train and evaluate call.
 
@@ -88,7 +81,7 @@ class Reporter:
       is_chief: whether this worker writes files.
     """
     self._dir = model_dir if is_chief else None
-    self._jsonl: IO[str] | None = None
+    self._rows = None if self._dir is None else metrics_file.Appender(self._dir)
     self._scalars: dict[str, _BufferedScalars] = {}  # split -> _BufferedScalars
     self._resumed = False  # Whether `resume_at` was called.
     self._replayed_after: int | None = None  # The step it gave, until the rows past it are dropped.
@@ -174,116 +167,22 @@ class Reporter:
     """Writes buffered TensorBoard scalars and `metrics.jsonl` rows to disk."""
     for scalars in self._scalars.values():
       scalars.flush()
-    if self._jsonl is not None:
-      self._jsonl.flush()
+    if self._rows is not None:
+      self._rows.flush()
 
   def _write_row(self, row: Mapping[str, Any]) -> None:
-    assert self._dir is not None  # Rows are written only where files are (`model_dir` on the chief).
-    path = os.path.join(self._dir, "metrics.jsonl")
+    assert self._dir is not None and self._rows is not None  # Rows are written only on the chief, with a model_dir.
     if self._replayed_after is not None:
-      if self._jsonl is not None:
-        self._jsonl.close()
-        self._jsonl = None
-      _drop_rows_past(path, self._replayed_after)
+      self._rows.close()
+      metrics_file.drop_rows_past(self._dir, self._replayed_after)
       self._replayed_after = None
-    line = json.dumps(row) + "\n"
-    if "://" in path:  # A remote file (gs://...) is written on flush.
-      if self._jsonl is None:
-        tf.io.gfile.makedirs(self._dir)
-        self._jsonl = tf.io.gfile.GFile(path, "a")
-      self._jsonl.write(line)
-      return
-    if self._jsonl is None:
-      os.makedirs(self._dir, exist_ok=True)
-    # Kept open across rows (reopened when another writer replaced the file); a `with` would reopen it for every row.
-    self._jsonl = _locked_current(path, self._jsonl)
-    try:
-      self._jsonl.write(line)
-      self._jsonl.flush()
-    finally:
-      fcntl.flock(self._jsonl, fcntl.LOCK_UN)
+    self._rows.append(row)
 
   def _write_scalars(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
     assert self._dir is not None  # Scalars are written only where files are (`model_dir` on the chief).
     if split not in self._scalars:
       self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
-
-
-def _drop_rows_past(path: str, step: int) -> None:
-  """Rewrites the `metrics.jsonl` at `path` without its rows past `step` (and a last row cut short), if it has any.
-
-  The file is replaced whole (`atomic_files`, so a `gs://` path works too): a
-  reader or a crash sees the old rows or the new ones, never a mix. Other
-  lines are kept as they are.
-  """
-  if "://" in path:
-    _replace_rows_past(path, step, _lines(path))
-    return
-  if not os.path.exists(path):
-    return
-  with _locked_current(path, None, mode="rb") as f:  # No row is appended from the read to the rename.
-    _replace_rows_past(path, step, f.read().splitlines(keepends=True))
-
-
-def _replace_rows_past(path: str, step: int, lines: list[bytes]) -> None:
-  """Replaces the file at `path`, whose `lines` these are, without its rows past `step`, if it has any."""
-  kept = []
-  for line in lines:
-    row = _parsed(line)
-    if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] > step:
-      continue
-    if not line.endswith(b"\n"):  # The last line, cut short by a crash unless it parses.
-      if row is None:
-        continue
-      line += b"\n"
-    kept.append(line)
-  if kept == lines:
-    return
-  atomic_files.replace(path, b"".join(kept))
-  logging.info(
-      "Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: "
-      "this run trains those steps again.",
-      len(lines) - len(kept),
-      path,
-      step,
-  )
-
-
-def _locked_current(path: str, opened: IO[Any] | None, *, mode: str = "a") -> IO[Any]:
-  """Returns the local file at `path` open in `mode` and locked (`fcntl.flock`), reusing `opened` if it still is it.
-
-  A file replaced while the lock was awaited (by another writer's
-  `_drop_rows_past`) is closed, and the new file at `path` is opened and
-  locked. The lock is released by `fcntl.flock(f, fcntl.LOCK_UN)` or by
-  closing the file. With mode "a" the file is made if missing.
-  """
-  while True:
-    if opened is None or opened.closed:
-      opened = open(path, mode) if "b" in mode else open(path, mode, encoding="utf-8")  # noqa: SIM115
-    fcntl.flock(opened, fcntl.LOCK_EX)
-    try:
-      if os.path.samestat(os.fstat(opened.fileno()), os.stat(path)):
-        return opened
-    except FileNotFoundError:  # Renamed away, the new file not there yet: open it once it is.
-      pass
-    opened.close()
-
-
-def _lines(path: str) -> list[bytes]:
-  """The lines of the file at `path` as bytes, each with its newline (a last line cut short without); [] if none."""
-  if not tf.io.gfile.exists(path):
-    return []
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read().splitlines(keepends=True)
-
-
-def _parsed(line: bytes) -> Any:
-  """The JSON value of `line`, or None if it is not one."""
-  try:
-    return json.loads(line)
-  except ValueError:
-    return None
 
 
 class _BufferedScalars:

@@ -134,12 +134,6 @@ def evaluate_new_checkpoints(
   model_dir = trainer.model_dir
   if model_dir is None:
     raise ConfigError("evaluate_new_checkpoints needs a Trainer with a model_dir: the workdir it watches.")
-  if "://" in model_dir:
-    logging.warning(
-        "%s is on object storage, where metrics.jsonl cannot be appended to: rows the trainer and this evaluator "
-        "write there can overwrite each other (the TensorBoard summaries cannot).",
-        model_dir,
-    )
   directory = os.path.join(model_dir, checkpoints.DIRECTORY)
   last: Evaluation | None = None
   taken = -1  # The step of the newest checkpoint taken (evaluated, found evaluated, or skipped).

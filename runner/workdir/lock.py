@@ -22,10 +22,22 @@ and taken over like a stale one, with a warning that says so.
 
 Creation is atomic on local file systems and NFS (`O_CREAT | O_EXCL`); a
 stale lock is taken over by renaming it aside and checking that it was the
-one judged stale. `tf.io.gfile` (for `gs://` and other remote file systems)
-has no exclusive create: there the lock is written if absent and read back
-after `REMOTE_SETTLE_SECONDS`, which stops a run started while another holds
-the workdir, but not two runs started within that time of each other.
+one judged stale. No `fcntl` lock is held: the lock file itself is the lock.
+
+A remote workdir (`gs://` and other `tf.io.gfile` filesystems,
+`runner.workdir.remote`) has neither an exclusive create nor file locks.
+There the lock is written whole if absent, and read back after
+`REMOTE_SETTLE_SECONDS`: the run goes on only if the file still holds its
+own text (of runs that wrote it at nearly the same time, the last write is
+the one every run reads back). The guarantee is weaker than a local one in
+two ways. Two runs both go on only if one's write of the lock landed more
+than `REMOTE_SETTLE_SECONDS` after it found no lock (a slow or retried
+upload, a paused VM); and a stale lock is removed, not renamed aside, so a
+run taking over a stale lock at the very moment another does may remove the
+other's fresh lock, the read-back then deciding between them as above. On a
+filesystem that keeps no modification times (it reports 0, as `ram://`
+does), a holder on another host cannot be judged stale by age: its lock is
+never taken over, and the error says to remove it if that run is gone.
 """
 
 import dataclasses
@@ -41,6 +53,7 @@ from absl import logging
 import tensorflow as tf
 
 from runner.cluster import process_exit
+from runner.workdir import remote
 from strategies.errors import ConfigError
 from strategies.errors import first_line
 
@@ -121,7 +134,7 @@ class WorkdirLock:
   def _beat(self) -> None:
     while not self._stop.wait(HEARTBEAT_SECONDS):
       try:
-        if _is_remote(self.path):
+        if remote.is_remote(self.path):
           _write_remote(self.path, self._text)
         else:
           os.utime(self.path)
@@ -157,23 +170,28 @@ def acquire(workdir: str, *, mode: str) -> WorkdirLock:
       ),
       sort_keys=True,
   )
-  create = _create_remote if _is_remote(path) else _create_local
+  create = _create_remote if remote.is_remote(path) else _create_local
   for _ in range(3):  # A stale lock taken over, then created, unless another run was quicker.
     if create(path, text):
       return WorkdirLock(path=path, text=text)
     found = _read_complete(path)
     if found is None:
       continue  # Released meanwhile.
-    age = time.time() - found.modified
+    age = None if found.modified is None else time.time() - found.modified
     if not _is_stale(found):
-      if found.holder is None:
+      if found.holder is None:  # Only where the filesystem keeps modification times: else it is stale at once.
         named = (
-            f"a run starting now (the lock {path}, written {age:.0f} s ago, {found.unreadable}; one that still "
+            f"a run starting now (the lock {path}, written {age or 0:.0f} s ago, {found.unreadable}; one that still "
             f"{found.unreadable} {UNREADABLE_GRACE_SECONDS} s after it was written is damaged and taken over)"
         )
       else:
         named = found.holder.describe()
-        if found.holder.host != socket.gethostname():
+        if found.holder.host != socket.gethostname() and age is None:
+          named += (
+              f"; the workdir's filesystem keeps no modification times, so a lock of another host is never taken "
+              f"over: if that run is gone, remove {path}"
+          )
+        elif found.holder.host != socket.gethostname():
           named += (
               f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
               "taken over"
@@ -184,11 +202,10 @@ def acquire(workdir: str, *, mode: str) -> WorkdirLock:
       )
     if found.holder is None:
       logging.warning(
-          "Took over the workdir lock %s, which is damaged: it %s, %.0f s after it was last written (no "
-          "run holds it).",
+          "Took over the workdir lock %s, which is damaged: it %s, %s after it was last written (no run holds it).",
           path,
           found.unreadable,
-          age,
+          "at an unknown time" if age is None else f"{age:.0f} s",
       )
     else:
       logging.warning("Took over the workdir lock %s of a run that is gone: %s.", path, found.holder.describe())
@@ -244,13 +261,14 @@ class _Found:
 
   Attributes:
     holder: the run it names; None if it cannot be read.
-    modified: when it was last written, seconds since the epoch.
+    modified: when it was last written, seconds since the epoch; None on a
+      filesystem that keeps no modification times (it gives 0, as `ram://`).
     unreadable: None if it names a holder; else why not, a phrase after
       "it" ("is empty", "cannot be read (UnicodeDecodeError: ...)").
   """
 
   holder: Holder | None
-  modified: float
+  modified: float | None
   unreadable: str | None
 
 
@@ -262,7 +280,7 @@ def _read_or_none(path: str) -> "_Found | None":
   """
   try:
     data = _read(path)
-    modified = tf.io.gfile.stat(path).mtime_nsec / 1e9
+    modified = tf.io.gfile.stat(path).mtime_nsec / 1e9 or None
   except (FileNotFoundError, tf.errors.NotFoundError):
     return None
   if not data.strip():
@@ -306,16 +324,16 @@ def _read_complete(path: str) -> "_Found | None":
 
 def _is_stale(found: "_Found") -> bool:
   """Whether the `_Found` lock belongs to no live run (a damaged one included)."""
-  if found.holder is None:
-    return time.time() - found.modified > UNREADABLE_GRACE_SECONDS
+  if found.holder is None:  # A remote lock is written whole: one without a holder is damaged, whatever its age.
+    return found.modified is None or time.time() - found.modified > UNREADABLE_GRACE_SECONDS
   if found.holder.host == socket.gethostname():
     return _process_start(found.holder.pid) not in (found.holder.process_start, "")
-  return time.time() - found.modified > STALE_AFTER_SECONDS
+  return found.modified is not None and time.time() - found.modified > STALE_AFTER_SECONDS
 
 
 def _remove_stale(path: str, found: "_Found") -> None:
   """Removes the stale lock `found` at `path`, unless another run replaced it meanwhile."""
-  if _is_remote(path):
+  if remote.is_remote(path):
     _remove(path)
     return
   aside = f"{path}.stale-{os.getpid()}"
@@ -350,10 +368,6 @@ def _process_start(pid: int) -> str | None:
     return ""
   state, start = fields[0], fields[19]
   return None if state in ("Z", "X") else f"{boot}:{start}"
-
-
-def _is_remote(path: str) -> bool:
-  return "://" in path
 
 
 def _read(path: str) -> bytes:

@@ -13,8 +13,9 @@ from runner.workdir import config_history
 
 # The small files a run rewrites; their earlier contents are kept to be put back.
 _REWRITTEN = (config_history.CONFIG_FILE, config_history.HISTORY_FILE)
-# Where training and evaluation write their results. Once one of these grew, the workdir holds the run's work.
-_OUTPUTS = ("metrics.jsonl", "checkpoints", "summaries")
+# Where training and evaluation write their results (`metrics_parts`: its parts on a remote workdir,
+# `runner.outputs.metrics_file`). Once one of these grew, the workdir holds the run's work.
+_OUTPUTS = ("metrics.jsonl", "metrics_parts", "checkpoints", "summaries")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +28,7 @@ class WorkdirState:
     entries: the names in it before the run.
     contents: `{name: text}` of the files of `_REWRITTEN` that were there.
     outputs: `{path: size in bytes}` of every file of `_OUTPUTS` (metrics.jsonl
-      and the files under checkpoints/ and summaries/).
+      and the files under metrics_parts/, checkpoints/ and summaries/).
   """
 
   workdir: str
@@ -80,7 +81,7 @@ class WorkdirState:
 
 
 def _outputs(workdir: str) -> dict[str, int]:
-  """`{path: size in bytes}` of metrics.jsonl and of every file under checkpoints/ and summaries/ in `workdir`."""
+  """`{path: size in bytes}` of metrics.jsonl and of every file under the other `_OUTPUTS` directories of `workdir`."""
   sizes = {}
   for name in _OUTPUTS:
     path = os.path.join(workdir, name)
