@@ -327,6 +327,7 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
   """
   file_path, argument = config_file.split(path)
   spec = config_file.module_spec(file_path, path)
+  assert spec.loader is not None  # `module_spec` returns only a spec with a loader.
   module = importlib.util.module_from_spec(spec)
   with _failures_named(file_path, ""):
     spec.loader.exec_module(module)

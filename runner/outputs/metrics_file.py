@@ -133,9 +133,9 @@ def drop_rows_past(model_dir: str, step: int) -> None:
   A file is replaced whole (`atomic_files`): a reader or a crash sees its old
   rows or its new ones, never a mix. A local `metrics.jsonl` is locked from
   its read to its rename, so no other writer's row is lost. Remote parts
-  whose first row is past `step` are removed unread; a part with rows on
-  both sides is replaced by one without the later rows; other parts are
-  neither read nor written. Appenders open on the old file reopen the new
+  whose first row is past `step` are removed (read first, to count their
+  rows); a part with rows on both sides is replaced by one without the
+  later rows; other parts are neither read nor written. Appenders open on the old file reopen the new
   one at their next row.
   """
   path = os.path.join(model_dir, FILE_NAME)
@@ -146,20 +146,27 @@ def drop_rows_past(model_dir: str, step: int) -> None:
       dropped = _replace_without_rows_past(path, step, f.read().splitlines(keepends=True))
   else:
     dropped = 0
+  if dropped:
+    _log_dropped(dropped, path, step)
+  dropped = 0
   for part in _parts(model_dir):
     if part.first > step:
+      dropped += len(_lines(part.path))
       tf.io.gfile.remove(part.path)
-      dropped += 1
     elif part.last > step:
       dropped += _replace_without_rows_past(part.path, step, _lines(part.path))
   if dropped:
-    logging.info(
-        "Dropped the rows of %s past step %d (%d line(s) or part(s)), written by a run that stopped before its next "
-        "checkpoint: this run trains those steps again.",
-        path,
-        step,
-        dropped,
-    )
+    _log_dropped(dropped, os.path.join(model_dir, PARTS_DIRECTORY), step)
+
+
+def _log_dropped(count: int, path: str, step: int) -> None:
+  logging.info(
+      "Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: this run "
+      "trains those steps again.",
+      count,
+      path,
+      step,
+  )
 
 
 def _replace_without_rows_past(path: str, step: int, lines: list[bytes]) -> int:

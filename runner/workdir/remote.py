@@ -1,9 +1,9 @@
-"""Which paths are remote: a URL of a TensorFlow filesystem (`gs://`, `s3://`, `hdfs://`, `ram://`, ...), read and
-written only through `tf.io.gfile`.
+"""Which paths are remote: URLs of TensorFlow filesystems, read and written only through `tf.io.gfile`.
 
-A remote filesystem may lack what a local one has: appending in place,
-an exclusive create, file locks, renames that are atomic, modification times.
-The workdir's files are laid out so that none of these is needed there
+Remote paths are `gs://`, `s3://`, `hdfs://`, `ram://` and the like. A
+remote filesystem may lack what a local one has: appending in place, an
+exclusive create, file locks, atomic renames, modification times. The
+workdir's files are laid out so that none of these is needed there
 (`runner.outputs.metrics_file`, `runner.workdir.lock`).
 """
 
