@@ -12,9 +12,9 @@ storage cannot append: `tf.io.gfile`'s append mode on `gs://` uploads the
 whole object again at every flush, so the cost of a row grew with the file.
 A part costs what its rows weigh. FIRST and LAST are the steps of its first
 and last rows when written (12 digits; a part whose later rows were dropped,
-see `drop_rows_past`, keeps its name), TIME the nanoseconds since the epoch when it was
-written (19 digits), ID random; so the parts in name order hold the rows in
-step order, and a writer's rows in the order it wrote them. Writers never
+see `drop_rows_past`, keeps its name), TIME the nanoseconds since the epoch
+when it was written (19 digits), ID random; so the parts in name order hold
+the rows in step order, and a writer's rows in the order it wrote them. Writers never
 share a part, so a trainer and an evaluator can write beside each other on
 object storage too. `gcloud storage cat 'gs://BUCKET/WORKDIR/metrics_parts/*'`
 prints every row. A `metrics.jsonl` left in a remote workdir by an earlier
