@@ -53,23 +53,18 @@ def remote_runs(tmp_path_factory):
   with tf.io.gfile.GFile(config_path, "w") as f:
     f.write(CONFIG)
   workdir = f"{root}/work"
-  cwd = os.getcwd()
-  settle = workdir_lock.REMOTE_SETTLE_SECONDS
-  workdir_lock.REMOTE_SETTLE_SECONDS = 0.1  # One writer here: no other write to wait for.
-  os.chdir(local)
-  try:
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(workdir_lock, "REMOTE_SETTLE_SECONDS", 0.1)  # One writer here: no other write to wait for.
+    patch.chdir(local)
     results = {
         "first": runner.run(runner.load_config(f"{config_path}:20"), workdir, quiet=True),
         "resumed": runner.run(runner.load_config(f"{config_path}:40"), workdir, quiet=True),
         "eval": runner.run(runner.load_config(f"{config_path}:40", ["mode=eval"]), workdir, quiet=True),
         "export": runner.run(runner.load_config(f"{config_path}:40", ["mode=export"]), workdir, quiet=True),
     }
-    with tf.io.gfile.GFile(config_path) as remote_file, open(local / "tiny.py", "w", encoding="utf-8") as f:
-      f.write(remote_file.read())
-    results["local"] = runner.run(runner.load_config(f"{local / 'tiny.py'}:40"), str(local / "work"), quiet=True)
-  finally:
-    os.chdir(cwd)
-    workdir_lock.REMOTE_SETTLE_SECONDS = settle
+  with tf.io.gfile.GFile(config_path) as remote_file, open(local / "tiny.py", "w", encoding="utf-8") as f:
+    f.write(remote_file.read())
+  results["local"] = runner.run(runner.load_config(f"{local / 'tiny.py'}:40"), str(local / "work"), quiet=True)
   return results, workdir, local
 
 
