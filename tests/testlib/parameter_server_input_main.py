@@ -73,9 +73,13 @@ def _record_files(directory):
   for f in range(2):
     with tf.io.TFRecordWriter(os.path.join(directory, f"part-{f}.tfrecord")) as writer:
       for k in range(NUM_EXAMPLES // 2):
-        writer.write(tf.train.Example(features=tf.train.Features(feature={
-            "n": tf.train.Feature(int64_list=tf.train.Int64List(value=[100 * f + k]))
-        })).SerializeToString())
+        writer.write(
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={"n": tf.train.Feature(int64_list=tf.train.Int64List(value=[100 * f + k]))}
+                )
+            ).SerializeToString()
+        )
   return os.path.join(directory, "part-*.tfrecord")
 
 

@@ -224,7 +224,9 @@ def test_the_tpu_check_wrapper_trains_on_the_providers_own_batches(tmp_path):
   for start in (0, 8, 44):  # As the default, from `start`.
     wrapped = tpu_check._WithoutAutotune(records)
     batches = _flat_batches(wrapped.get_repeated_batches(_context(0, 1), 4, start).take(30))
-    assert batches == _flat_batches(data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30))
+    assert batches == _flat_batches(
+        data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30)
+    )
     assert len(batches) == 30
   own_batches = tpu_check._WithoutAutotune(own).get_repeated_batches(_context(0, 1), 4, 0).take(3)
   assert [batch[-1] for batch in _flat_batches(own_batches)] == [[-1] * 4] * 3  # the provider's own batches
