@@ -1,6 +1,6 @@
 """Parameter-server input: the examples each worker reads, with 1, 2 and 4 workers.
 
-`python -m benchmarks.ps_input [--workers=1,2,4] [--before=REV] [--steps_per_worker=60]`
+`python -m benchmarks.ps_input [--workers=1,2,4] [--before=REV] [--steps_per_worker=100]`
 runs, for each worker count N, a localhost cluster of real processes: a ps
 task and N workers serving (`python -m runner` with their TF_CONFIG) and a
 chief (`benchmarks/ps_input_chief.py`) whose Trainer trains
@@ -12,8 +12,8 @@ which of them another worker read too. With `--before=REV` the same clusters
 also run from that commit's tree (a temporary git worktree), in the same run.
 It prints the machine and a Markdown table: per tree and N, the examples
 trained per worker (steps x batch / N), the examples read per worker (min to
-max), their ratio to the examples trained, and the records read by more than
-one worker.
+max), all workers' reads over the examples trained, and the records read by
+more than one worker. Reads include what the pipelines read ahead (prefetch).
 """
 
 import argparse
@@ -105,19 +105,18 @@ def run_cluster(tree, workers, args, records, logs):
 
 
 def row(tree, workers, result):
-  """A Markdown row: tree, workers, steps, trained and read examples per worker, ratio, records read twice."""
+  """A Markdown row: tree, workers, steps, examples read per worker, all reads over examples trained, records shared."""
   counts = [len(numbers) for numbers in result["reads"]]
-  trained = result["global_step"] * GLOBAL_BATCH / workers
   owners = {}
   for worker, numbers in enumerate(result["reads"]):
     for n in set(numbers):
       owners.setdefault(n, set()).add(worker)
   shared = sum(1 for workers_of_n in owners.values() if len(workers_of_n) > 1)
   read = f"{min(counts):,}" if min(counts) == max(counts) else f"{min(counts):,} to {max(counts):,}"
-  ratios = f"{min(counts) / trained:.2f} to {max(counts) / trained:.2f}"
+  trained = result["global_step"] * GLOBAL_BATCH
   return (
-      f"| {tree} | {workers} | {result['global_step']} | {trained:,.0f} | {read} | {ratios} | "
-      f"{len(owners):,} | {shared:,} |"
+      f"| {tree} | {workers} | {result['global_step']} | {trained / workers:,.0f} | {read} | "
+      f"{sum(counts) / trained:.2f} | {shared:,} of {len(owners):,} |"
   )
 
 
@@ -126,7 +125,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.ps_input", description=__doc__.splitlines()[0])
   parser.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
   parser.add_argument("--before", help="also run the clusters from this commit (any git revision)")
-  parser.add_argument("--steps_per_worker", type=int, default=60, help="steps trained = this x workers")
+  parser.add_argument("--steps_per_worker", type=int, default=100, help="steps trained = this x workers")
   parser.add_argument("--timeout", type=int, default=300, help="seconds allowed per cluster")
   args = parser.parse_args(argv)
   worker_counts = [int(n) for n in args.workers.split(",")]
@@ -156,10 +155,10 @@ def main(argv=None):
   throughput.print_machine(machine)
   print(f"\n## Parameter-server input ({minutes:.1f} min; TFRecordFiles by file, {NUM_FILES} files, global batch 32)\n")
   print(
-      "| tree | workers | steps | examples trained per worker | examples read per worker | read / trained | "
-      "records read | read by 2+ workers |"
+      "| tree | workers | steps | examples trained per worker (mean) | examples read per worker | "
+      "examples read / trained (all workers) | records read by 2+ workers |"
   )
-  print("|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|")
   print("\n".join(rows))
 
 

@@ -28,8 +28,8 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for `testlib`
 import runner
-import strategies
 from runner.training import parameter_server_loops
+import strategies
 from testlib import parameter_server_script
 
 NUM_EXAMPLES = 24
