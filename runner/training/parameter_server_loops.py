@@ -107,13 +107,15 @@ class _WorkerShare(interfaces.DatasetProvider):
         num_replicas_in_sync=input_context.num_replicas_in_sync,
     )
 
-  def _of_worker(self, make: Callable[[tf.distribute.InputContext], tf.data.Dataset], input_context: Any) -> Any:
+  def _of_worker(
+      self, make: Callable[[tf.distribute.InputContext], tf.data.Dataset], input_context: tf.distribute.InputContext
+  ) -> tf.data.Dataset:
     """`make(context of this worker's pipeline)`, by the tensor index if the provider takes it, else by a switch."""
-    if isinstance(self._index, int):
-      return make(self._context(input_context, self._index))
     try:
       return make(self._context(input_context, self._index))
     except TypeError:  # It needs a Python int (OperatorNotAllowedInGraphError is a TypeError too).
+      if isinstance(self._index, int):
+        raise
       branches = [lambda i=i: make(self._context(input_context, i)) for i in range(self._workers)]
       return tf.switch_case(tf.cast(self._index, tf.int32), branches)
 
