@@ -4,15 +4,17 @@ The coordinator (the chief) runs the Trainer's outer loop; the workers run the
 steps, as functions it schedules; the variables live on the ps tasks. Three
 parts differ from the synchronous loops of `runner.training.loops`:
 
-- `per_worker_iterator`: every worker reads the whole training stream (the
-  strategy gives each worker one input pipeline, the same on all), numbered
-  by step, so that the function scheduled for steps `s .. s+n-1` trains on
-  the batches of exactly those steps, whichever worker runs it: a worker
-  skips the batches the others took. The batch of step `s` is the one a
-  single-device run trains on at step `s`, and a resumed run goes on from
-  the batch of its step. (Every worker reads, but trains on its own steps
-  only; a function re-run after a worker failed trains on the batches its
-  new worker is at.)
+- `per_worker_iterator`: each worker reads its own share of the training
+  data, disjoint from the others' (the provider's sharding, as for one input
+  pipeline per worker: worker `k` of `N` is pipeline `k` of `N`), repeated
+  and batched by the global batch size; a function scheduled onto a worker
+  trains on that worker's next batches. So the input work per worker does
+  not grow with the number of workers, and each example is read once per
+  epoch of its worker's share. Which worker runs which steps is the
+  coordinator's choice, so the batch of a given step is not fixed (it is,
+  with one worker: the single-device run's). A resumed run at global step
+  `S` starts every worker at batch `S // N` of its share; a worker that
+  failed and came back starts its share again where the `train` call began.
 - `ScheduledTrainLoop`: the call contract of `loops.TrainLoop`; a call
   schedules its steps as one function per worker and joins them, so the
   global step (a variable on a ps) is exact when the actions run.
@@ -81,33 +83,52 @@ def evaluation_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strat
   return strategy
 
 
-class _StepNumbered(interfaces.DatasetProvider):
-  """Another provider's examples, each with its number in the stream: `((number, features), labels[, weight])`."""
+class _WorkerShare(interfaces.DatasetProvider):
+  """Another provider's share for one worker: its input pipeline `index` of `workers` (the worker's index).
 
-  def __init__(self, provider: interfaces.DatasetProvider) -> None:
+  `index` is a Python int or, as the dataset function is traced once for
+  every worker, the worker's index as a scalar tensor
+  (`experimental_get_current_worker_index`). A provider that cannot take a
+  tensor for `input_pipeline_id` (it slices a Python list with it, as
+  TFRecordFiles sharding by file does) gets a Python int: the dataset
+  function then holds one pipeline per worker, and `tf.switch_case` runs the
+  worker's own.
+  """
+
+  def __init__(self, provider: interfaces.DatasetProvider, *, index: Any, workers: int) -> None:
     self._provider = provider
+    self._index = index
+    self._workers = workers
+
+  def _context(self, input_context: tf.distribute.InputContext, index: Any) -> tf.distribute.InputContext:
+    return tf.distribute.InputContext(
+        num_input_pipelines=self._workers,
+        input_pipeline_id=index,
+        num_replicas_in_sync=input_context.num_replicas_in_sync,
+    )
+
+  def _of_worker(
+      self, make: Callable[[tf.distribute.InputContext], tf.data.Dataset], input_context: tf.distribute.InputContext
+  ) -> tf.data.Dataset:
+    """`make(context of this worker's pipeline)`, by the tensor index if the provider takes it, else by a switch."""
+    try:
+      return make(self._context(input_context, self._index))
+    except TypeError:  # It needs a Python int (OperatorNotAllowedInGraphError is a TypeError too).
+      if isinstance(self._index, int):
+        raise
+      branches = [lambda i=i: make(self._context(input_context, i)) for i in range(self._workers)]
+      return tf.switch_case(tf.cast(self._index, tf.int32), branches)
 
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    return _numbered(self._provider.get_dataset(input_context), 0)
-
-  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    return _numbered(self._provider.get_repeated_dataset(input_context, start), start)
+    return self._of_worker(self._provider.get_dataset, input_context)
 
   def get_repeated_batches(
       self, input_context: tf.distribute.InputContext, batch_size: int, start: int
   ) -> tf.data.Dataset:
-    """The provider's own batches (e.g. TFRecordFiles' parsed at once), their examples numbered as one by one."""
-    batches = self._provider.get_repeated_batches(input_context, batch_size, start)
-    return tf.data.Dataset.zip((tf.data.Dataset.counter(start, batch_size), batches)).map(
-        lambda first, batch: ((first + tf.range(batch_size, dtype=tf.int64), batch[0]),) + tuple(batch[1:])
+    """The provider's own repeated batches of this worker's share, from its example `start` on."""
+    return self._of_worker(
+        lambda context: self._provider.get_repeated_batches(context, batch_size, start), input_context
     )
-
-
-def _numbered(dataset: tf.data.Dataset, start: int) -> tf.data.Dataset:
-  """`dataset`'s elements `(features, labels[, weight])` as `((number, features), labels[, weight])`, from `start`."""
-  return tf.data.Dataset.zip((tf.data.Dataset.counter(start), dataset)).map(
-      lambda number, element: ((number, element[0]),) + tuple(element[1:])
-  )
 
 
 def per_worker_iterator(
@@ -118,26 +139,25 @@ def per_worker_iterator(
     start_step: int,
     preprocess: Callable[[Any], Any] | None = None,
 ) -> Any:
-  """Returns the per-worker iterator of the training stream from `start_step` on (see the module docstring).
+  """Returns the per-worker iterator of the training data from global step `start_step` on (see the module docstring).
 
-  Each worker's dataset is `input_pipeline.for_training` of `data`, its
-  examples numbered; a batch's first number over `global_batch_size` is its
-  step. `preprocess` (the task's) maps each batch's features, not their numbers.
+  Worker `k` of `N` reads `input_pipeline.for_training` of its share of
+  `data` (pipeline `k` of `N`), in batches of `global_batch_size`, from
+  batch `start_step // N` of its share on. `preprocess` (the task's) maps
+  each batch's features.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
   input_pipeline.element_spec(data, "training")  # Checked here: errors inside the traced dataset_fn are garbled.
-  numbered = _StepNumbered(data)
   strategy = coordinator.strategy
+  workers = num_workers(strategy)
 
   def dataset_fn() -> tf.data.Dataset:
+    index = 0 if workers == 1 else tf.distribute.coordinator.experimental_get_current_worker_index()
+    share = _WorkerShare(data, index=index, workers=workers)
     return input_pipeline.for_training(
-        strategy,
-        numbered,
-        global_batch_size,
-        start_step=start_step,
-        preprocess=None if preprocess is None else lambda numbered: (numbered[0], preprocess(numbered[1])),
+        strategy, share, global_batch_size, start_step=start_step // workers, preprocess=preprocess
     )
 
   return iter(coordinator.create_per_worker_dataset(dataset_fn))
@@ -192,14 +212,10 @@ class ScheduledTrainLoop(loops.TrainLoop):
     on another worker.
     """
     first = int(self._step.numpy())
-    scheduled, start = [], first
-    for size in function_sizes(num_steps, self._num_workers):
-      scheduled.append(
-          self._coordinator.schedule(
-              self.function, args=(iterator, tf.constant(start, tf.int64), tf.constant(size, tf.int32))
-          )
-      )
-      start += size
+    scheduled = [
+        self._coordinator.schedule(self.function, args=(iterator, tf.constant(size, tf.int32)))
+        for size in function_sizes(num_steps, self._num_workers)
+    ]
     self._coordinator.join()
     outputs = [remote.fetch() for remote in scheduled]
     step = int(self._step.numpy())
@@ -223,8 +239,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
     if self.function.experimental_get_tracing_count():
       return False
-    step = tf.constant(int(self._step.numpy()), tf.int64)
-    self._coordinator.schedule(self.function, args=(iterator, step, tf.constant(0, tf.int32)))
+    self._coordinator.schedule(self.function, args=(iterator, tf.constant(0, tf.int32)))
     self._coordinator.join()
     return True
 
@@ -238,15 +253,14 @@ class ScheduledTrainLoop(loops.TrainLoop):
       )
     return results
 
-  def _scheduled_steps(self, iterator: Any, first_step: tf.Tensor, num_steps: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
-    """Runs steps `first_step ..` (at most `num_steps`) on this worker; returns `(_RESULT vector, metric changes)`."""
+  def _scheduled_steps(self, iterator: Any, num_steps: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+    """Runs at most `num_steps` steps on this worker's next batches; returns `(_RESULT vector, metric changes)`."""
     changes = [[tf.zeros_like(v) for v in metric.stateless_reset_state()] for metric in self._metrics]
     loss_sum = tf.constant(0.0)
     sums = tf.zeros([len(_RESULT) - 2])
     steps_run = tf.constant(0.0)
-    for i in tf.range(num_steps):
-      batch = self._batch_of_step(iterator, first_step + tf.cast(i, tf.int64))
-      per_replica = self._strategy.run(self._replica_step_with_metric_changes, args=(batch,))
+    for _ in tf.range(num_steps):
+      per_replica = self._strategy.run(self._replica_step_with_metric_changes, args=(next(iterator),))
       sums, step_changes = tf.nest.map_structure(
           lambda value: self._strategy.reduce(SUM, value, axis=None), per_replica
       )
@@ -259,19 +273,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
         break
     return tf.concat([tf.stack([steps_run, loss_sum]), sums], axis=0), changes
 
-  def _batch_of_step(self, iterator: Any, step: tf.Tensor) -> Any:
-    """The next batch of the worker's stream whose step is at least `step` (the batches before are skipped)."""
-    batch = next(iterator)
-    while self._step_of(batch) < step:
-      batch = next(iterator)
-    return batch
-
-  def _step_of(self, batch: Any) -> tf.Tensor:
-    numbers = self._strategy.experimental_local_results(batch[0][0])[0]
-    return numbers[0] // self._global_batch_size
-
   def _replica_step_with_metric_changes(self, batch: Sequence[Any]) -> tuple[tf.Tensor, list[Any]]:
-    batch = (batch[0][1],) + tuple(batch[1:])
     sample_weight = batch[2] if len(batch) == 3 else None
     loss, outputs, checks = self._update(batch[0], batch[1], sample_weight)
     changes = []

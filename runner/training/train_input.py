@@ -23,6 +23,8 @@ def training_iterator(
 
   A run that resumes at step S sees the batches an uninterrupted run sees
   from S (for data whose order is deterministic); it says so in one line.
+  Under parameter servers each worker reads its own share instead
+  (`parameter_server_loops.per_worker_iterator`).
   A global batch larger than the whole data (where that is known cheaply)
   gets a warning.
 
@@ -41,11 +43,13 @@ def training_iterator(
   """
   _warn_if_batch_exceeds_data(provider, global_batch_size)
   if start_step and coordinator is not None:
+    workers = parameter_server_loops.num_workers(coordinator.strategy)
     logging.info(
-        "Resuming at step %d: every worker's stream starts at the batch of step %d, as an uninterrupted "
-        "run's steps would.",
+        "Resuming at step %d: each of the %d workers starts its own share of the data at its batch %d "
+        "(step // workers).",
         start_step,
-        start_step,
+        workers,
+        start_step // workers,
     )
   elif start_step:
     logging.info(

@@ -3,8 +3,9 @@
 Every task runs the same command with its own TF_CONFIG: the chief trains
 (steps scheduled onto the workers), the workers and ps tasks serve until the
 chief is done. Tasks start in a shuffled order, as they may on a cluster.
-The tf_keras (Keras 2) test runs its cluster's servers in the coordinator's
-one process (tests/testlib/tf_keras_parameter_server_main.py).
+The tf_keras (Keras 2) and input tests run their cluster's servers in the
+coordinator's one process (tests/testlib/tf_keras_parameter_server_main.py,
+tests/testlib/parameter_server_input_main.py).
 """
 
 import glob
@@ -32,6 +33,7 @@ from testlib import trainer_testlib
 REPO = paths.REPO
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
 TF_KERAS_SCRIPT = os.path.join(paths.TESTLIB, "tf_keras_parameter_server_main.py")
+INPUT_SCRIPT = os.path.join(paths.TESTLIB, "parameter_server_input_main.py")
 STEPS = 60
 # Measured on a 2-core CPU machine (4 runs of this cluster): the last loop's mean train loss was 1.354 to 1.361 at
 # step 60 (2.20 in the first loop, ln 10 = 2.30 untrained); evaluation loss 1.175 to 1.183. Asynchronous training
@@ -198,24 +200,54 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   assert status == 0, stderr[-3000:]  # Its coordinator is gone: nothing left to serve.
 
 
-def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(tmp_path, subprocess_env):
-  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks.
-
-  A tf_keras metric, which cannot update statelessly, is one ConfigError before any step.
-  """
-  cluster = _cluster(workers=1, ps=2)
-  subprocess_env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+def _run_in_one_process(script, cluster, out_dir, env):
+  """Runs `script OUT_DIR` as the chief of `cluster` (it serves the other tasks itself); returns its results.json."""
+  env = dict(env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
   completed = subprocess.run(
-      [sys.executable, TF_KERAS_SCRIPT, str(tmp_path)],
-      env=subprocess_env,
+      [sys.executable, script, str(out_dir)],
+      env=env,
       capture_output=True,
       text=True,
       timeout=process_testlib.TIMEOUT_SECONDS,
       check=False,
   )
   assert completed.returncode == 0, completed.stderr[-3000:]
-  with open(tmp_path / "results.json", encoding="utf-8") as f:
-    results = json.load(f)
+  with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_each_worker_reads_and_trains_on_its_own_share_once_per_epoch(tmp_path, subprocess_env):
+  """2 workers: worker k reads examples k, k + 2, ... (its share), in order; a resumed run starts it at step // 2."""
+  results = _run_in_one_process(INPUT_SCRIPT, _cluster(workers=2, ps=1), tmp_path, subprocess_env)
+  assert results["servers"] == 3
+  shares = [list(range(24))[worker::2] for worker in range(2)]  # InMemory shards by example.
+  # Each function read one epoch of its worker's share (3 batches of 4): every example of it once, no other.
+  for worker, numbers in results["reads"]["0"]:
+    assert numbers == shares[worker]
+  # Resumed at step 5: each worker starts at batch 5 // 2 = 2 of its share (example 8 of 12), then wraps around.
+  for worker, numbers in results["reads"]["5"]:
+    assert numbers == shares[worker][8:] + shares[worker][:8]
+  # TFRecordFiles sharded by file: worker k reads file k only.
+  for worker, numbers in results["records"]:
+    assert numbers == [100 * worker + k for k in range(12)]
+
+  # The Trainer, 14 steps of 4 examples: each example's training count (exact, from the weights). A worker goes
+  # through its share in order, so its examples were trained on equally often but for a prefix of one more.
+  counts = results["counts"]
+  assert results["global_step"] == 14
+  assert all(c == int(c) for c in counts) and sum(counts) == 14 * 4
+  for share in shares:
+    trained = [int(counts[n]) for n in share]
+    assert trained == sorted(trained, reverse=True) and trained[0] - trained[-1] <= 1, trained
+    assert sum(trained) % 4 == 0  # whole batches of this worker's share
+
+
+def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(tmp_path, subprocess_env):
+  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks.
+
+  A tf_keras metric, which cannot update statelessly, is one ConfigError before any step.
+  """
+  results = _run_in_one_process(TF_KERAS_SCRIPT, _cluster(workers=1, ps=2), tmp_path, subprocess_env)
   assert results["servers"] == 3 and results["kernel_shards"] == [[4, 4], [4, 4]]
   with np.load(tmp_path / "weights.npz") as saved:
     weights = [saved[f"arr_{i}"] for i in range(len(saved.files))]

@@ -23,7 +23,6 @@ from runner.data import builtin_datasets
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data
 from runner.tpu import check as tpu_check
-from runner.training import parameter_server_loops
 from strategies import ConfigError
 from testlib import paths
 
@@ -218,27 +217,19 @@ def _flat_batches(dataset):
   return [[np.asarray(part).tolist() for part in tf.nest.flatten(batch)] for batch in dataset.as_numpy_iterator()]
 
 
-def test_the_parameter_server_and_tpu_check_wrappers_train_on_the_providers_own_batches(tmp_path):
+def test_the_tpu_check_wrapper_trains_on_the_providers_own_batches(tmp_path):
   pattern = _write_records(tmp_path, num_files=2, per_file=data.TFRecordFiles.RECORDS_PER_TURN + 7)
   records = data.TFRecordFiles(pattern, _parse, sharding="file")
   own = _OwnBatches(np.arange(24, dtype=np.float32).reshape(12, 2), np.arange(12, dtype=np.int32))
-  for wrap in (parameter_server_loops._StepNumbered, tpu_check._WithoutAutotune):
-    for start in (0, 8, 44):  # As the default: numbered (parameter servers) example by example, from `start`.
-      wrapped = wrap(records)
-      batches = _flat_batches(wrapped.get_repeated_batches(_context(0, 1), 4, start).take(30))
-      assert batches == _flat_batches(
-          data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30)
-      )
-      assert len(batches) == 30
-    labels = [batch[-1] for batch in _flat_batches(wrap(own).get_repeated_batches(_context(0, 1), 4, 0).take(3))]
-    assert labels == [[-1] * 4] * 3  # the provider's own batches
-  first_numbers = [
-      batch[0][0]
-      for batch in _flat_batches(
-          parameter_server_loops._StepNumbered(own).get_repeated_batches(_context(0, 1), 4, 8).take(3)
-      )
-  ]
-  assert first_numbers == [8, 12, 16]
+  for start in (0, 8, 44):  # As the default, from `start`.
+    wrapped = tpu_check._WithoutAutotune(records)
+    batches = _flat_batches(wrapped.get_repeated_batches(_context(0, 1), 4, start).take(30))
+    assert batches == _flat_batches(
+        data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30)
+    )
+    assert len(batches) == 30
+  own_batches = tpu_check._WithoutAutotune(own).get_repeated_batches(_context(0, 1), 4, 0).take(3)
+  assert [batch[-1] for batch in _flat_batches(own_batches)] == [[-1] * 4] * 3  # the provider's own batches
   options = tpu_check._WithoutAutotune(records).get_repeated_batches(_context(0, 1), 4, 0).options()
   assert options.autotune.enabled is False
 
