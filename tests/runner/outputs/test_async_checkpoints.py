@@ -3,7 +3,7 @@
 The in-process tests check that each checkpoint holds the weights of its own
 step although training went on while it was written. The process tests send
 real SIGTERM, Ctrl-C (SIGINT) and SIGKILL to `python -m runner` while a
-checkpoint of about 50 MB (a 2048x2048 hidden layer and Adam's slots) is being
+checkpoint of 13 MB (a 1024x1024 hidden layer and Adam's slots) is being
 written, seen by its `ckpt-N_temp/` directory, and resume with the same command
 to the weights of an uninterrupted run, bit for bit.
 """
@@ -24,13 +24,13 @@ from testlib import paths
 from testlib import process_testlib
 from testlib import trainer_testlib
 
-STEPS = 40
+STEPS = 20
 RUN = [
     f"--config={os.path.join(paths.REPO, 'configs', 'synthetic.py')}",
     "--mode=train",
     "--config.strategy.name=one_device",
     "--config.data.num_examples=512",
-    "--config.model.hidden_units=(2048,2048)",  # 4.2M weights; with Adam's two slots a checkpoint of 50 MB.
+    "--config.model.hidden_units=(1024,1024)",  # 1.1M weights; with Adam's two slots a checkpoint of 13 MB.
     f"--config.trainer.train_steps={STEPS}",
     "--config.trainer.steps_per_loop=5",
     "--config.trainer.checkpoint_every=5",
@@ -74,22 +74,30 @@ def test_async_checkpoints_must_be_a_bool():
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, subprocess_env):
-  """The final checkpoint's values of the run without a stop (started once, read at the first test's end)."""
-  workdir = tmp_path_factory.mktemp("uninterrupted") / "run"
-  run = _Run(workdir, subprocess_env)
-  values = {}
+def _started():
+  """The uninterrupted run, once started by a test of this module; killed (if still running) at the module's end."""
+  started = {}
+  yield started
+  if "run" in started:
+    started["run"].process.kill()
+    started["run"].process.wait()
+
+
+@pytest.fixture
+def uninterrupted(_started, tmp_path_factory, subprocess_env):
+  """`() -> the final checkpoint's values of the run without a stop`: started once, beside the first test's run."""
+  if "run" not in _started:
+    _started["workdir"] = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _started["run"] = _Run(_started["workdir"], subprocess_env)
 
   def final_values():
-    if not values:
-      status, _, stderr = run.wait()
+    if "values" not in _started:
+      status, _, stderr = _started["run"].wait()
       assert status == 0, stderr[-3000:]
-      values.update(process_testlib.final_checkpoint_values(workdir))
-    return values
+      _started["values"] = process_testlib.final_checkpoint_values(_started["workdir"])
+    return _started["values"]
 
-  yield final_values
-  run.process.kill()
-  run.process.wait()
+  return final_values
 
 
 class _Run(process_testlib.TrainingProcess):
@@ -165,7 +173,7 @@ def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_the_la
   assert run.wait()[0] == -signal.SIGKILL
   checkpoints = tmp_path / "run" / "checkpoints"
   left = _being_written(str(checkpoints))
-  assert left == [writing]  # Killed part-way through the write of 50 MB.
+  assert left == [writing]  # Killed part-way through the write of 13 MB.
   steps = _assert_every_listed_checkpoint_is_whole(tmp_path / "run")
   assert steps and all(step < writing for step in steps)  # Never listed: the previous checkpoint is the latest.
   stderr = _resumes_to_the_uninterrupted_weights(tmp_path / "run", subprocess_env, uninterrupted)
