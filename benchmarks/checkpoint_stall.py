@@ -1,4 +1,4 @@
-"""What a checkpoint every loop costs the Trainer: steps/s with none, synchronous and asynchronous saves, in one process.
+"""What a checkpoint every loop costs the Trainer: steps/s with none, synchronous or asynchronous saves; one process.
 
 `python -m benchmarks.checkpoint_stall [--rounds=3] [--loops=8] [--workloads=large,small]`
 
@@ -137,6 +137,7 @@ def report(results, args, machine_before, minutes):
 
 
 def parse_args(argv=None):
+  """Returns the parsed command line `argv` (default: `sys.argv[1:]`); exits with a usage error on a bad one."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode (default 3)")
   parser.add_argument("--loops", type=int, default=8, help="loops per run, each ending in a checkpoint (default 8)")

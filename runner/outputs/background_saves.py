@@ -8,8 +8,11 @@ while the files are written. The manager's write callback, which lists the
 checkpoint in the directory's `checkpoint` file and rotates old ones, runs in
 that thread once the files are complete. `Checkpoint.sync()` waits for the
 write in flight; its error stays in the writer until taken (`take_error`).
+The writer (its thread, and an `atexit` hook that would keep the model alive
+for the life of the process) lasts until `close`.
 """
 
+import atexit
 import functools
 from typing import Any
 
@@ -18,8 +21,9 @@ import tensorflow as tf
 
 from strategies import description
 
+
 def unsupported_reason(strategy: tf.distribute.Strategy) -> str | None:
-  """Returns why checkpoints of `strategy`'s variables are written synchronously, or None if they can be in the background.
+  """Returns why checkpoints of `strategy`'s variables are written synchronously; None if they can be in the background.
 
   Args:
     strategy: the `tf.distribute.Strategy` of the checkpointed variables.
@@ -74,3 +78,22 @@ def take_error(checkpoint: tf.train.Checkpoint) -> Exception | None:
     return None
   error, writer._async_error = writer._async_error, None  # noqa: SLF001
   return error
+
+
+def close(checkpoint: tf.train.Checkpoint) -> None:
+  """Ends `checkpoint`'s asynchronous writer, if any, after its write in flight; the next such save makes another.
+
+  TensorFlow ends the writer's thread only at the process's exit, from an
+  `atexit` hook that holds the checkpoint's objects (the model, the
+  optimizer) until then; ended here, they can be freed with the Trainer.
+
+  Raises:
+    Exception: the error of the write in flight, unless taken (`take_error`).
+  """
+  writer = getattr(checkpoint, "_async_checkpointer_impl", None)
+  if writer is None:
+    return
+  atexit.unregister(writer._join_async_save_thread)  # noqa: SLF001
+  checkpoint._async_checkpointer_impl = None  # noqa: SLF001
+  checkpoint._checkpoint_options = None  # noqa: SLF001  # Else a restore would go through a new writer.
+  writer._join_async_save_thread()  # noqa: SLF001

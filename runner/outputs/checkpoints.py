@@ -221,7 +221,10 @@ class Checkpoints:
       CheckpointWriteError: the checkpoint (or the one written in the background
         before) could not be written.
     """
-    self.wait()
+    if in_background:
+      self._finish_write()
+    else:
+      self.wait()
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
@@ -266,10 +269,20 @@ class Checkpoints:
   def wait(self) -> None:
     """Waits for the checkpoint being written in the background, if any, to be complete and listed.
 
+    It also ends TensorFlow's writer thread (the next save in the background
+    starts another), so that nothing holds the model once the Trainer is gone.
+
     Raises:
       CheckpointWriteError: it could not be written (what it left is removed;
         the previous checkpoint stays the latest).
     """
+    try:
+      self._finish_write()
+    finally:
+      background_saves.close(self.checkpoint)
+
+  def _finish_write(self) -> None:
+    """Waits for the write in flight, if any (see `wait`), keeping the writer for the next one."""
     if self._in_flight is None:
       return
     step, path, previous_step = self._in_flight

@@ -670,7 +670,7 @@ class Trainer:
     )
 
   def _save_unless_saved(self) -> None:
-    """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet; waits for it."""
+    """Writes a checkpoint at the current step, if there is a model_dir and none of this step yet; waits for it."""
     if self._checkpoints is not None:
       self._checkpoints.save_unless_saved(self._global_step)
 

@@ -101,8 +101,11 @@ def uninterrupted(_started, tmp_path_factory, subprocess_env):
 
 
 class _Run(process_testlib.TrainingProcess):
+
   def __init__(self, workdir, env):
-    super().__init__([sys.executable, "-m", "runner", f"--workdir={workdir}", *RUN], workdir=workdir, env=env, name="run")
+    super().__init__(
+        [sys.executable, "-m", "runner", f"--workdir={workdir}", *RUN], workdir=workdir, env=env, name="run"
+    )
 
   def signal_while_writing(self, signum):
     """Sends `signum` once a checkpoint past the first is being written in the background; returns its step."""
