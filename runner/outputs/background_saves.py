@@ -61,6 +61,7 @@ def make_keras_variables_copyable(checkpoint: tf.train.Checkpoint) -> None:
       trackable._copy_trackable_to_cpu = functools.partial(_copy_keras_variable, trackable)  # noqa: SLF001
 
 
+@tf.autograph.experimental.do_not_convert  # Plain Python calling TensorFlow; TensorFlow calls it in a tf.function.
 def _copy_keras_variable(variable: Any, object_map: Any) -> None:
   """Updates (making it once) the host copy of Keras `variable`'s TensorFlow variable, and maps `variable` to it."""
   variable.value._copy_trackable_to_cpu(object_map)  # noqa: SLF001
