@@ -126,8 +126,8 @@ class Checkpoints:
     self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
     self._asynchronous = asynchronous
     self._background_ready = False  # Keras variables made copyable (at the first save in the background).
-    # (step, path, the saved_step before it) of the write in flight in the background, or None.
-    self._in_flight: tuple[int, str, int | None] | None = None
+    # (step, the saved_step before it) of the write in flight in the background, or None.
+    self._in_flight: tuple[int, int | None] | None = None
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
@@ -237,7 +237,7 @@ class Checkpoints:
           experimental_enable_async_checkpoint=True, experimental_write_callbacks=[self._written]
       )
       path = self._manager.save(checkpoint_number=step, options=options)
-      self._in_flight = (step, path, self.saved_step)
+      self._in_flight = (step, self.saved_step)
       self.saved_step = step
       return path
     with worker_files.destination(self._strategy, self.directory) as directory:
@@ -285,7 +285,7 @@ class Checkpoints:
     """Waits for the write in flight, if any (see `wait`), keeping the writer for the next one."""
     if self._in_flight is None:
       return
-    step, path, previous_step = self._in_flight
+    step, previous_step = self._in_flight
     self._in_flight = None
     self.checkpoint.sync()
     error = background_saves.take_error(self.checkpoint)
