@@ -30,8 +30,8 @@ def unsupported_reason(strategy: tf.distribute.Strategy) -> str | None:
   """
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     return (
-        "under a ParameterServerStrategy the variables live on the ps tasks, and TensorFlow's asynchronous "
-        "checkpointing would copy them all into the coordinator's memory at each save"
+        "under a ParameterServerStrategy the variables live on the ps tasks, where this project has not "
+        "tested TensorFlow's asynchronous checkpointing"
     )
   if not description.is_single_worker(strategy):
     return (
