@@ -8,6 +8,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from runner.outputs import background_saves
 from runner.outputs import checkpoint_list
 from runner.outputs import worker_files
 from strategies.errors import ConfigError
@@ -71,7 +72,13 @@ class Checkpoints:
   - a save that fails (disk full, no permission) raises CheckpointWriteError
     naming the previous checkpoint, which stays (rotation by `max_to_keep`
     only happens after a new checkpoint is complete);
-  - no checkpoint is written with non-finite weights.
+  - no checkpoint is written with non-finite weights;
+  - a save `in_background` copies the variables to host memory and returns
+    while TensorFlow writes them (see `background_saves`); the checkpoint is
+    listed, and old ones rotated, only once its files are complete, so a
+    process killed during the write leaves the previous checkpoint the
+    latest. Every other save, `wait` and `restore_latest` first wait for the
+    write in flight (a failed one raises CheckpointWriteError then).
 
   Attributes:
     saved_step: the step of the checkpoint restored or last saved, or None.
@@ -86,6 +93,7 @@ class Checkpoints:
       optimizer: Any,
       step: tf.Variable,
       max_to_keep: int | None,
+      asynchronous: bool = True,
   ) -> None:
     """Initializes the `Checkpoints`.
 
@@ -96,6 +104,11 @@ class Checkpoints:
       optimizer: the optimizer a checkpoint holds.
       step: the global step variable a checkpoint holds.
       max_to_keep: how many recent checkpoints the chief keeps (None: all).
+      asynchronous: whether saves `in_background` are written in the
+        background; they are synchronous anyway where TensorFlow's
+        asynchronous checkpointing is not used (multi-worker and
+        parameter-server strategies, see `background_saves`), with one
+        line saying why at the first such save.
     """
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
@@ -111,6 +124,10 @@ class Checkpoints:
     self._manager: tf.train.CheckpointManager | None = None  # The chief's, made at its first save (after any restore).
     self._weights_finite: Callable[[], Any] | None = None
     self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
+    self._asynchronous = asynchronous
+    self._background_ready = False  # Keras variables made copyable (at the first save in the background).
+    # (step, the saved_step before it) of the write in flight in the background, or None.
+    self._in_flight: tuple[int, int | None] | None = None
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
@@ -126,6 +143,7 @@ class Checkpoints:
         checkpoints only in another directory (never restored from: a run
         must not start over them unseen). Either way no variable changed.
     """
+    self.wait()
     checkpoints = checkpoint_list.read(self.directory)
     if checkpoints.outside and not checkpoints.paths:
       raise ConfigError(
@@ -181,23 +199,47 @@ class Checkpoints:
       UnreadableCheckpointError: it cannot be read (truncated, corrupt).
       ConfigError: it does not match the model or optimizer.
     """
+    self.wait()
     self._restore_all_or_nothing(path)
     logging.info("Restored %s.", path)
     self.saved_step = int(self._step.numpy())
     return self.saved_step
 
-  def save(self, step: int) -> str:
+  def save(self, step: int, *, in_background: bool = False) -> str:
     """Writes a checkpoint numbered `step`; returns its path (a deleted scratch path off the chief).
+
+    It first waits for the write in flight, if any (see `wait`).
+
+    Args:
+      step: the global step the checkpoint is numbered by.
+      in_background: return once the variables are copied to host memory,
+        while TensorFlow writes them (on one worker, with `asynchronous`);
+        `wait`, or the next save, raises what went wrong with the write.
 
     Raises:
       FloatingPointError: the model's weights are not finite (nothing is written).
-      CheckpointWriteError: the checkpoint could not be written.
+      CheckpointWriteError: the checkpoint (or the one written in the background
+        before) could not be written.
     """
+    if in_background:
+      self._finish_write()
+    else:
+      self.wait()
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
           f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values."
       )
+    if in_background and self._in_background():
+      if self._manager is None:
+        self._manager = self._new_manager()
+      options = tf.train.CheckpointOptions(
+          experimental_enable_async_checkpoint=True, experimental_write_callbacks=[self._written]
+      )
+      path = self._manager.save(checkpoint_number=step, options=options)
+      self._in_flight = (step, self.saved_step)
+      self.saved_step = step
+      return path
     with worker_files.destination(self._strategy, self.directory) as directory:
       try:
         if directory == self.directory:
@@ -207,27 +249,85 @@ class Checkpoints:
         else:
           path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
       except (tf.errors.OpError, OSError) as error:
-        self._remove_unlisted(os.path.join(directory, f"ckpt-{step}"))
-        previous = latest(self.model_dir)
-        reason = first_line(getattr(error, "message", None) or str(error))
-        raise CheckpointWriteError(
-            f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
-            + (
-                f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
-                f"again to resume from it."
-                if previous
-                else "There is no earlier checkpoint."
-            )
-        ) from None
+        raise self._write_error(step, directory, error) from None
     if directory == self.directory:
       logging.info("Saved checkpoint %s.", path)
     self.saved_step = step
     return path
 
-  def save_unless_saved(self, step: int) -> None:
-    """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise."""
+  def save_unless_saved(self, step: int, *, in_background: bool = False) -> None:
+    """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise.
+
+    Without `in_background` it returns once the checkpoint of `step` is
+    complete (waiting for it if it is being written in the background).
+    """
     if self.saved_step != step:
-      self.save(step)
+      self.save(step, in_background=in_background)
+    elif not in_background:
+      self.wait()
+
+  def wait(self) -> None:
+    """Waits for the checkpoint being written in the background, if any, to be complete and listed.
+
+    It also ends TensorFlow's writer thread (the next save in the background
+    starts another), so that nothing holds the model once the Trainer is gone.
+
+    Raises:
+      CheckpointWriteError: it could not be written (what it left is removed;
+        the previous checkpoint stays the latest).
+    """
+    try:
+      self._finish_write()
+    finally:
+      background_saves.close(self.checkpoint)
+
+  def _finish_write(self) -> None:
+    """Waits for the write in flight, if any (see `wait`), keeping the writer for the next one."""
+    if self._in_flight is None:
+      return
+    step, previous_step = self._in_flight
+    self._in_flight = None
+    self.checkpoint.sync()
+    error = background_saves.take_error(self.checkpoint)
+    if error is None:
+      return
+    self.saved_step = previous_step
+    if not isinstance(error, (tf.errors.OpError, OSError)):
+      raise error
+    raise self._write_error(step, self.directory, error) from None
+
+  def _written(self, path: str) -> None:
+    """Says that the checkpoint at `path` is written (TensorFlow's writer calls it, before listing it)."""
+    logging.info("Saved checkpoint %s.", path)
+
+  def _in_background(self) -> bool:
+    """Whether saves in the background are written so; says once why not where they cannot be."""
+    if not self._asynchronous:
+      return False
+    reason = background_saves.unsupported_reason(self._strategy)
+    if reason is not None:
+      logging.info("Checkpoints are written synchronously: %s.", reason)
+      self._asynchronous = False
+      return False
+    if not self._background_ready:
+      background_saves.make_keras_variables_copyable(self.checkpoint)
+      self._background_ready = True
+    return True
+
+  def _write_error(self, step: int, directory: str, error: BaseException) -> "CheckpointWriteError":
+    """Removes what the failed save of `step` into `directory` left; returns the error that names it."""
+    self._remove_unlisted(os.path.join(directory, f"ckpt-{step}"))
+    previous = latest(self.model_dir)
+    reason = first_line(getattr(error, "message", None) or str(error))
+    return CheckpointWriteError(
+        f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
+        + (
+            f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
+            f"again to resume from it."
+            if previous
+            else "There is no earlier checkpoint."
+        )
+    )
 
   def remove_interrupted_saves(self) -> None:
     """On the chief, deletes the `ckpt-N_temp/` directories that saves killed part-way left.

@@ -33,6 +33,11 @@ class TrainerOptions:
     checkpoint_every: save every this many steps (needs `model_dir`); a
       checkpoint is also always written at the end of `train`.
     max_to_keep: how many recent checkpoints to keep (None: all).
+    async_checkpoints: write the checkpoints of `checkpoint_every` in the
+      background with TensorFlow's asynchronous checkpointing, while training
+      goes on (on one worker; see `runner.outputs.background_saves`). The
+      final checkpoint, and the one a stop signal saves, are always complete
+      before `train` goes on or the process exits.
     jit_compile: compile each replica's forward and backward pass with XLA.
     precision: 'float32', 'mixed_bfloat16' or 'mixed_float16'.
     clipnorm: None, or the bound on the global norm of the summed gradient.
@@ -50,6 +55,7 @@ class TrainerOptions:
   steps_per_loop: int | str = 1
   checkpoint_every: int | None = None
   max_to_keep: int | None = 3
+  async_checkpoints: bool = True
   jit_compile: bool = False
   precision: str = "float32"
   clipnorm: float | None = None
@@ -67,6 +73,7 @@ class TrainerOptions:
         ) from None
     checks.positive_int(self.checkpoint_every, "checkpoint_every", optional=True)
     checks.positive_int(self.max_to_keep, "max_to_keep", optional=True)
+    checks.boolean(self.async_checkpoints, "async_checkpoints")
     if self.checkpoint_every is not None and self.model_dir is None:
       raise ConfigError(f"checkpoint_every={self.checkpoint_every} needs a model_dir to write checkpoints to.")
     checks.boolean(self.jit_compile, "jit_compile")

@@ -83,6 +83,7 @@ class Trainer:
       steps_per_loop: int | str = 1,
       checkpoint_every: int | None = None,
       max_to_keep: int | None = 3,
+      async_checkpoints: bool = True,
       jit_compile: bool = False,
       precision: str = "float32",
       clipnorm: float | None = None,
@@ -109,6 +110,9 @@ class Trainer:
       steps_per_loop: steps per `tf.function` call (and per report), or "auto".
       checkpoint_every: save every this many steps (needs `model_dir`).
       max_to_keep: how many recent checkpoints to keep (None: all).
+      async_checkpoints: write the checkpoints of `checkpoint_every` in the
+        background while training goes on (where TensorFlow's asynchronous
+        checkpointing is used; the final one is always waited for).
       jit_compile: compile with XLA; evaluation then pads to full batches
         (static shapes).
       precision: 'float32', 'mixed_bfloat16' or 'mixed_float16' (which adds
@@ -136,6 +140,7 @@ class Trainer:
         steps_per_loop=steps_per_loop,
         checkpoint_every=checkpoint_every,
         max_to_keep=max_to_keep,
+        async_checkpoints=async_checkpoints,
         jit_compile=jit_compile,
         precision=precision,
         clipnorm=clipnorm,
@@ -161,6 +166,7 @@ class Trainer:
           optimizer=self._parts.optimizer,
           step=self._parts.step,
           max_to_keep=max_to_keep,
+          asynchronous=async_checkpoints,
       )
     self._reporter = reports.Reporter(model_dir, is_chief=strategy.extended.should_checkpoint)
     self._profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
@@ -314,6 +320,9 @@ class Trainer:
           evaluate()
         if signals.received is not None:  # It came after the last loop's check: during the final evaluation, say.
           self._exit_on_stop.exit(signals.received, step=self._global_step)
+      except BaseException:
+        self._wait_for_background_save()
+        raise
       finally:
         self._reporter.flush()
     return dict(self._last_train_results)
@@ -585,7 +594,7 @@ class Trainer:
     builtin_after: list[actions_lib.Action] = []
     if self._options.checkpoint_every is not None:
       builtin_after.append(
-          actions_lib.SaveCheckpoint(self._save_unless_saved, every_steps=self._options.checkpoint_every)
+          actions_lib.SaveCheckpoint(self._save_in_background, every_steps=self._options.checkpoint_every)
       )
     steps_per_loop = steps_per_loop_lib.resolve(
         self._options.steps_per_loop,
@@ -661,9 +670,23 @@ class Trainer:
     )
 
   def _save_unless_saved(self) -> None:
-    """Writes a checkpoint at the current step, if there is a model_dir and no checkpoint of this step yet."""
+    """Writes a checkpoint at the current step, if there is a model_dir and none of this step yet; waits for it."""
     if self._checkpoints is not None:
       self._checkpoints.save_unless_saved(self._global_step)
+
+  def _save_in_background(self) -> None:
+    """As `_save_unless_saved`, but returns while the checkpoint is written (with `async_checkpoints`)."""
+    if self._checkpoints is not None:
+      self._checkpoints.save_unless_saved(self._global_step, in_background=True)
+
+  def _wait_for_background_save(self) -> None:
+    """Lets a checkpoint being written in the background complete as training fails; logs, not raises, its failure."""
+    if self._checkpoints is None:
+      return
+    try:
+      self._checkpoints.wait()
+    except checkpoints.CheckpointWriteError as error:
+      logging.warning("%s", error)
 
   def _save_for_exit(self) -> str | None:
     """Saves (if there is a model_dir and the step is not saved yet), flushes the reports; returns the latest path."""

@@ -44,6 +44,8 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
       worker.kill()
   for worker, output in zip(workers, outputs):
     assert worker.returncode == 0, output[-3000:]
+    # Not in the background under several workers: said once, at the first save.
+    assert output.count("Checkpoints are written synchronously: under several workers every worker takes part") == 1
 
   single = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"))
   single.train(

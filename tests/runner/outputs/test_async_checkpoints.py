@@ -1,0 +1,185 @@
+"""Checkpoints written in the background (`async_checkpoints`, the default): what they hold, and signals during a write.
+
+The in-process tests check that each checkpoint holds the weights of its own
+step although training went on while it was written. The process tests send
+real SIGTERM, Ctrl-C (SIGINT) and SIGKILL to `python -m runner` while a
+checkpoint of 13 MB (a 1024x1024 hidden layer and Adam's slots) is being
+written, seen by its `ckpt-N_temp/` directory, and resume with the same command
+to the weights of an uninterrupted run, bit for bit.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import runner
+from runner.outputs import checkpoint_list
+from strategies.errors import ConfigError
+from testlib import paths
+from testlib import process_testlib
+from testlib import trainer_testlib
+
+STEPS = 20
+RUN = [
+    f"--config={os.path.join(paths.REPO, 'configs', 'synthetic.py')}",
+    "--mode=train",
+    "--config.strategy.name=one_device",
+    "--config.data.num_examples=512",
+    "--config.model.hidden_units=(1024,1024)",  # 1.1M weights; with Adam's two slots a checkpoint of 13 MB.
+    f"--config.trainer.train_steps={STEPS}",
+    "--config.trainer.steps_per_loop=5",
+    "--config.trainer.checkpoint_every=5",
+    "--config.trainer.max_to_keep=100",  # Every checkpoint stays, to be read.
+]
+
+
+class _WeightsAtEachStep(runner.actions.Action):
+  """Keeps a copy of the model's weights after each loop (actions run before the loop's checkpoint)."""
+
+  def __init__(self):
+    self.model = None  # The Trainer's, once it is made.
+    self.weights = {}
+
+  def __call__(self, loop):
+    self.weights[loop.step] = [w.numpy().copy() for w in self.model.weights]
+
+
+def test_each_checkpoint_written_in_the_background_holds_its_own_steps_weights(tmp_path):
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  weights = _WeightsAtEachStep()
+  trainer = trainer_testlib.make_trainer(
+      strategy, model_dir=str(tmp_path), steps_per_loop=1, checkpoint_every=1, max_to_keep=None, actions=[weights]
+  )
+  weights.model = trainer.model
+  trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=4)
+  directory = str(tmp_path / "checkpoints")
+  assert [checkpoint_list.step_of(p) for p in checkpoint_list.read(directory).paths] == [1, 2, 3, 4]
+  for step in (1, 2, 3, 4):
+    restored = trainer_testlib.make_trainer(strategy, model_dir=str(tmp_path))
+    restored.restore(checkpoint=os.path.join(directory, f"ckpt-{step}"))
+    assert restored.global_step == step
+    for got, want in zip(restored.model.weights, weights.weights[step], strict=True):
+      np.testing.assert_array_equal(got.numpy(), want)
+  assert not np.array_equal(weights.weights[1][0], weights.weights[4][0])  # Training moved them: the test can fail.
+
+
+def test_async_checkpoints_must_be_a_bool():
+  with pytest.raises(ConfigError, match=r"async_checkpoints must be True or False, got 'yes'"):
+    trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), async_checkpoints="yes")
+
+
+@pytest.fixture(scope="module")
+def _started():
+  """The uninterrupted run, once started by a test of this module; killed (if still running) at the module's end."""
+  started = {}
+  yield started
+  if "run" in started:
+    started["run"].process.kill()
+    started["run"].process.wait()
+
+
+@pytest.fixture
+def uninterrupted(_started, tmp_path_factory, subprocess_env):
+  """`() -> the final checkpoint's values of the run without a stop`: started once, beside the first test's run."""
+  if "run" not in _started:
+    _started["workdir"] = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _started["run"] = _Run(_started["workdir"], subprocess_env)
+
+  def final_values():
+    if "values" not in _started:
+      status, _, stderr = _started["run"].wait()
+      assert status == 0, stderr[-3000:]
+      _started["values"] = process_testlib.final_checkpoint_values(_started["workdir"])
+    return _started["values"]
+
+  return final_values
+
+
+class _Run(process_testlib.TrainingProcess):
+
+  def __init__(self, workdir, env):
+    super().__init__(
+        [sys.executable, "-m", "runner", f"--workdir={workdir}", *RUN], workdir=workdir, env=env, name="run"
+    )
+
+  def signal_while_writing(self, signum):
+    """Sends `signum` once a checkpoint past the first is being written in the background; returns its step."""
+    directory = os.path.join(self.workdir, "checkpoints")
+    deadline = time.monotonic() + process_testlib.TIMEOUT_SECONDS
+    while not (writing := [step for step in _being_written(directory) if step > 5]):
+      assert self.process.poll() is None, f"the run exited before a checkpoint was written: {self.stderr()[-3000:]}"
+      assert time.monotonic() < deadline, "no checkpoint written in time"
+      time.sleep(0.002)
+    self.process.send_signal(signum)
+    return writing[0]
+
+
+def _being_written(directory):
+  """The steps of the `ckpt-N_temp/` directories holding shards in `directory`: checkpoints being written."""
+  if not os.path.isdir(directory):
+    return []
+  return [
+      checkpoint_list.step_of(path[: -len(checkpoint_list.INTERRUPTED_SAVE_SUFFIX)])
+      for path in checkpoint_list.interrupted_saves(directory)
+      if os.listdir(path)
+  ]
+
+
+def _assert_every_listed_checkpoint_is_whole(workdir):
+  """Each checkpoint the list file names reads whole; returns their steps."""
+  directory = os.path.join(str(workdir), "checkpoints")
+  listed = checkpoint_list.read(directory)
+  assert listed.problem is None, listed.problem  # The list names exactly the checkpoints on disk.
+  for path in listed.paths:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  return [checkpoint_list.step_of(path) for path in listed.paths]
+
+
+def _resumes_to_the_uninterrupted_weights(workdir, env, uninterrupted):
+  status, stdout, stderr = _Run(workdir, env).wait()
+  assert status == 0 and f"global step: {STEPS}" in stdout, stderr[-3000:]
+  got, want = process_testlib.final_checkpoint_values(workdir), uninterrupted()
+  assert sorted(got) == sorted(want) and len(want) > 4
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+  return stderr
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl_c"])
+def test_a_stop_during_a_background_write_waits_for_it_then_saves_and_the_run_resumes_exactly(
+    signum, status, tmp_path, subprocess_env, uninterrupted
+):
+  run = _Run(tmp_path / "run", subprocess_env)
+  writing = run.signal_while_writing(signum)
+  code, _, stderr = run.wait()
+  assert code == status, stderr[-3000:]
+  stopped_at = run.train_rows()[-1]["step"]
+  assert f"saved a checkpoint at step {stopped_at} (" in stderr
+  steps = _assert_every_listed_checkpoint_is_whole(tmp_path / "run")
+  assert writing in steps and steps[-1] == stopped_at  # The write in flight completed, then the stop's own save.
+  assert not _being_written(str(tmp_path / "run" / "checkpoints"))
+  _resumes_to_the_uninterrupted_weights(tmp_path / "run", subprocess_env, uninterrupted)
+
+
+def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_the_latest(
+    tmp_path, subprocess_env, uninterrupted
+):
+  run = _Run(tmp_path / "run", subprocess_env)
+  writing = run.signal_while_writing(signal.SIGKILL)
+  assert run.wait()[0] == -signal.SIGKILL
+  checkpoints = tmp_path / "run" / "checkpoints"
+  left = _being_written(str(checkpoints))
+  assert left == [writing]  # Killed part-way through the write of 13 MB.
+  steps = _assert_every_listed_checkpoint_is_whole(tmp_path / "run")
+  assert steps and all(step < writing for step in steps)  # Never listed: the previous checkpoint is the latest.
+  stderr = _resumes_to_the_uninterrupted_weights(tmp_path / "run", subprocess_env, uninterrupted)
+  for step in left:
+    assert f"Removed {checkpoints}/ckpt-{step}_temp, left by a save that was interrupted" in stderr
+  assert not _being_written(str(checkpoints))
