@@ -115,6 +115,10 @@ class KerasVersion:
       return schedule(inner.iterations)
     return inner.learning_rate
 
+  def optimizer_variables(self, optimizer: Any) -> list[Any]:
+    """Every variable of a built `optimizer`: its step count, slots and others (a property in Keras 3, a method in tf_keras)."""
+    return list(optimizer.variables if self is KERAS_3 else optimizer.variables())
+
   def build_optimizer(self, optimizer: Any, variables: list[Any]) -> None:
     """Makes `optimizer`'s slot variables for `variables` unless it has them."""
     built = optimizer.built if self is KERAS_3 else getattr(optimizer, "_built", False)
