@@ -116,7 +116,7 @@ class KerasVersion:
     return inner.learning_rate
 
   def optimizer_variables(self, optimizer: Any) -> list[Any]:
-    """Every variable of a built `optimizer`: its step count, slots and others (a property in Keras 3, a method in tf_keras)."""
+    """Every variable of a built `optimizer`: step count, slots, the rest (Keras 3: a property; tf_keras: a call)."""
     return list(optimizer.variables if self is KERAS_3 else optimizer.variables())
 
   def build_optimizer(self, optimizer: Any, variables: list[Any]) -> None:

@@ -49,6 +49,8 @@ _ALL_STEPS = 2**62
 def _loss_fails_on_labels_out_of_range(task: interfaces.Task) -> bool:
   """Whether `task`'s loss is the built-in `Classification`'s, whose op fails on a class id out of range."""
   return isinstance(task, tasks.Classification) and type(task).loss is tasks.Classification.loss
+
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -644,19 +646,19 @@ class Trainer:
 
   def _loop_arguments(self, global_batch_size: int, label_range: interfaces.LabelRange | None) -> dict[str, Any]:
     return dict(
-          strategy=self._strategy,
-          model=self._parts.model,
-          optimizer=self._parts.optimizer,
-          task_loss=self._task.loss,
-          metrics=self._parts.metrics,
-          step=self._parts.step,
-          global_batch_size=global_batch_size,
-          xla=self._xla,
-          clipnorm=self._options.clipnorm,
-          loss_scale=self._parts.loss_scaled,
-          keras_version=self._parts.keras_version,
-          valid_labels=label_range,
-      )
+        strategy=self._strategy,
+        model=self._parts.model,
+        optimizer=self._parts.optimizer,
+        task_loss=self._task.loss,
+        metrics=self._parts.metrics,
+        step=self._parts.step,
+        global_batch_size=global_batch_size,
+        xla=self._xla,
+        clipnorm=self._options.clipnorm,
+        loss_scale=self._parts.loss_scaled,
+        keras_version=self._parts.keras_version,
+        valid_labels=label_range,
+    )
 
   def _checked_train_loop(
       self, global_batch_size: int, label_range: interfaces.LabelRange | None, *, looping: bool
