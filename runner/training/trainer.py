@@ -634,11 +634,9 @@ class Trainer:
         and description.is_single_worker(self._strategy)
         and not model_parts.is_tpu(self._strategy)
     ):
-      unchecked, snapshot = self._unchecked_loop(global_batch_size, label_range)
       return unchecked_loops.RerunChecked(
-          unchecked=unchecked,
+          unchecked=self._unchecked_loop(global_batch_size, label_range),
           checked=functools.partial(self._checked_train_loop, global_batch_size, label_range, looping=True),
-          snapshot=snapshot,
           step=self._parts.step,
           rewind=rewind,
       )
@@ -677,8 +675,8 @@ class Trainer:
 
   def _unchecked_loop(
       self, global_batch_size: int, label_range: interfaces.LabelRange | None
-  ) -> tuple[unchecked_loops.UncheckedTrainLoop, unchecked_loops.StateSnapshot]:
-    """The unchecked loop for this batch size and label range and the state it copies, made once and kept.
+  ) -> unchecked_loops.UncheckedTrainLoop:
+    """The unchecked loop for this batch size and label range, made once and kept.
 
     Its steps check the label range only where the task's loss does not fail
     by itself on a label out of range, as the built-in `Classification`'s
@@ -695,7 +693,7 @@ class Trainer:
       arguments = self._loop_arguments(global_batch_size, label_range)
       if _loss_fails_on_labels_out_of_range(self._task):
         arguments["valid_labels"] = None
-      self._train_loops[key] = (unchecked_loops.UncheckedTrainLoop(snapshot=snapshot, **arguments), snapshot)
+      self._train_loops[key] = unchecked_loops.UncheckedTrainLoop(snapshot=snapshot, **arguments)
     return self._train_loops[key]
 
   def _rewound_iterator(

@@ -89,7 +89,7 @@ class UncheckedTrainLoop(loops.TrainLoop):
         only when given: pass None where the task's loss fails by itself on
         a label out of range (an op error, or a NaN loss).
     """
-    self._snapshot = snapshot
+    self.snapshot = snapshot
     super().__init__(looping=True, multi_worker=False, **arguments)
     self._names = _VALUES
     self._unchecked_update = loops.maybe_xla(self._apply_update, self._whole_step_xla)
@@ -137,12 +137,12 @@ class UncheckedTrainLoop(loops.TrainLoop):
     return int(math.floor(float(sums[1]) / self._strategy.num_replicas_in_sync + 1e-6))
 
   def _sums_and_state_sum(self) -> tf.Tensor:
-    floating = [tf.convert_to_tensor(v) for v in self._snapshot.variables if tf.as_dtype(v.dtype).is_floating]
+    floating = [tf.convert_to_tensor(v) for v in self.snapshot.variables if tf.as_dtype(v.dtype).is_floating]
     return tf.concat([self._sums.read_value(), [loops.finite_sum(floating)]], axis=0)
 
   def _unchecked_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
     del stop  # One worker: its own signal is read between loops.
-    self._snapshot.take()
+    self.snapshot.take()
     for metric in self._metrics:
       metric.reset_state()
     self._sums.assign(tf.zeros_like(self._sums))
@@ -187,7 +187,6 @@ class RerunChecked:
       *,
       unchecked: UncheckedTrainLoop,
       checked: Callable[[], loops.TrainLoop],
-      snapshot: StateSnapshot,
       step: tf.Variable,
       rewind: Callable[[int], Any],
   ) -> None:
@@ -196,14 +195,12 @@ class RerunChecked:
     Args:
       unchecked: the loop that runs every call first.
       checked: returns the checked loop (made on the first rerun).
-      snapshot: the state `unchecked` copies at each loop's start.
       step: the global step variable.
       rewind: `rewind(step)` returns a distributed iterator whose first batch
         is that of global step `step` (`train_input.training_iterator`).
     """
     self._unchecked = unchecked
     self._checked = checked
-    self._snapshot = snapshot
     self._step = step
     self._rewind = rewind
     self._rewound: tuple[Any, Any] | None = None  # (an iterator, the rewound one used in its place)
@@ -232,7 +229,7 @@ class RerunChecked:
       finite = False
     if finite:
       return result
-    self._snapshot.restore()
+    self._unchecked.snapshot.restore()
     rewound = self._rewind(int(self._step.numpy()))
     self._rewound = (given, rewound)
     return self._checked()(rewound, num_steps, stop_signal)
