@@ -91,7 +91,6 @@ class UncheckedTrainLoop(loops.TrainLoop):
     """
     self.snapshot = snapshot
     super().__init__(looping=True, multi_worker=False, **arguments)
-    self._names = _VALUES
     self._unchecked_update = loops.maybe_xla(self._apply_update, self._whole_step_xla)
     self.function = tf.function(self._unchecked_steps)
 
