@@ -3,6 +3,11 @@
 `python -m benchmarks.step_overhead [--strategy=mirrored2] [--workload=small] [--rounds=5] [--steps=3000]
 [--contenders=trainer_100,trainer_1000,loop_100,loop_1000]`
 
+`--strategy` and `--workload` each take a comma-separated list (or `all`):
+every pair of them is measured in turn in the same process (mirrored2's
+strategy made first, as it splits the CPU before TensorFlow starts), each
+with its own table, and a last table sets their ratios side by side.
+
 `benchmarks.throughput` runs each contender in a process of its own, as the
 peer harness does; there one contender's rounds can spread by more than the
 few percent this compares.
@@ -22,6 +27,7 @@ at 1000)`, where those contenders ran.
 
 import argparse
 import contextlib
+import io
 import os
 import statistics
 import sys
@@ -60,14 +66,20 @@ def parse_contender(name):
 def parse_args(argv=None):
   """Parses and checks the flags (see the module doc); exits with a message on bad input."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.step_overhead", description=__doc__.splitlines()[0])
-  parser.add_argument("--strategy", default="mirrored2", choices=contenders.STRATEGIES)
-  parser.add_argument("--workload", default="small", choices=sorted(contenders.WORKLOADS))
+  parser.add_argument("--strategy", default="mirrored2", help=f"comma-separated, of {contenders.STRATEGIES}, or all")
+  parser.add_argument("--workload", default="small", help=f"comma-separated, of {sorted(contenders.WORKLOADS)}, or all")
   parser.add_argument("--rounds", type=int, default=5, help="rounds; the table shows medians")
   parser.add_argument(
       "--steps", type=int, default=3000, help="timed steps per contender and round (a multiple of 1000)"
   )
   parser.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated KIND_N names (see above)")
   args = parser.parse_args(argv)
+  for flag, valid in (("strategy", contenders.STRATEGIES), ("workload", sorted(contenders.WORKLOADS))):
+    names = list(valid) if getattr(args, flag) == "all" else getattr(args, flag).split(",")
+    unknown = [name for name in names if name not in valid]
+    if unknown or not names:
+      parser.error(f"--{flag}: unknown {unknown}; use a comma-separated list of {', '.join(valid)}, or all.")
+    setattr(args, flag, sorted(set(names), key=list(valid).index))
   try:
     args.contenders = [parse_contender(name) for name in args.contenders.split(",")]
   except ValueError as error:
@@ -82,10 +94,8 @@ def parse_args(argv=None):
   return args
 
 
-def measure(args):
-  """Returns {(kind, steps per call): [(wall ms/step, CPU ms/step) per round]}."""
-  strategy = contenders.make_strategy(args.strategy)
-  workload = contenders.WORKLOADS[args.workload]
+def measure(args, strategy, workload):
+  """Returns {(kind, steps per call): [(wall ms/step, CPU ms/step) per round]} for one strategy and workload."""
   with contextlib.redirect_stdout(sys.stderr):  # Orbit's progress lines; stdout carries the report only.
     timed_trains = {
         (kind, per_call): contenders.WARM_UPS[kind](strategy, per_call, WARMUP_STEPS, workload)
@@ -100,12 +110,11 @@ def measure(args):
   return rounds
 
 
-def report(rounds, args, machine_before, minutes):
-  """Prints the Markdown report: the machine, the table, and the costs of a call."""
-  throughput.print_machine(machine_before)
+def report(rounds, args, strategy_name, workload_name, minutes):
+  """Prints the Markdown report of one strategy and workload: the table, and the costs of a call."""
   print(
-      f"\n## Step overhead in one process ({args.rounds} rounds, {minutes:.1f} min; {args.strategy}, workload "
-      f"{args.workload}; {WARMUP_STEPS} warm-up steps, then {args.steps} timed steps per contender and round)\n"
+      f"\n## Step overhead in one process ({args.rounds} rounds, {minutes:.1f} min; {strategy_name}, workload "
+      f"{workload_name}; {WARMUP_STEPS} warm-up steps, then {args.steps} timed steps per contender and round)\n"
   )
   print("| contender | ms/step (median) | ratio | vs | CPU ms/step | ms/step per round |")
   print("|---|---:|---:|---|---:|---|")
@@ -135,14 +144,43 @@ def report(rounds, args, machine_before, minutes):
       print(f"- cost of a call, {kind}: {100 * (wall[kind, 100] - wall[kind, 1000]):.2f} ms")
 
 
+def summary(ratios):
+  """Prints each strategy and workload's `trainer_N` against `loop_N` (and `orbit_N`), side by side."""
+  print("\n## Side by side (the loop's or Orbit's ms/step over the Trainer's; above 1.0x the Trainer is faster)\n")
+  print("| strategy | workload | contender | vs loop | vs orbit |")
+  print("|---|---|---|---:|---:|")
+  for (strategy_name, workload_name), wall in ratios.items():
+    for kind, per_call in wall:
+      if kind != "trainer":
+        continue
+      versus = [
+          f"{wall[other, per_call] / wall[kind, per_call]:.3f}x" if (other, per_call) in wall else "—"
+          for other in ("loop", "orbit")
+      ]
+      print(f"| {strategy_name} | {workload_name} | {kind}_{per_call} | {versus[0]} | {versus[1]} |")
+
+
 def main(argv=None):
   """Runs the benchmark with the command-line arguments `argv` (default: `sys.argv[1:]`)."""
   args = parse_args(argv)
   absl_logging.set_verbosity(absl_logging.WARNING)  # The Trainer's progress lines are INFO.
   machine_before = throughput.machine_lines()
-  started = time.perf_counter()
-  rounds = measure(args)
-  report(rounds, args, machine_before, (time.perf_counter() - started) / 60)
+  # mirrored2 splits the CPU into logical devices, which must come before any other TensorFlow op.
+  made = {name: contenders.make_strategy(name) for name in sorted(args.strategy, key="mirrored2".__ne__)}
+  ratios, reports = {}, io.StringIO()
+  for strategy_name in args.strategy:
+    for workload_name in args.workload:
+      started = time.perf_counter()
+      rounds = measure(args, made[strategy_name], contenders.WORKLOADS[workload_name])
+      with contextlib.redirect_stdout(reports):  # Printed after the machine, whose load is taken after the run.
+        report(rounds, args, strategy_name, workload_name, (time.perf_counter() - started) / 60)
+      ratios[strategy_name, workload_name] = {
+          key: statistics.median(w for w, _ in values) for key, values in rounds.items()
+      }
+  throughput.print_machine(machine_before)
+  print(reports.getvalue(), end="")
+  if len(ratios) > 1:
+    summary(ratios)
   process_exit.exit_now(0)  # Skip tearing down live dataset iterators (see contenders).
 
 

@@ -9,10 +9,11 @@ from runner import interfaces
 from runner.outputs import profiling
 from runner.training import loops
 from runner.training import steps_per_loop as steps_per_loop_lib
+from runner.training import unchecked_loops
 
 
 class Controller:
-  """Runs a `loops.TrainLoop` in calls of up to `steps_per_loop` steps, with actions between calls.
+  """Runs a train loop (`loops.TrainLoop`, `unchecked_loops.RerunChecked`) in calls of up to `steps_per_loop` steps.
 
   A call ends early at every step where an action with `every_steps` is due,
   so that action sees exactly that step. The loop's function is traced before
@@ -24,7 +25,7 @@ class Controller:
   def __init__(
       self,
       *,
-      train_loop: loops.TrainLoop,
+      train_loop: loops.TrainLoop | unchecked_loops.RerunChecked,
       actions: Sequence[interfaces.Action],
       steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop,
       global_batch_size: int,

@@ -115,6 +115,10 @@ class KerasVersion:
       return schedule(inner.iterations)
     return inner.learning_rate
 
+  def optimizer_variables(self, optimizer: Any) -> list[Any]:
+    """Every variable of a built `optimizer`: step count, slots, the rest (Keras 3: a property; tf_keras: a call)."""
+    return list(optimizer.variables if self is KERAS_3 else optimizer.variables())
+
   def build_optimizer(self, optimizer: Any, variables: list[Any]) -> None:
     """Makes `optimizer`'s slot variables for `variables` unless it has them."""
     built = optimizer.built if self is KERAS_3 else getattr(optimizer, "_built", False)

@@ -117,7 +117,8 @@ _VALUES = ("loss", "replicas", "gradients", "features", "labels", "label_range")
 _STOP_VALUES = ("sigterm", "sigint")
 
 
-def _maybe_xla(fn: Callable[..., Any], xla: bool) -> Callable[..., Any]:
+def maybe_xla(fn: Callable[..., Any], xla: bool) -> Callable[..., Any]:
+  """Returns `fn` compiled with XLA in a `tf.function` of its own when `xla`, else `fn`."""
   return tf.function(fn, jit_compile=True) if xla else fn
 
 
@@ -211,8 +212,8 @@ class TrainLoop:
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
     # update and the checks included; with more, the forward and backward pass.
     self._whole_step_xla = xla and strategy.num_replicas_in_sync == 1 and not multi_worker
-    self._gradients = _maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
-    self._update = _maybe_xla(self._update_and_checks, self._whole_step_xla)
+    self._gradients = maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
+    self._update = maybe_xla(self._update_and_checks, self._whole_step_xla)
     self._looping = looping
     self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
     self._stop_values: dict[int | None, tf.Tensor] = {
@@ -221,9 +222,7 @@ class TrainLoop:
         signal.SIGINT: tf.constant([0.0, 1.0]),
     }
     if self._looping:
-      with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
-        self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
-        self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
+      self._make_totals()
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
     self._caller: traced_calls.FlatCall | None = None  # The call for the last iterator.
 
@@ -266,6 +265,12 @@ class TrainLoop:
     else:
       self._caller_for(iterator, self._stop_values[None])
     return True
+
+  def _make_totals(self) -> None:
+    """Makes the variables `_many_steps` keeps its running totals and the last step's values in."""
+    with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
+      self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
+      self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
 
   def _call(self, iterator: Any, *tensors: tf.Tensor) -> Any:
     return self._caller_for(iterator, *tensors)(*tensors)
@@ -340,23 +345,30 @@ class TrainLoop:
     values = tf.stack([loss, 1.0, *checks])
     return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
 
-  def _update_and_checks(
+  def _apply_update(
       self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
-  ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
+  ) -> tuple[tf.Tensor, Any, list[Any]]:
+    """One replica's forward and backward pass and optimizer update; returns its loss, outputs and gradients."""
     loss, gradients, outputs = self._gradients(features, labels, sample_weight)
     if self._loss_scale:
       gradients = self._keras.gradients_to_apply(self._optimizer, gradients)
     self._keras.apply(self._optimizer, self._agreed_and_clipped(gradients), self._model.trainable_variables)
+    return loss, outputs, gradients
+
+  def _update_and_checks(
+      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
+  ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
+    loss, outputs, gradients = self._apply_update(features, labels, sample_weight)
     # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
-    gradient_check = tf.constant(0.0) if self._loss_scale else _finite_sum([g for g in gradients if g is not None])
-    label_range_check = tf.math.log(tf.cast(_labels_in(labels, self._valid_labels), tf.float32))
+    gradient_check = tf.constant(0.0) if self._loss_scale else finite_sum([g for g in gradients if g is not None])
+    label_range_check = tf.math.log(tf.cast(labels_in(labels, self._valid_labels), tf.float32))
     return (
         loss,
         outputs,
         (
             gradient_check,
-            _finite_sum(tf.nest.flatten(features, expand_composites=True)),
-            _finite_sum([labels]),
+            finite_sum(tf.nest.flatten(features, expand_composites=True)),
+            finite_sum([labels]),
             label_range_check,
         ),
     )
@@ -448,7 +460,7 @@ class EvalLoop:
     self._metrics = metrics
     self._single_pipeline = num_input_pipelines == 1
     self._valid_labels = valid_labels
-    self._forward = _maybe_xla(lambda features: self._model(features, training=False), xla)
+    self._forward = maybe_xla(lambda features: self._model(features, training=False), xla)
     self.function = tf.function(self._evaluate, autograph=False)
 
   def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
@@ -513,12 +525,12 @@ class EvalLoop:
             real,
             tf.cast(real == tf.cast(tf.shape(mask)[0], tf.float32), tf.float32),
             tf.cast(real > 0.0, tf.float32),
-            1.0 - tf.cast(_labels_in(labels, self._valid_labels, mask=mask), tf.float32),
+            1.0 - tf.cast(labels_in(labels, self._valid_labels, mask=mask), tf.float32),
         ]
     )
 
 
-def _finite_sum(tensors: Sequence[Any]) -> tf.Tensor:
+def finite_sum(tensors: Sequence[Any]) -> tf.Tensor:
   """The sum of every floating tensor of `tensors` in float32 (0.0 when there is none): finite iff they all are.
 
   One op per tensor, far fewer than checking each element's finiteness; a
@@ -532,7 +544,7 @@ def _finite_sum(tensors: Sequence[Any]) -> tf.Tensor:
   return sums[0] if len(sums) == 1 else tf.add_n(sums)
 
 
-def _labels_in(labels: tf.Tensor, valid_labels: Any, mask: tf.Tensor | None = None) -> tf.Tensor:
+def labels_in(labels: tf.Tensor, valid_labels: Any, mask: tf.Tensor | None = None) -> tf.Tensor:
   """Whether every label lies in `valid_labels` (a `LabelRange`; None: True), from the extremes: few ops per step.
 
   With a `mask` (1.0 for a real example, 0.0 for padding), padding is not checked.

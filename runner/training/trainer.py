@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from runner import actions as actions_lib
 from runner import interfaces
+from runner import tasks
 from runner.cluster import maintenance_events
 from runner.cluster import stop_signals
 from runner.data import checks as data_checks
@@ -35,6 +36,7 @@ from runner.training import options as trainer_options
 from runner.training import parameter_server_loops
 from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.training import train_input
+from runner.training import unchecked_loops
 from strategies import checks
 from strategies import description
 from strategies import peers
@@ -42,6 +44,13 @@ from strategies import sharded_variables
 from strategies.errors import ConfigError
 
 _ALL_STEPS = 2**62
+
+
+def _loss_fails_on_labels_out_of_range(task: interfaces.Task) -> bool:
+  """Whether `task`'s loss is the built-in `Classification`'s, whose op fails on a class id out of range."""
+  return isinstance(task, tasks.Classification) and type(task).loss is tasks.Classification.loss
+
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -298,7 +307,8 @@ class Trainer:
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps
     )
-    controller = self._controller(global_batch_size, evaluate, eval_every, label_range)
+    rewind = functools.partial(self._rewound_iterator, data, provider, global_batch_size)
+    controller = self._controller(global_batch_size, evaluate, eval_every, label_range, rewind)
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
     self._reporter.resume_at(self._global_step)
@@ -580,6 +590,7 @@ class Trainer:
       evaluate: Callable[[], Mapping[str, float]],
       eval_every: int | None,
       label_range: interfaces.LabelRange | None,
+      rewind: Callable[[int], Any],
   ) -> controller_lib.Controller:
     """Returns the outer loop for one `train` call, with the built-in actions around the user's.
 
@@ -603,7 +614,7 @@ class Trainer:
         measured=self._measured_steps_per_loop,
     )
     return controller_lib.Controller(
-        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop),
+        train_loop=self._train_loop(global_batch_size, label_range, steps_per_loop, rewind),
         steps_per_loop=steps_per_loop,
         actions=builtin_before + list(self._options.actions) + builtin_after,
         global_batch_size=global_batch_size,
@@ -613,32 +624,100 @@ class Trainer:
     )
 
   def _train_loop(
-      self, global_batch_size: int, label_range: interfaces.LabelRange | None, steps_per_loop: Any
-  ) -> loops.TrainLoop:
-    """The inner loop for this batch size, label range and loop sizes, made once and kept (its traces with it)."""
-    key = (global_batch_size, label_range, steps_per_loop.looping)
-    if key not in self._train_loops:
-      arguments = dict(
-          strategy=self._strategy,
-          model=self._parts.model,
-          optimizer=self._parts.optimizer,
-          task_loss=self._task.loss,
-          metrics=self._parts.metrics,
+      self,
+      global_batch_size: int,
+      label_range: interfaces.LabelRange | None,
+      steps_per_loop: Any,
+      rewind: Callable[[int], Any],
+  ) -> loops.TrainLoop | unchecked_loops.RerunChecked:
+    """The inner loop for this batch size, label range and loop sizes (its parts made once and kept, with their traces).
+
+    Where one process runs every replica and a call runs many steps (not on
+    a TPU, whose compiled step checks nearly for free), loops run unchecked
+    and a loop that is not finite runs again from its start with the checks
+    (`unchecked_loops.RerunChecked`, its batches from `rewind`).
+    """
+    if (
+        steps_per_loop.looping
+        and self._coordinator is None
+        and description.is_single_worker(self._strategy)
+        and not model_parts.is_tpu(self._strategy)
+    ):
+      return unchecked_loops.RerunChecked(
+          unchecked=self._unchecked_loop(global_batch_size, label_range),
+          checked=functools.partial(self._checked_train_loop, global_batch_size, label_range, looping=True),
           step=self._parts.step,
-          global_batch_size=global_batch_size,
-          xla=self._xla,
-          clipnorm=self._options.clipnorm,
-          loss_scale=self._parts.loss_scaled,
-          keras_version=self._parts.keras_version,
-          valid_labels=label_range,
+          rewind=rewind,
       )
+    return self._checked_train_loop(global_batch_size, label_range, looping=steps_per_loop.looping)
+
+  def _loop_arguments(self, global_batch_size: int, label_range: interfaces.LabelRange | None) -> dict[str, Any]:
+    return dict(
+        strategy=self._strategy,
+        model=self._parts.model,
+        optimizer=self._parts.optimizer,
+        task_loss=self._task.loss,
+        metrics=self._parts.metrics,
+        step=self._parts.step,
+        global_batch_size=global_batch_size,
+        xla=self._xla,
+        clipnorm=self._options.clipnorm,
+        loss_scale=self._parts.loss_scaled,
+        keras_version=self._parts.keras_version,
+        valid_labels=label_range,
+    )
+
+  def _checked_train_loop(
+      self, global_batch_size: int, label_range: interfaces.LabelRange | None, *, looping: bool
+  ) -> loops.TrainLoop:
+    """The loop that checks every step, for this batch size, label range and looping, made once and kept."""
+    key = (global_batch_size, label_range, looping)
+    if key not in self._train_loops:
+      arguments = self._loop_arguments(global_batch_size, label_range)
       if self._coordinator is not None:
         self._train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
       else:
         self._train_loops[key] = loops.TrainLoop(
-            looping=steps_per_loop.looping, multi_worker=not description.is_single_worker(self._strategy), **arguments
+            looping=looping, multi_worker=not description.is_single_worker(self._strategy), **arguments
         )
     return self._train_loops[key]
+
+  def _unchecked_loop(
+      self, global_batch_size: int, label_range: interfaces.LabelRange | None
+  ) -> unchecked_loops.UncheckedTrainLoop:
+    """The unchecked loop for this batch size and label range, made once and kept.
+
+    Its steps check the label range only where the task's loss does not fail
+    by itself on a label out of range, as the built-in `Classification`'s
+    does (on a CPU an op error, on a GPU a NaN loss).
+    """
+    key = ("unchecked", global_batch_size, label_range)
+    if key not in self._train_loops:
+      snapshot = unchecked_loops.StateSnapshot(
+          self._strategy,
+          list(self._parts.model.variables)
+          + list(self._parts.keras_version.optimizer_variables(self._parts.optimizer))
+          + [self._parts.step],
+      )
+      arguments = self._loop_arguments(global_batch_size, label_range)
+      if _loss_fails_on_labels_out_of_range(self._task):
+        arguments["valid_labels"] = None
+      self._train_loops[key] = unchecked_loops.UncheckedTrainLoop(snapshot=snapshot, **arguments)
+    return self._train_loops[key]
+
+  def _rewound_iterator(
+      self,
+      data: tf.data.Dataset | interfaces.DatasetProvider,
+      provider: interfaces.DatasetProvider,
+      global_batch_size: int,
+      step: int,
+  ) -> Any:
+    """Returns a new training iterator from the batch of global step `step`, kept for the `train` calls after this."""
+    iterator = train_input.training_iterator(
+        self._strategy, provider, global_batch_size, start_step=step, preprocess=self._preprocess
+    )
+    self._train_input = ((id(data), global_batch_size), data, iterator)
+    return iterator
 
   def _advance(self, step: int, train_results: Mapping[str, float]) -> None:
     self._global_step = step

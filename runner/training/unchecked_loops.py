@@ -1,0 +1,238 @@
+"""Loops that run their steps unchecked, and run a loop again with the checks when its result is not finite.
+
+A `loops.TrainLoop` checks every step (the batch's finiteness, the labels'
+range, the gradients' finiteness): on a small step over two CPU replicas
+that is 4 to 5% of the step (docs/benchmarks.md#what-the-per-step-checks-cost).
+`UncheckedTrainLoop` adds to the hand-written step only its loss and a step
+count, summed per replica without a cross-replica reduction, and checks once
+per loop: the summed loss and every variable of the model and optimizer
+finite. `RerunChecked` calls it; when a loop is not finite (or raised part-way
+with a state that is not), it restores the variables to the loop's start from
+a copy taken in memory at each loop's start (`StateSnapshot`), and runs that
+loop again from the same batches with the checked `loops.TrainLoop`, which
+stops at the first bad step and names it as it always does.
+"""
+
+from collections.abc import Callable, Sequence
+import math
+from typing import Any
+
+import tensorflow as tf
+
+from runner.training import loops
+
+_VALUES = ("loss", "replicas", "label_range")  # Summed per replica over the loop's steps.
+
+
+class StateSnapshot:
+  """An in-memory copy of training variables: taken inside a loop's function, restored from the host.
+
+  Each variable gets a shadow variable of its shape and dtype, made in the
+  strategy's scope (so it lives on the same devices); `take` assigns the
+  variables to their shadows, `restore` the shadows back. It costs one copy
+  of the variables in memory, and one assignment per variable per loop.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, variables: Sequence[Any]) -> None:
+    """Initializes the `StateSnapshot`.
+
+    Args:
+      strategy: the `tf.distribute.Strategy` the variables were made under.
+      variables: the variables to copy (Keras or TensorFlow variables); one
+        that appears twice is copied once.
+    """
+    unique: dict[int, Any] = {}
+    for variable in variables:
+      unique.setdefault(id(variable), variable)
+    self.variables = list(unique.values())
+    with strategy.scope():
+      self._shadows = [
+          tf.Variable(tf.zeros(v.shape, tf.as_dtype(v.dtype)), trainable=False, name="loop_start_copy")
+          for v in self.variables
+      ]
+    self._restore = tf.function(self._assign_back)
+
+  def take(self) -> None:
+    """Copies the variables to their shadows (in a `tf.function`: as ops of that function)."""
+    for variable, shadow in zip(self.variables, self._shadows):
+      shadow.assign(tf.convert_to_tensor(variable))
+
+  def restore(self) -> None:
+    """Assigns the variables the values `take` copied last."""
+    self._restore()
+
+  def _assign_back(self) -> None:
+    for variable, shadow in zip(self.variables, self._shadows):
+      variable.assign(shadow.read_value())
+
+
+class UncheckedTrainLoop(loops.TrainLoop):
+  """A looping `loops.TrainLoop` whose steps carry no per-step check; the loop tells whether it stayed finite.
+
+  Each replica adds its share of the loss and 1 (and, with `valid_labels`,
+  the log of whether its labels were in range) to a variable of its own
+  (`ON_READ`, summed when read), so a step has no cross-replica reduction
+  beyond the optimizer's. The function first copies the state to `snapshot`,
+  runs `num_steps` steps (all of them: it does not stop at a bad one), and
+  advances the global step by the steps run. Its vector holds the sums, the
+  sum of every floating variable of `snapshot` (finite exactly when they all
+  are, see `loops.finite_sum`), the learning rate and the metrics.
+  """
+
+  def __init__(self, *, snapshot: StateSnapshot, **arguments: Any) -> None:
+    """Initializes the `UncheckedTrainLoop`.
+
+    Args:
+      snapshot: the state copied at each loop's start and checked at its end.
+      **arguments: as for `loops.TrainLoop`, without `looping` (always on)
+        and `multi_worker` (one worker). `valid_labels` is checked per step
+        only when given: pass None where the task's loss fails by itself on
+        a label out of range (an op error, or a NaN loss).
+    """
+    self.snapshot = snapshot
+    super().__init__(looping=True, multi_worker=False, **arguments)
+    self._unchecked_update = loops.maybe_xla(self._apply_update, self._whole_step_xla)
+    self.function = tf.function(self._unchecked_steps)
+
+  def run(self, iterator: Any, num_steps: int) -> tuple[loops.TrainLoopResult, bool]:
+    """Runs `num_steps` steps; returns the `TrainLoopResult` and whether the loss and every variable stayed finite.
+
+    Raises:
+      tf.errors.OpError: as a step raised it; the global step counts the
+        steps before it (see `finite_so_far`).
+    """
+    try:
+      vector = self._call(iterator, tf.constant(num_steps, tf.int32), self._stop_values[None]).numpy()
+    except tf.errors.OpError:
+      self._step.assign_add(self._steps_run(self._sums.numpy()))
+      raise
+    size = len(_VALUES)
+    steps_run = self._steps_run(vector)
+    result = loops.TrainLoopResult(
+        steps_run=steps_run,
+        loss=float(vector[0]) / steps_run if steps_run else math.nan,
+        learning_rate=float(vector[size + 1]),
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[size + 2 :].tolist())},
+    )
+    return result, bool(math.isfinite(float(vector[:size].sum() + vector[size])))
+
+  def finite_so_far(self) -> bool:
+    """Whether the loss summed so far and every variable are finite (after a call raised part-way)."""
+    return bool(math.isfinite(float(self._finite_sums().numpy().sum())))
+
+  def _make_totals(self) -> None:
+    with self._strategy.scope():
+      self._sums = tf.Variable(
+          tf.zeros([len(_VALUES)]),
+          trainable=False,
+          synchronization=tf.VariableSynchronization.ON_READ,
+          aggregation=tf.VariableAggregation.SUM,
+          name="unchecked_loop_sums",
+      )
+    self._finite_sums = tf.function(self._sums_and_state_sum)
+
+  def _steps_run(self, sums: Any) -> int:
+    # A replica that raised part-way counts one step less: the steps every replica finished.
+    return int(math.floor(float(sums[1]) / self._strategy.num_replicas_in_sync + 1e-6))
+
+  def _sums_and_state_sum(self) -> tf.Tensor:
+    floating = [tf.convert_to_tensor(v) for v in self.snapshot.variables if tf.as_dtype(v.dtype).is_floating]
+    return tf.concat([self._sums.read_value(), [loops.finite_sum(floating)]], axis=0)
+
+  def _unchecked_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
+    del stop  # One worker: its own signal is read between loops.
+    self.snapshot.take()
+    for metric in self._metrics:
+      metric.reset_state()
+    self._sums.assign(tf.zeros_like(self._sums))
+
+    def step(i: tf.Tensor) -> tf.Tensor:
+      self._strategy.run(self._unchecked_replica_step, args=(next(iterator),))
+      return i + 1
+
+    tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
+    sums = self._sums_and_state_sum()
+    replicas = self._strategy.num_replicas_in_sync
+    self._step.assign_add(tf.cast(tf.math.floor(sums[1] / replicas + 1e-6), self._step.dtype))
+    return self._results(sums, tf.zeros([0]))
+
+  def _unchecked_replica_step(self, batch: Sequence[Any]) -> None:
+    sample_weight = batch[2] if len(batch) == 3 else None
+    loss, outputs, _ = self._unchecked_update(batch[0], batch[1], sample_weight)
+    for metric in self._metrics:
+      metric.update_state(batch[1], outputs, sample_weight=sample_weight)
+    label_range = (
+        tf.constant(0.0)
+        if self._valid_labels is None
+        else tf.math.log(tf.cast(loops.labels_in(batch[1], self._valid_labels), tf.float32))
+    )
+    self._sums.assign_add(tf.stack([loss, 1.0, label_range]))
+
+
+class RerunChecked:
+  """The call contract of `loops.TrainLoop`: loops run unchecked; one that is not finite runs again, checked.
+
+  A loop whose summed loss or final variables are not finite, or that raised
+  part-way with a state that was not finite, is run again: the variables are
+  restored to the loop's start (`StateSnapshot`), and the checked loop runs
+  the same steps from the same batches (a new iterator from `rewind`, which
+  is used from then on), stopping at the first bad step with its usual
+  result. A loop that raised with a finite state raises as it did: the
+  global step counts the steps before the error, as a checked loop's would.
+  """
+
+  def __init__(
+      self,
+      *,
+      unchecked: UncheckedTrainLoop,
+      checked: Callable[[], loops.TrainLoop],
+      step: tf.Variable,
+      rewind: Callable[[int], Any],
+  ) -> None:
+    """Initializes the `RerunChecked`.
+
+    Args:
+      unchecked: the loop that runs every call first.
+      checked: returns the checked loop (made on the first rerun).
+      step: the global step variable.
+      rewind: `rewind(step)` returns a distributed iterator whose first batch
+        is that of global step `step` (`train_input.training_iterator`).
+    """
+    self._unchecked = unchecked
+    self._checked = checked
+    self._step = step
+    self._rewind = rewind
+    self._rewound: tuple[Any, Any] | None = None  # (an iterator, the rewound one used in its place)
+
+  def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> loops.TrainLoopResult:
+    """Runs `num_steps` steps from `iterator`; returns a `loops.TrainLoopResult` (see the class doc).
+
+    Args:
+      iterator: the distributed training iterator.
+      num_steps: the steps to run.
+      stop_signal: None, or the signal this worker noted (one worker: the
+        controller reads it itself).
+
+    Raises:
+      tf.errors.OpError: as a step raised it; the global step counts the
+        steps before it.
+    """
+    given = iterator
+    if self._rewound is not None and self._rewound[0] is given:
+      iterator = self._rewound[1]
+    try:
+      result, finite = self._unchecked.run(iterator, num_steps)
+    except tf.errors.OpError:
+      if self._unchecked.finite_so_far():
+        raise
+      finite = False
+    if finite:
+      return result
+    self._unchecked.snapshot.restore()
+    rewound = self._rewind(int(self._step.numpy()))
+    self._rewound = (given, rewound)
+    return self._checked()(rewound, num_steps, stop_signal)
+
+  def trace(self, iterator: Any) -> bool:
+    """Traces the unchecked loop's function (see `loops.TrainLoop.trace`); returns whether it was traced now."""
+    return self._unchecked.trace(iterator)
