@@ -503,6 +503,7 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
       steps_per_loop=steps_per_loop_lib.AUTO if trainer.steps_per_loop is None else trainer.steps_per_loop,
       checkpoint_every=trainer.checkpoint_every,
       max_to_keep=trainer.max_to_keep,
+      async_checkpoints=trainer.async_checkpoints,
       jit_compile=trainer.jit_compile,
       precision=trainer.precision,
       clipnorm=config.optimizer.clipnorm,

@@ -69,6 +69,7 @@ def _common_config() -> ml_collections.ConfigDict:
           "eval_steps": config_dict.placeholder(int),
           "checkpoint_every": config_dict.placeholder(int),
           "max_to_keep": 3,
+          "async_checkpoints": True,  # checkpoint_every's saves written in the background (runner.Trainer).
           "jit_compile": False,
           "precision": "float32",
           "seed": 0,
@@ -287,6 +288,7 @@ def validate(config: Any) -> ml_collections.ConfigDict:
           f"steps_per_loop steps. Use a multiple such as {multiple}."
       )
   checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
+  checks.boolean(trainer.async_checkpoints, "config.trainer.async_checkpoints")
   checks.positive_number(trainer.eval_timeout_seconds, "config.trainer.eval_timeout_seconds")
   profile_steps = profiling.check_steps(trainer.profile_steps, "config.trainer.profile_steps")
   if profile_steps is not None and profile_steps[1] > trainer.train_steps:

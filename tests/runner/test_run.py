@@ -343,3 +343,12 @@ def test_a_finished_train_and_eval_run_again_returns_its_evaluation_without_a_se
   assert evaluated.eval_metrics == first.eval_metrics
   with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
     assert [(row["split"], row["step"]) for row in map(json.loads, f)] == rows + [("eval", 40)]
+
+
+@pytest.mark.parametrize("in_background", [True, False])
+def test_config_async_checkpoints_reaches_the_trainer(in_background):
+  from runner import from_config  # noqa: PLC0415  (the module behind runner.run)
+
+  config = runner.load_config(SYNTHETIC, {"trainer.async_checkpoints": in_background})
+  trainer = from_config.create_trainer(config, tf.distribute.get_strategy(), None)
+  assert trainer._options.async_checkpoints is in_background  # noqa: SLF001
