@@ -82,7 +82,9 @@ def _kinds(pattern):
   }
   for sharding in ("file", "data"):
     for shuffle in (0, 1024):
-      name = f"TFRecord by {'file' if sharding == 'file' else 'record'}{', shuffled (blocks of 1,024)' if shuffle else ''}"
+      name = f"TFRecord by {'file' if sharding == 'file' else 'record'}" + (
+          ", shuffled (blocks of 1,024)" if shuffle else ""
+      )
       kinds[name] = lambda sharding=sharding, shuffle=shuffle: data.TFRecordFiles(
           pattern, _parse, shuffle_buffer_size=shuffle, seed=0, sharding=sharding
       )

@@ -243,7 +243,7 @@ class FromFunction(DatasetProvider):
     return _returned_dataset(self.dataset_fn, self.dataset_fn(input_context))
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    """As `DatasetProvider.get_repeated_dataset`: `repeated_dataset_fn`'s stream, else `dataset_fn`'s repeated and skipped."""
+    """As `DatasetProvider.get_repeated_dataset`: `repeated_dataset_fn`'s stream, else the default's (read, skipped)."""
     if self.repeated_dataset_fn is None:
       return super().get_repeated_dataset(input_context, start)
     return _returned_dataset(self.repeated_dataset_fn, self.repeated_dataset_fn(input_context, start))
@@ -388,7 +388,7 @@ class TFRecordFiles(DatasetProvider):
       for path in files:
         if path not in counts:
           batches = tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(4096)
-          counts[path] = int(batches.reduce(tf.constant(0, tf.int64), lambda total, batch: total + tf.size(batch, tf.int64)))
+          counts[path] = int(batches.reduce(tf.constant(0, tf.int64), lambda n, batch: n + tf.size(batch, tf.int64)))
     return [counts[path] for path in files]
 
   def _by_file(self, num_pipelines: int) -> bool:
@@ -433,8 +433,15 @@ class TFRecordFiles(DatasetProvider):
     return rounds.flat_map(lambda round_paths: self._turns_of(round_paths, tf.zeros_like(round_paths, tf.int64)))
 
   def _epoch(
-      self, turns: tf.data.Dataset, by_file: bool, input_context: tf.distribute.InputContext, epoch: Any, *,
-      first_kept: int, first_block: int, as_turns: bool,
+      self,
+      turns: tf.data.Dataset,
+      by_file: bool,
+      input_context: tf.distribute.InputContext,
+      epoch: Any,
+      *,
+      first_kept: int,
+      first_block: int,
+      as_turns: bool,
   ) -> tf.data.Dataset:
     """One epoch of this pipeline's stream from `turns` (the epoch's turns, perhaps from a later position).
 

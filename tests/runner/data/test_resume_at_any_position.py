@@ -170,7 +170,9 @@ def test_from_function_rejects_a_repeated_dataset_fn_that_is_not_one():
       "FromFunction's repeated_dataset_fn must be None or a function (input_context, start) -> tf.data.Dataset, got 3."
   )
   provider = data.FromFunction(lambda context: tf.data.Dataset.range(1), repeated_dataset_fn=lambda context, start: [])
-  with pytest.raises(TypeError, match=r"^The dataset function '<lambda>' must return a tf.data.Dataset, returned list\.$"):
+  with pytest.raises(
+      TypeError, match=r"^The dataset function '<lambda>' must return a tf.data.Dataset, returned list\.$"
+  ):
     provider.get_repeated_dataset(_context(0, 1), 0)
 
 
@@ -186,10 +188,14 @@ def _provider(kind, tmp_path):
         ),
     )
   if kind == "function_shuffled":  # a dataset that cannot start in the middle: read and skipped
-    return runner.data.FromFunction(lambda context: tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(40, 5))
+    return runner.data.FromFunction(
+        lambda context: tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(40, 5)
+    )
   sharding = "file" if "by_file" in kind else "data"
   pattern, _ = _write_records(tmp_path)
-  return _SmallTurns(pattern, _parse, shuffle_buffer_size=6 if kind.endswith("shuffled") else 0, seed=7, sharding=sharding)
+  return _SmallTurns(
+      pattern, _parse, shuffle_buffer_size=6 if kind.endswith("shuffled") else 0, seed=7, sharding=sharding
+  )
 
 
 def _train(strategy, model_dir, provider, steps):
