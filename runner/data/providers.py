@@ -506,32 +506,41 @@ class TFRecordFiles(DatasetProvider):
     first = block * self.shuffle_buffer_size if self.shuffle_buffer_size else position  # Where reading starts.
     with tf.init_scope():
       order = [int(i) for i in self._file_order(len(chosen), epoch, pipeline, by_file)]
-    paths = [chosen[i] for i in order]
-    at = record_positions.locate(
+    turns = self._turns_from(
+        [chosen[i] for i in order],
         [counts[i] for i in order],
         first if by_file else first * num_pipelines + pipeline,
-        files_at_once=self.FILES_READ_AT_ONCE,
-        records_per_turn=self.RECORDS_PER_TURN,
+    )
+    first_epoch = self._epoch(
+        turns, by_file, input_context, epoch, first_kept=0, first_block=block, as_turns=as_turns
+    ).skip(position - first)
+    return first_epoch.concatenate(tf.data.Dataset.range(epoch + 1, _ENDLESS).flat_map(whole_epoch))
+
+  def _turns_from(self, paths: list[str], counts: list[int], position: int) -> tf.data.Dataset:
+    """The turns of one epoch of the files `paths` (in the epoch's order, of `counts` records) from record `position`.
+
+    Only the files of the round `position` falls in are read before it, by
+    skipping their records unparsed: the rest of the current turn, then the
+    round from the next file on, each file before it (and itself) one turn
+    further; then the rounds after it.
+    """
+    at = record_positions.locate(
+        counts, position, files_at_once=self.FILES_READ_AT_ONCE, records_per_turn=self.RECORDS_PER_TURN
     )
     round_paths = paths[at.round_index * self.FILES_READ_AT_ONCE :][: self.FILES_READ_AT_ONCE]
     turn_start = at.turn * self.RECORDS_PER_TURN
-    # The rest of the current turn, then the round from the next file on: a file before it (and itself) one turn on.
     current = (
         tf.data.TFRecordDataset(round_paths[at.slot], compression_type=self.compression_type)
         .skip(turn_start + at.offset_in_turn)
         .take(self.RECORDS_PER_TURN - at.offset_in_turn)
         .batch(self.RECORDS_PER_TURN)
     )
-    rotated = round_paths[at.slot + 1 :] + round_paths[: at.slot + 1]
-    skips = [turn_start] * len(round_paths[at.slot + 1 :]) + [turn_start + self.RECORDS_PER_TURN] * (at.slot + 1)
+    after, before = round_paths[at.slot + 1 :], round_paths[: at.slot + 1]
+    turns = current.concatenate(
+        self._turns_of(after + before, [turn_start] * len(after) + [turn_start + self.RECORDS_PER_TURN] * len(before))
+    )
     rest = paths[(at.round_index + 1) * self.FILES_READ_AT_ONCE :]
-    turns = current.concatenate(self._turns_of(rotated, skips))
-    if rest:
-      turns = turns.concatenate(self._rounds(tf.constant(rest)))
-    first_epoch = self._epoch(
-        turns, by_file, input_context, epoch, first_kept=0, first_block=block, as_turns=as_turns
-    ).skip(position - first)
-    return first_epoch.concatenate(tf.data.Dataset.range(epoch + 1, _ENDLESS).flat_map(whole_epoch))
+    return turns.concatenate(self._rounds(tf.constant(rest))) if rest else turns
 
   def _records_in_order(self, input_context: tf.distribute.InputContext) -> bool:
     """Whether this pipeline keeps every record in the stream's order (by file, unshuffled): batches cut from turns."""
