@@ -113,10 +113,10 @@ def test_tfrecord_streams_start_at_any_position_as_if_read_from_the_start(tmp_pa
     for e in range(3):  # every epoch holds the share once; shuffled, in another order
       assert sorted(whole[e * size : (e + 1) * size]) == sorted(epoch)
     assert (whole[size : 2 * size] != epoch) == bool(shuffle)
-    for start in sorted({2, 7, size - 1, size + 4, 2 * size + 3}):  # inside turns, rounds and blocks; epochs on
+    for start in (7, size + 4, 2 * size + 3):  # inside turns, rounds and blocks of epoch 0; epochs 1 and 2
       assert _ids(provider.get_repeated_dataset(context, start).take(len(whole) - start)) == whole[start:]
-      batches = input_pipeline.without_autotune_model(provider.get_repeated_batches(context, 4, start).take(4))
-      assert [int(v) for batch in batches.as_numpy_iterator() for v in batch[1]] == whole[start : start + 16]
+    batches = input_pipeline.without_autotune_model(provider.get_repeated_batches(context, 4, size + 4).take(4))
+    assert [int(v) for batch in batches.as_numpy_iterator() for v in batch[1]] == whole[size + 4 : size + 20]
 
 
 def test_a_resumed_tfrecord_stream_reads_no_file_before_its_position(tmp_path):
