@@ -154,32 +154,54 @@ class InMemory(DatasetProvider):
     self.seed = seed
     self._stream_seed = _drawn_seed(seed)
 
+  # Examples gathered at once where a stream is read one by one (`get_dataset`).
+  _GATHERED_AT_ONCE = 1024
+
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """As `DatasetProvider.get_dataset`: this input pipeline's share of the elements, shuffled if asked (epoch 0)."""
-    return self._examples_at(tf.data.Dataset.range(self._share_size(input_context)), input_context)
+    return self.get_batches(input_context, self._GATHERED_AT_ONCE).unbatch()
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`, in constant time: the stream is a function of the position."""
-    return self._examples_at(tf.data.Dataset.counter(start), input_context)
+    return self._gathered(tf.data.Dataset.counter(start).batch(self._GATHERED_AT_ONCE), input_context).unbatch()
+
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+    """As `DatasetProvider.get_batches`: epoch 0 of the stream, a batch gathered at once."""
+    return self._gathered(tf.data.Dataset.range(self._share_size(input_context)).batch(batch_size), input_context)
+
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
+    """As `DatasetProvider.get_repeated_batches`, in constant time, a batch gathered at once."""
+    firsts = tf.data.Dataset.counter(start, batch_size)
+    return self._gathered(firsts.map(lambda first: first + tf.range(batch_size, dtype=tf.int64)), input_context)
 
   def _share_size(self, input_context: tf.distribute.InputContext) -> int:
     """The examples of this pipeline's share: `input_pipeline_id, + num_input_pipelines, ...`."""
     return len(range(input_context.input_pipeline_id, self.num_examples, input_context.num_input_pipelines))
 
-  def _examples_at(self, positions: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    """The examples at `positions` (int64) of this pipeline's endless stream (see the class)."""
+  def _gathered(self, positions: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """The batches of examples at `positions` (vectors, int64) of this pipeline's endless stream (see the class)."""
     self._say_if_file_sharding_asked()
     pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
     share_size = self._share_size(input_context)
     arrays = tf.nest.map_structure(tf.convert_to_tensor, self.elements)
+    if not share_size:  # Fewer examples than pipelines: nothing for this one, whatever the positions.
+      return positions.take(0).map(lambda _: tf.nest.map_structure(lambda array: array[:0], arrays))
 
-    def example(position: tf.Tensor) -> Any:
-      index = position % share_size
-      if self.shuffle:
-        index = _permuted(index, share_size, stateless_seed(self._stream_seed, position // share_size, pipeline))
-      return tf.nest.map_structure(lambda array: tf.gather(array, pipeline + pipelines * index), arrays)
+    def examples(positions: tf.Tensor) -> Any:
+      epochs, indices = positions // share_size, positions % share_size
+      if self.shuffle:  # One permutation per epoch the positions are in (one or two, unless batches exceed the share).
+        epochs_in, epoch_of = tf.unique(epochs)
+        orders = tf.map_fn(
+            lambda epoch: _permuted(indices, share_size, stateless_seed(self._stream_seed, epoch, pipeline)),
+            epochs_in,
+            fn_output_signature=tf.int64,
+        )
+        indices = tf.gather_nd(orders, tf.stack([tf.cast(epoch_of, tf.int64), tf.range(tf.size(indices, tf.int64))], 1))
+      return tf.nest.map_structure(lambda array: tf.gather(array, pipeline + pipelines * indices), arrays)
 
-    return positions.map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return positions.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 class FromFunction(DatasetProvider):
