@@ -163,7 +163,8 @@ class InMemory(DatasetProvider):
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`, in constant time: the stream is a function of the position."""
-    return self._gathered(tf.data.Dataset.counter(start).batch(self._GATHERED_AT_ONCE), input_context).unbatch()
+    at_once = min(self._GATHERED_AT_ONCE, max(self._share_size(input_context), 1))  # Positions of one or two epochs.
+    return self._gathered(tf.data.Dataset.counter(start).batch(at_once), input_context).unbatch()
 
   def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_batches`: epoch 0 of the stream, a batch gathered at once."""
