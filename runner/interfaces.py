@@ -144,11 +144,8 @@ class DatasetProvider(abc.ABC):
       said.add(message)
       log(message, *args)
 
-  def _by_example(self, dataset: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    """Returns `dataset` sharded by example: pipeline i of n keeps examples i, i + n, ...
-
-    For data without files; a policy 'file' gets one line saying it does not apply.
-    """
+  def _say_if_file_sharding_asked(self) -> None:
+    """For data without files, sharded by example: a policy 'file' gets one line saying it does not apply."""
     if self.sharding == "file":
       self._say_once(
           logging.warning,
@@ -156,6 +153,13 @@ class DatasetProvider(abc.ABC):
           "(input pipeline i of n keeps examples i, i + n, ...).",
           type(self).__name__,
       )
+
+  def _by_example(self, dataset: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """Returns `dataset` sharded by example: pipeline i of n keeps examples i, i + n, ...
+
+    For data without files; a policy 'file' gets one line saying it does not apply.
+    """
+    self._say_if_file_sharding_asked()
     if input_context.num_input_pipelines == 1:
       return dataset
     return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
@@ -174,14 +178,18 @@ class DatasetProvider(abc.ABC):
     """
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    """Returns this pipeline's data repeated without end, from its example number `start` on.
+    """Returns this pipeline's data repeated without end, from position `start` of that endless stream on.
 
     The Trainer trains on this; a run that resumes at a later step passes the
-    number of examples this pipeline already gave. The default repeats
-    `get_dataset` and skips `start` examples, which costs producing them once;
-    a provider can skip more cheaply (TFRecordFiles skips records before
-    parsing them). Either way the result must equal
-    `get_dataset(input_context).repeat().skip(start)`.
+    number of examples this pipeline already gave. For an exact resume the
+    stream must be a function of the position: the result must equal
+    `get_repeated_dataset(input_context, 0).skip(start)`, and each epoch of
+    it hold every example of `get_dataset(input_context)` once (in any
+    order). The default is `get_dataset(input_context).repeat().skip(start)`,
+    which reads and discards `start` examples: a cost that grows with the
+    step a run resumes at. `InMemory` and `TFRecordFiles` start at the
+    position in constant time instead (docs/benchmarks.md#resume-cost), as
+    does `FromFunction` given a `repeated_dataset_fn`.
     """
     dataset = self.get_dataset(input_context).repeat()
     return dataset.skip(start) if start else dataset

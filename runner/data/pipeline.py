@@ -48,9 +48,11 @@ def for_training(
   The order of the batches is a function of the step: a pipeline whose data
   is deterministic (a seeded shuffle, or none) gives the batches of step `s`
   whether the run started at 0 or resumed at `start_step <= s`. To get
-  there, a pipeline skips the examples of the first `start_step` steps
-  (`start_step * per-replica batch * its replicas`; see
-  `DatasetProvider.get_repeated_dataset`), which costs reading them once.
+  there, a pipeline's stream starts at the position after the examples of
+  the first `start_step` steps (`start_step * per-replica batch * its
+  replicas`; see `DatasetProvider.get_repeated_dataset`): at once for
+  `InMemory` and `TFRecordFiles`, by reading and discarding those examples
+  for a provider that cannot start in the middle.
 
   Args:
     strategy: the `tf.distribute.Strategy`.

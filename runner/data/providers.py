@@ -8,14 +8,19 @@ How a provider shards across input pipelines is its `sharding` policy, one of
 """
 
 from collections.abc import Callable, Sequence
+import random
 import re
 from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
+from runner.data import record_positions
 from runner.interfaces import DatasetProvider
 from strategies.errors import ConfigError
+
+# Epochs of an endless stream are numbered by a counter that never ends in practice.
+_ENDLESS = 2**62
 
 
 class DataError(ConfigError):
@@ -81,12 +86,43 @@ def known_num_examples(data: Any) -> int | None:
   return None
 
 
+def stateless_seed(seed: int, *values: Any) -> tf.Tensor:
+  """Returns the key of tf.random's stateless ops (e.g. `index_shuffle`) for `seed` with each of `values` folded in.
+
+  The same inputs give the same key in a traced function and eagerly.
+  """
+  key = tf.constant([seed, 0], tf.int64)
+  for value in values:
+    key = tf.random.experimental.stateless_fold_in(key, tf.cast(value, tf.int64))
+  return key
+
+
+def _permuted(index: Any, size: Any, seed: tf.Tensor) -> tf.Tensor:
+  """Returns the place of `index` (a scalar or a vector, int64) in the permutation of `[0, size)` that `seed` picks."""
+  return tf.random.experimental.index_shuffle(index, seed, tf.cast(size, tf.int64) - 1)
+
+
+def _drawn_seed(seed: int | None) -> int:
+  """Returns `seed`, or for None one drawn now (a random order, the same for the rest of this provider's life)."""
+  return random.SystemRandom().randrange(2**31) if seed is None else seed
+
+
 class InMemory(DatasetProvider):
   """Arrays held in memory, sharded by example across input pipelines.
 
   Each pipeline takes every `num_input_pipelines`-th example (a disjoint share)
   and, if asked, shuffles its share (all of it, anew each epoch). The Trainer
   repeats training data itself.
+
+  Position `p` of a pipeline's endless stream is example `p % n` of its share
+  of `n` examples in epoch `p // n`; shuffled, epoch `e`'s order is the
+  permutation `tf.random.experimental.index_shuffle` picks for the seed with
+  `e` and the pipeline folded in. So a stream starts at any position at once
+  (`get_repeated_dataset`), with nothing read or discarded before it: a
+  resumed run costs the same at step 100 and at step 10^6
+  (docs/benchmarks.md#resume-cost). With `seed=None` the provider draws one
+  seed when it is made: its order is random across processes, and a resumed
+  run in a new process sees other batches.
   """
 
   def __init__(
@@ -116,13 +152,57 @@ class InMemory(DatasetProvider):
     self.num_examples = counts.pop()
     self.shuffle = shuffle
     self.seed = seed
+    self._stream_seed = _drawn_seed(seed)
+
+  # Examples gathered at once where a stream is read one by one (`get_dataset`).
+  _GATHERED_AT_ONCE = 1024
 
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    """As `DatasetProvider.get_dataset`: this input pipeline's share of the elements, shuffled if asked."""
-    dataset = self._by_example(tf.data.Dataset.from_tensor_slices(self.elements), input_context)
-    if self.shuffle:
-      dataset = dataset.shuffle(self.num_examples, seed=self.seed, reshuffle_each_iteration=True)
-    return dataset
+    """As `DatasetProvider.get_dataset`: this input pipeline's share of the elements, shuffled if asked (epoch 0)."""
+    return self.get_batches(input_context, self._GATHERED_AT_ONCE).unbatch()
+
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+    """As `DatasetProvider.get_repeated_dataset`, in constant time: the stream is a function of the position."""
+    at_once = min(self._GATHERED_AT_ONCE, max(self._share_size(input_context), 1))  # Positions of one or two epochs.
+    return self._gathered(tf.data.Dataset.counter(start).batch(at_once), input_context).unbatch()
+
+  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
+    """As `DatasetProvider.get_batches`: epoch 0 of the stream, a batch gathered at once."""
+    return self._gathered(tf.data.Dataset.range(self._share_size(input_context)).batch(batch_size), input_context)
+
+  def get_repeated_batches(
+      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
+  ) -> tf.data.Dataset:
+    """As `DatasetProvider.get_repeated_batches`, in constant time, a batch gathered at once."""
+    firsts = tf.data.Dataset.counter(start, batch_size)
+    return self._gathered(firsts.map(lambda first: first + tf.range(batch_size, dtype=tf.int64)), input_context)
+
+  def _share_size(self, input_context: tf.distribute.InputContext) -> int:
+    """The examples of this pipeline's share: `input_pipeline_id, + num_input_pipelines, ...`."""
+    return len(range(input_context.input_pipeline_id, self.num_examples, input_context.num_input_pipelines))
+
+  def _gathered(self, positions: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+    """The batches of examples at `positions` (vectors, int64) of this pipeline's endless stream (see the class)."""
+    self._say_if_file_sharding_asked()
+    pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    share_size = self._share_size(input_context)
+    arrays = tf.nest.map_structure(tf.convert_to_tensor, self.elements)
+    if not share_size:  # Fewer examples than pipelines: nothing for this one, whatever the positions.
+      return positions.take(0).map(lambda _: tf.nest.map_structure(lambda array: array[:0], arrays))
+
+    def examples(positions: tf.Tensor) -> Any:
+      epochs, indices = positions // share_size, positions % share_size
+      if self.shuffle:  # One permutation per epoch the positions are in (one or two, unless batches exceed the share).
+        epochs_in, epoch_of = tf.unique(epochs)
+        orders = tf.map_fn(
+            lambda epoch: _permuted(indices, share_size, stateless_seed(self._stream_seed, epoch, pipeline)),
+            epochs_in,
+            fn_output_signature=tf.int64,
+        )
+        indices = tf.gather_nd(orders, tf.stack([tf.cast(epoch_of, tf.int64), tf.range(tf.size(indices, tf.int64))], 1))
+      return tf.nest.map_structure(lambda array: tf.gather(array, pipeline + pipelines * indices), arrays)
+
+    return positions.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
 class FromFunction(DatasetProvider):
@@ -134,20 +214,44 @@ class FromFunction(DatasetProvider):
   `input_context.num_input_pipelines`). Data from a Python generator fits
   here through `tf.data.Dataset.from_generator`. A `sharding` of 'file' or
   'data' does not apply, and says so in one logged line.
+
+  A dataset the function returns cannot be started in the middle: to resume
+  at position `start` its repetition is read from the beginning and `start`
+  examples are discarded (`DatasetProvider.get_repeated_dataset`), a cost
+  that grows with the step. A `repeated_dataset_fn` that knows its data can
+  start the endless stream at the position itself, e.g. at once from
+  `tf.data.Dataset.counter(start)` mapped to examples; resuming then costs
+  what that function costs.
   """
 
-  def __init__(self, dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]) -> None:
-    """Keeps the function; it runs once per input pipeline in `get_dataset`.
+  def __init__(
+      self,
+      dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+      *,
+      repeated_dataset_fn: Callable[[tf.distribute.InputContext, int], tf.data.Dataset] | None = None,
+  ) -> None:
+    """Keeps the functions; they run once per input pipeline in `get_dataset` and `get_repeated_dataset`.
 
     Args:
       dataset_fn: `fn(input_context) -> tf.data.Dataset`.
+      repeated_dataset_fn: None, or `fn(input_context, start) -> tf.data.Dataset`:
+        the pipeline's data repeated without end from position `start` on,
+        under the contract of `DatasetProvider.get_repeated_dataset` (equal to
+        `fn(input_context, 0).skip(start)`, each epoch holding the examples of
+        `dataset_fn(input_context)` once).
 
     Raises:
-      TypeError: `dataset_fn` is not callable.
+      TypeError: a function is not callable.
     """
     if not callable(dataset_fn):
       raise TypeError(f"FromFunction needs a function input_context -> tf.data.Dataset, got {dataset_fn!r}.")
+    if repeated_dataset_fn is not None and not callable(repeated_dataset_fn):
+      raise TypeError(
+          "FromFunction's repeated_dataset_fn must be None or a function (input_context, start) -> tf.data.Dataset, "
+          f"got {repeated_dataset_fn!r}."
+      )
     self.dataset_fn = dataset_fn
+    self.repeated_dataset_fn = repeated_dataset_fn
 
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """As `DatasetProvider.get_dataset`: what the function returns for `input_context`."""
@@ -157,15 +261,28 @@ class FromFunction(DatasetProvider):
           "FromFunction: sharding=%r does not apply; the function %r decides how each input "
           "pipeline's data is sharded.",
           self.sharding,
-          getattr(self.dataset_fn, "__name__", self.dataset_fn),
+          _name(self.dataset_fn),
       )
-    dataset = self.dataset_fn(input_context)
-    if not isinstance(dataset, tf.data.Dataset):
-      raise TypeError(
-          f"The dataset function {getattr(self.dataset_fn, '__name__', self.dataset_fn)!r} must return a "
-          f"tf.data.Dataset, returned {type(dataset).__name__}."
-      )
-    return dataset
+    return _returned_dataset(self.dataset_fn, self.dataset_fn(input_context))
+
+  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
+    """As `DatasetProvider.get_repeated_dataset`: `repeated_dataset_fn`'s stream, else the default's (read, skipped)."""
+    if self.repeated_dataset_fn is None:
+      return super().get_repeated_dataset(input_context, start)
+    return _returned_dataset(self.repeated_dataset_fn, self.repeated_dataset_fn(input_context, start))
+
+
+def _name(function: Callable[..., Any]) -> Any:
+  return getattr(function, "__name__", function)
+
+
+def _returned_dataset(function: Callable[..., Any], dataset: Any) -> tf.data.Dataset:
+  """Returns `dataset`, what `function` returned, if it is a `tf.data.Dataset`; else raises TypeError naming both."""
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(
+        f"The dataset function {_name(function)!r} must return a tf.data.Dataset, returned {type(dataset).__name__}."
+    )
+  return dataset
 
 
 class TFRecordFiles(DatasetProvider):
@@ -181,11 +298,28 @@ class TFRecordFiles(DatasetProvider):
   once per epoch; a share is empty only if its files are (by file) or if
   there are fewer records than pipelines (by record).
 
-  The record stream is a function of the file list alone, the same on every
-  host: up to `FILES_READ_AT_ONCE` files are read at once, in parallel,
-  `RECORDS_PER_TURN` records from each in turn (TensorFlow's autotuned cycle
-  depends on the host's cores, and one record per turn would cost each
-  record a turn of the interleave; docs/benchmarks.md#input-and-evaluation).
+  The record stream is a function of the file list and the seed alone, the
+  same on every host: an epoch reads its files in rounds of up to
+  `FILES_READ_AT_ONCE` files at once, in parallel, `RECORDS_PER_TURN`
+  records from each in turn until the round's files are used up
+  (TensorFlow's autotuned cycle depends on the host's cores, and one record
+  per turn would cost each record a turn of the interleave;
+  docs/benchmarks.md#input-and-evaluation). Shuffled, the file order (by
+  file) is drawn anew each epoch, and each consecutive block of
+  `shuffle_buffer_size` records is permuted, anew each epoch
+  (`tf.random.experimental.index_shuffle`): where a record lands is a
+  function of its position, the seed and the epoch.
+
+  So the repeated stream starts at any position without reading what comes
+  before (`get_repeated_dataset`): from the files' record counts (counted
+  once per provider, reading every file once: the cost of a resume does not
+  grow with its step, but with the data) the round, turn and record it falls
+  in are computed (`runner.data.record_positions`); the files of that round
+  are entered by skipping records unparsed (TFRecord framing is read, not
+  the data; a GZIP or ZLIB file is decompressed up to there), and a
+  shuffled stream reads the one block it starts in. With `seed=None` the
+  provider draws one seed when it is made: its order is random across
+  processes, and a resumed run in a new process sees other batches.
 
   The Trainer reads batches (`get_batches`, `get_repeated_batches`): a batch
   of serialized records is read, then parsed by one vectorized call of
@@ -221,8 +355,9 @@ class TFRecordFiles(DatasetProvider):
       file_pattern: a glob pattern (or a list of them), local or e.g. `gs://`.
       parse_fn: `fn(serialized_record) -> (features, labels[, sample_weight])`,
         traced by `tf.data.Dataset.map`.
-      shuffle_buffer_size: 0 to keep the order; else the record shuffle buffer
-        (and the file order is shuffled too when sharding by file).
+      shuffle_buffer_size: 0 to keep the order; else the records are
+        shuffled in consecutive blocks of this many, anew each epoch (and the
+        file order is shuffled too when sharding by file).
       seed: the shuffle seed; None for a random order.
       compression_type: None, 'GZIP' or 'ZLIB'.
       sharding: 'auto', 'file' or 'data' (see the class); None leaves the
@@ -244,15 +379,16 @@ class TFRecordFiles(DatasetProvider):
     self.parse_fn = parse_fn
     self.shuffle_buffer_size = shuffle_buffer_size
     self.seed = seed
+    self._stream_seed = _drawn_seed(seed)
     self.compression_type = compression_type
 
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    """As `DatasetProvider.get_dataset`: this input pipeline's records, parsed."""
-    return self._parsed(self._records(input_context))
+    """As `DatasetProvider.get_dataset`: this input pipeline's records (epoch 0 of its stream), parsed."""
+    return self._parsed(self._stream(input_context, repeated=False, start=0, as_turns=False))
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    """As `DatasetProvider.get_repeated_dataset`, skipping serialized records before parsing them."""
-    return self._parsed(self._records(input_context, repeated=True, start=start))
+    """As `DatasetProvider.get_repeated_dataset`, started at `start` without reading the records before it."""
+    return self._parsed(self._stream(input_context, repeated=True, start=start, as_turns=False))
 
   def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_batches`; a batch of records is parsed at once where `parse_fn` vectorizes."""
@@ -261,8 +397,22 @@ class TFRecordFiles(DatasetProvider):
   def get_repeated_batches(
       self, input_context: tf.distribute.InputContext, batch_size: int, start: int
   ) -> tf.data.Dataset:
-    """As `DatasetProvider.get_repeated_batches`, skipping records before parsing and parsing a batch at once."""
+    """As `DatasetProvider.get_repeated_batches`, started as `get_repeated_dataset` and parsing a batch at once."""
     return self._parsed_batches(input_context, batch_size, repeated=True, start=start)
+
+  def record_counts(self, files: Sequence[str]) -> list[int]:
+    """Returns the number of records in each of `files` (of `self.files`), counted once per provider and kept.
+
+    Counting reads each file once (in batches of records, without parsing);
+    a resumed stream needs the counts to find where its position is.
+    """
+    counts = self.__dict__.setdefault("_record_counts", {})
+    with tf.init_scope():  # Eager even where a dataset function is traced (parameter servers' per-worker datasets).
+      for path in files:
+        if path not in counts:
+          batches = tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(4096)
+          counts[path] = int(batches.reduce(tf.constant(0, tf.int64), lambda n, batch: n + tf.size(batch, tf.int64)))
+    return [counts[path] for path in files]
 
   def _by_file(self, num_pipelines: int) -> bool:
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
@@ -282,66 +432,142 @@ class TFRecordFiles(DatasetProvider):
     )
     return False
 
-  def _turns(self, input_context: tf.distribute.InputContext) -> tuple[tf.data.Dataset, bool]:
-    """Returns `(turns, by_file)`: this pipeline's files read in turns of `RECORDS_PER_TURN` records (a vector each)."""
-    num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
-    by_file = self._by_file(num_pipelines)
-    chosen = self.files[pipeline::num_pipelines] if by_file else self.files
-    files = tf.data.Dataset.from_tensor_slices(chosen)
+  def _file_order(self, num_files: int, epoch: Any, pipeline: int, by_file: bool) -> tf.Tensor:
+    """The indices of this pipeline's files in epoch `epoch`'s order: shuffled per epoch when sharding by file."""
+    indices = tf.range(num_files, dtype=tf.int64)
     if by_file and self.shuffle_buffer_size:
-      files = files.shuffle(len(chosen), seed=self.seed, reshuffle_each_iteration=True)
-    turns = files.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(self.RECORDS_PER_TURN),
-        cycle_length=min(len(chosen), self.FILES_READ_AT_ONCE),
+      return _permuted(indices, num_files, stateless_seed(self._stream_seed, epoch, pipeline, -1))
+    return indices
+
+  def _turns_of(self, paths: Any, skips: Any) -> tf.data.Dataset:
+    """One round: the files `paths` (at most `FILES_READ_AT_ONCE`), each from record `skips[i]`, in turns."""
+    return tf.data.Dataset.from_tensor_slices((paths, tf.cast(skips, tf.int64))).interleave(
+        lambda path, skip: tf.data.TFRecordDataset(path, compression_type=self.compression_type)
+        .skip(skip)
+        .batch(self.RECORDS_PER_TURN),
+        cycle_length=self.FILES_READ_AT_ONCE,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    return turns, by_file
 
-  def _records(
-      self, input_context: tf.distribute.InputContext, *, repeated: bool = False, start: int = 0
-  ) -> tf.data.Dataset:
-    """This pipeline's serialized records (repeated: without end, from record `start`), shuffled if asked."""
-    turns, by_file = self._turns(input_context)
-    return self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
+  def _rounds(self, paths: Any) -> tf.data.Dataset:
+    """The turns of `paths` (a vector, in order) read in rounds of `FILES_READ_AT_ONCE` files from their start."""
+    rounds = tf.data.Dataset.from_tensor_slices(paths).batch(self.FILES_READ_AT_ONCE)
+    return rounds.flat_map(lambda round_paths: self._turns_of(round_paths, tf.zeros_like(round_paths, tf.int64)))
 
-  def _records_of(
+  def _epoch(
       self,
       turns: tf.data.Dataset,
       by_file: bool,
       input_context: tf.distribute.InputContext,
+      epoch: Any,
       *,
-      repeated: bool,
-      start: int,
+      first_kept: int,
+      first_block: int,
+      as_turns: bool,
   ) -> tf.data.Dataset:
-    """The records of `turns` (see `_turns`) for this pipeline; the shuffle comes before parsing."""
+    """One epoch of this pipeline's stream from `turns` (the epoch's turns, perhaps from a later position).
+
+    Sharding by record keeps records `first_kept, + num_input_pipelines, ...`
+    of `turns`; the shuffle permutes blocks of `shuffle_buffer_size` records,
+    numbered from `first_block`. `as_turns`: the turns as they are (only
+    where every record is kept in order).
+    """
+    if as_turns:
+      return turns
     records = turns.unbatch()
     if not by_file:
-      records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if self.shuffle_buffer_size:
-      records = records.shuffle(self.shuffle_buffer_size, seed=self.seed, reshuffle_each_iteration=True)
-    if repeated:
-      records = records.repeat()
-    return records.skip(start) if start else records
+      records = records.shard(input_context.num_input_pipelines, first_kept)
+    if not self.shuffle_buffer_size:
+      return records
+    pipeline = input_context.input_pipeline_id
+    blocks = tf.data.Dataset.zip(tf.data.Dataset.counter(first_block), records.batch(self.shuffle_buffer_size))
+    return blocks.map(
+        lambda block, block_records: tf.gather(
+            block_records,
+            _permuted(
+                tf.range(tf.size(block_records, tf.int64)),
+                tf.size(block_records),
+                stateless_seed(self._stream_seed, epoch, pipeline, block),
+            ),
+        )
+    ).unbatch()
 
-  def _record_batches(
-      self,
-      turns: tf.data.Dataset,
-      by_file: bool,
-      records: tf.data.Dataset,
-      batch_size: int,
-      *,
-      repeated: bool,
-      start: int,
+  def _stream(
+      self, input_context: tf.distribute.InputContext, *, repeated: bool, start: int, as_turns: bool
   ) -> tf.data.Dataset:
-    """Batches of serialized records: cut from `turns` where every turn is kept whole and in order, else of `records`.
+    """This pipeline's serialized records (`as_turns`: in turns), epoch 0 or (`repeated`) without end from `start`.
 
-    `turns, by_file` are `_turns`'s; `records` is `_records_of` them, for the same `repeated` and `start`.
+    Epoch `e` reads the pipeline's files (by file: its own, in an order
+    shuffled by the seed and `e`; by record: all, sorted) in rounds of
+    `FILES_READ_AT_ONCE`, `RECORDS_PER_TURN` records from each in turn
+    (`record_positions`); by record, the pipeline keeps one record in
+    `num_input_pipelines`; shuffled, each block of `shuffle_buffer_size`
+    records is permuted (`index_shuffle`, seeded by the seed, `e` and the
+    block). So the stream is a function of the position: from `start`, the
+    files before it are not read, a file in the round it falls in is entered
+    by skipping its records unparsed, and a shuffled stream reads at most
+    the one block before `start`.
     """
-    if by_file and not self.shuffle_buffer_size and start % batch_size == 0:
-      batches = (turns.repeat() if repeated else turns).rebatch(batch_size, drop_remainder=repeated)
-      return batches.skip(start // batch_size) if start else batches
-    return records.batch(batch_size, drop_remainder=repeated)
+    num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    by_file = self._by_file(num_pipelines)
+    chosen = self.files[pipeline::num_pipelines] if by_file else self.files
+    first_kept = 0 if by_file else pipeline
+
+    def whole_epoch(epoch: Any) -> tf.data.Dataset:
+      turns = self._rounds(tf.gather(tf.constant(chosen), self._file_order(len(chosen), epoch, pipeline, by_file)))
+      return self._epoch(turns, by_file, input_context, epoch, first_kept=first_kept, first_block=0, as_turns=as_turns)
+
+    if not repeated:
+      return whole_epoch(0)
+    counts = self.record_counts(chosen)
+    share_size = sum(counts) if by_file else len(range(pipeline, sum(counts), num_pipelines))
+    if not share_size:  # Nothing to repeat: an empty stream, as repeating an empty dataset gives.
+      return whole_epoch(0)
+    epoch, position = divmod(start, share_size)
+    block = position // self.shuffle_buffer_size if self.shuffle_buffer_size else 0
+    first = block * self.shuffle_buffer_size if self.shuffle_buffer_size else position  # Where reading starts.
+    with tf.init_scope():
+      order = [int(i) for i in self._file_order(len(chosen), epoch, pipeline, by_file)]
+    turns = self._turns_from(
+        [chosen[i] for i in order],
+        [counts[i] for i in order],
+        first if by_file else first * num_pipelines + pipeline,
+    )
+    first_epoch = self._epoch(
+        turns, by_file, input_context, epoch, first_kept=0, first_block=block, as_turns=as_turns
+    ).skip(position - first)
+    return first_epoch.concatenate(tf.data.Dataset.range(epoch + 1, _ENDLESS).flat_map(whole_epoch))
+
+  def _turns_from(self, paths: list[str], counts: list[int], position: int) -> tf.data.Dataset:
+    """The turns of one epoch of the files `paths` (in the epoch's order, of `counts` records) from record `position`.
+
+    Only the files of the round `position` falls in are read before it, by
+    skipping their records unparsed: the rest of the current turn, then the
+    round from the next file on, each file before it (and itself) one turn
+    further; then the rounds after it.
+    """
+    at = record_positions.locate(
+        counts, position, files_at_once=self.FILES_READ_AT_ONCE, records_per_turn=self.RECORDS_PER_TURN
+    )
+    round_paths = paths[at.round_index * self.FILES_READ_AT_ONCE :][: self.FILES_READ_AT_ONCE]
+    turn_start = at.turn * self.RECORDS_PER_TURN
+    current = (
+        tf.data.TFRecordDataset(round_paths[at.slot], compression_type=self.compression_type)
+        .skip(turn_start + at.offset_in_turn)
+        .take(self.RECORDS_PER_TURN - at.offset_in_turn)
+        .batch(self.RECORDS_PER_TURN)
+    )
+    after, before = round_paths[at.slot + 1 :], round_paths[: at.slot + 1]
+    turns = current.concatenate(
+        self._turns_of(after + before, [turn_start] * len(after) + [turn_start + self.RECORDS_PER_TURN] * len(before))
+    )
+    rest = paths[(at.round_index + 1) * self.FILES_READ_AT_ONCE :]
+    return turns.concatenate(self._rounds(tf.constant(rest))) if rest else turns
+
+  def _records_in_order(self, input_context: tf.distribute.InputContext) -> bool:
+    """Whether this pipeline keeps every record in the stream's order (by file, unshuffled): batches cut from turns."""
+    return self._by_file(input_context.num_input_pipelines) and not self.shuffle_buffer_size
 
   def _parsed(self, records: tf.data.Dataset) -> tf.data.Dataset:
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
@@ -350,15 +576,18 @@ class TFRecordFiles(DatasetProvider):
       self, input_context: tf.distribute.InputContext, batch_size: int, *, repeated: bool, start: int
   ) -> tf.data.Dataset:
     """Parsed batches of records (repeated: full ones, from record `start`), by a vectorized `parse_fn` if it can."""
-    turns, by_file = self._turns(input_context)
-    records = self._records_of(turns, by_file, input_context, repeated=repeated, start=start)
+    records = self._stream(input_context, repeated=repeated, start=start, as_turns=False)
     one_by_one = self._parsed(records)
     spec = one_by_one.element_spec
     why_not = None
     if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
       why_not = f"it returns parts without a fixed shape ({spec})"
     else:
-      batches = self._record_batches(turns, by_file, records, batch_size, repeated=repeated, start=start)
+      if self._records_in_order(input_context):  # Cut from the turns as they come: no step per record.
+        turns = self._stream(input_context, repeated=repeated, start=start, as_turns=True)
+        batches = turns.rebatch(batch_size, drop_remainder=repeated)
+      else:
+        batches = records.batch(batch_size, drop_remainder=repeated)
       try:
         parsed = batches.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
       except (ValueError, TypeError, NotImplementedError) as error:  # An op without a vectorization.

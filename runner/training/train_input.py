@@ -53,7 +53,7 @@ def training_iterator(
     )
   elif start_step:
     logging.info(
-        "Resuming at step %d: each input pipeline first skips the examples it gave to the first %d steps, "
+        "Resuming at step %d: each input pipeline starts its stream at the examples of step %d, "
         "so this run sees the batches of an uninterrupted one.",
         start_step,
         start_step,

@@ -123,12 +123,12 @@ def test_tfrecord_files_shard_by_file(tmp_path):
 
 
 @pytest.mark.parametrize("shuffle", [0, 5])
-def test_tfrecord_files_skip_records_before_parsing_with_the_same_result(tmp_path, shuffle):
+def test_tfrecord_files_start_the_repeated_stream_at_any_position(tmp_path, shuffle):
   pattern = _write_records(tmp_path, num_files=3, per_file=7)
   provider = data.TFRecordFiles(pattern, _parse, shuffle_buffer_size=shuffle, seed=2)
   for start in (0, 5, 23, 44):  # Within the first epoch of 21 records, and two and three epochs in.
     skipped = _values(provider.get_repeated_dataset(_context(1, 2), start).take(30), index=1)
-    reference = _values(provider.get_dataset(_context(1, 2)).repeat().skip(start).take(30), index=1)
+    reference = _values(provider.get_repeated_dataset(_context(1, 2), 0).skip(start).take(30), index=1)
     assert skipped == reference and len(skipped) == 30
 
 
@@ -165,7 +165,7 @@ def test_every_policy_gives_every_pipeline_a_disjoint_share_of_every_record(
   for i in range(pipelines):  # resume: skipping `start` examples of this pipeline's stream, under every policy
     context = _context(i, pipelines)
     assert _values(provider.get_repeated_dataset(context, 5).take(9), index=1) == _values(
-        provider.get_dataset(context).repeat().skip(5).take(9), index=1
+        provider.get_repeated_dataset(context, 0).skip(5).take(9), index=1
     )
 
 
