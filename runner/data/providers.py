@@ -312,8 +312,9 @@ class TFRecordFiles(DatasetProvider):
 
   So the repeated stream starts at any position without reading what comes
   before (`get_repeated_dataset`): from the files' record counts (counted
-  once per provider, reading every file once: the cost of a resume does not
-  grow with its step, but with the data) the round, turn and record it falls
+  when a stream first starts past 0, once per provider, reading every file
+  once: the cost of a resume does not grow with its step, but with the
+  data; a run from step 0 counts nothing) the round, turn and record it falls
   in are computed (`runner.data.record_positions`); the files of that round
   are entered by skipping records unparsed (TFRecord framing is read, not
   the data; a GZIP or ZLIB file is decompressed up to there), and a
@@ -413,6 +414,12 @@ class TFRecordFiles(DatasetProvider):
           batches = tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(4096)
           counts[path] = int(batches.reduce(tf.constant(0, tf.int64), lambda n, batch: n + tf.size(batch, tf.int64)))
     return [counts[path] for path in files]
+
+  def _has_records(self, files: Sequence[str], at_least: int) -> bool:
+    """Whether `files` hold at least `at_least` records together; reads at most that many."""
+    with tf.init_scope():
+      records = tf.data.TFRecordDataset(files, compression_type=self.compression_type).take(at_least)
+      return int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)) == at_least
 
   def _by_file(self, num_pipelines: int) -> bool:
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
@@ -520,6 +527,11 @@ class TFRecordFiles(DatasetProvider):
 
     if not repeated:
       return whole_epoch(0)
+    if not start:  # From the beginning no count is needed, only whether the share holds a record at all.
+      kept = 1 if by_file else pipeline + 1
+      if self._has_records(chosen, kept):
+        return tf.data.Dataset.range(_ENDLESS).flat_map(whole_epoch)
+      return whole_epoch(0)  # Nothing to repeat: an empty stream, as repeating an empty dataset gives.
     counts = self.record_counts(chosen)
     share_size = sum(counts) if by_file else len(range(pipeline, sum(counts), num_pipelines))
     if not share_size:  # Nothing to repeat: an empty stream, as repeating an empty dataset gives.

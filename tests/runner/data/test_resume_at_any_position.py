@@ -132,6 +132,19 @@ def test_a_resumed_tfrecord_stream_reads_no_file_before_its_position(tmp_path):
     _ids(provider.get_repeated_dataset(_context(0, 1), 0).take(1))
 
 
+def test_a_tfrecord_stream_from_the_start_counts_no_records_and_an_empty_share_is_empty(tmp_path):
+  pattern, values = _write_records(tmp_path)
+  provider = _SmallTurns(pattern, _parse_id, sharding="file")
+  ids = _ids(provider.get_repeated_dataset(_context(0, 1), 0).take(sum(map(len, values)) + 2))
+  assert ids == _ids(provider.get_repeated_dataset(_context(0, 1), 0).take(len(ids)))
+  assert ids[-2:] == ids[:2]  # The second epoch starts as the first did.
+  assert not provider.__dict__.get("_record_counts")  # Nothing was counted: from step 0 no position is needed.
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  tf.io.TFRecordWriter(str(empty / "part-0.tfrecord")).close()
+  assert _ids(_SmallTurns(str(empty / "*.tfrecord"), _parse_id).get_repeated_dataset(_context(0, 1), 0)) == []
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_in_memory_streams_start_at_any_position_as_if_read_from_the_start(shuffle):
   provider = data.InMemory(np.arange(11, dtype=np.float32), np.arange(11), shuffle=shuffle, seed=6)
