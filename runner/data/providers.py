@@ -107,6 +107,25 @@ def _drawn_seed(seed: int | None) -> int:
   return random.SystemRandom().randrange(2**31) if seed is None else seed
 
 
+def starts_at_any_position(provider: DatasetProvider) -> bool:
+  """Whether `provider`'s repeated stream starts at a position without reading the examples before it.
+
+  True for `InMemory`, `TFRecordFiles` and a `FromFunction` with a
+  `repeated_dataset_fn`, and for a provider of the user's own that makes its
+  repeated stream itself; a plain dataset, another `FromFunction` and a
+  provider that keeps the defaults read and discard them.
+  """
+  if isinstance(provider, FromFunction):
+    return provider.repeated_dataset_fn is not None
+  if isinstance(provider, DatasetShards):
+    return False
+  made = type(provider)
+  return (
+      made.get_repeated_dataset is not DatasetProvider.get_repeated_dataset
+      or made.get_repeated_batches is not DatasetProvider.get_repeated_batches
+  )
+
+
 class InMemory(DatasetProvider):
   """Arrays held in memory, sharded by example across input pipelines.
 

@@ -51,6 +51,14 @@ def training_iterator(
         workers,
         start_step // workers,
     )
+  elif start_step and not data_lib.starts_at_any_position(provider):
+    logging.info(
+        "Resuming at step %d: each input pipeline reads its data from the start and discards the examples of the "
+        "first %d steps, a cost that grows with the step (runner.data.InMemory, TFRecordFiles and FromFunction "
+        "with a repeated_dataset_fn start at the step at once), so this run sees the batches of an uninterrupted one.",
+        start_step,
+        start_step,
+    )
   elif start_step:
     logging.info(
         "Resuming at step %d: each input pipeline starts its stream at the examples of step %d, "

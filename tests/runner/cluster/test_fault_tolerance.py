@@ -105,7 +105,7 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(
 
   status, stdout, stderr = Run(tmp_path / "stopped", RUN + strategy, subprocess_env).wait()
   assert status == 0, stderr[-3000:]
-  assert f"Resuming at step {step}: each input pipeline first skips" in stderr
+  assert f"Resuming at step {step}: each input pipeline starts its stream at the examples of step {step}" in stderr
   assert f"global step: {STEPS}" in stdout
   assert whole.wait()[0] == 0
   _assert_same_values(

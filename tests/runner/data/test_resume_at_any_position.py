@@ -15,6 +15,7 @@ import runner
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data
 from runner.data import record_positions
+from runner.training import train_input
 from testlib import trainer_testlib
 
 NUM_EXAMPLES = 40
@@ -174,6 +175,29 @@ def test_from_function_starts_where_its_repeated_dataset_fn_says():
   assert calls == [(1, 12)]
   plain = data.FromFunction(lambda context: tf.data.Dataset.range(5).map(lambda i: (tf.cast(i, tf.float32), i)))
   assert _ids(plain.get_repeated_dataset(_context(0, 1), 12).take(4)) == [2, 3, 4, 0]  # read and skipped
+
+
+def test_a_resume_that_reads_and_discards_says_so_and_names_the_providers_that_do_not(caplog):
+  def two(context):
+    return tf.data.Dataset.range(6).map(lambda i: (tf.cast(i, tf.float32), i))
+
+  kinds = {
+      "plain dataset": (data.as_provider(two(None)), False),
+      "function": (data.FromFunction(two), False),
+      "function with repeated_dataset_fn": (data.FromFunction(two, repeated_dataset_fn=lambda c, s: two(c)), True),
+      "in memory": (data.InMemory(np.zeros(4, np.float32), np.zeros(4)), True),
+  }
+  assert {name: data.starts_at_any_position(p) for name, (p, _) in kinds.items()} == {
+      name: starts for name, (_, starts) in kinds.items()
+  }
+  caplog.set_level("INFO")
+  iterator = train_input.training_iterator(tf.distribute.get_strategy(), kinds["function"][0], 2, start_step=2)
+  assert [int(label) for label in next(iterator)[1]] == [4, 5]
+  assert (
+      "Resuming at step 2: each input pipeline reads its data from the start and discards the examples of the "
+      "first 2 steps, a cost that grows with the step (runner.data.InMemory, TFRecordFiles and FromFunction "
+      "with a repeated_dataset_fn start at the step at once), so this run sees the batches of an uninterrupted one."
+  ) in caplog.messages
 
 
 def test_from_function_rejects_a_repeated_dataset_fn_that_is_not_one():
