@@ -61,6 +61,7 @@ def summary(rows):
 
 
 def main():
+  """Runs the two sweeps in fresh processes (or, with --child, one sweep here) and prints the report."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--calls", type=int, default=30)
   parser.add_argument("--strategy", choices=("one_device", "mirrored"), default="one_device")
@@ -85,8 +86,10 @@ def main():
     for call, (rss, threads) in enumerate(rows, 1):
       print(f"| {call} | {rss:.1f} | {threads} |")
   print("\n## Summary\n")
-  print(f"| collection | MB/call after call {FIRST_MEMORY_CALL} | threads added after call {FIRST_THREAD_CALL} "
-        "| peak RSS MB | peak threads | goal |")
+  print(
+      f"| collection | MB/call after call {FIRST_MEMORY_CALL} | threads added after call {FIRST_THREAD_CALL} "
+      "| peak RSS MB | peak threads | goal |"
+  )
   print("|---|---:|---:|---:|---:|---|")
   for name, rows in results.items():
     mb, threads, peak, peak_threads = summary(rows)

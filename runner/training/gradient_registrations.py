@@ -61,7 +61,7 @@ def release(strategy: tf.distribute.Strategy, *, after: int) -> list[str]:
 
 
 def _refers_to(function: Any, strategy: tf.distribute.Strategy, depth: int) -> bool:
-  """Whether `function`'s closure, or that of a function in it (to `depth` levels), holds a replica context of `strategy`."""
+  """Whether `function`'s closure, or a function's in it (to `depth` levels), holds a replica context of `strategy`."""
   for cell in getattr(function, "__closure__", None) or ():
     try:
       value = cell.cell_contents

@@ -15,8 +15,7 @@ from testlib import paths
 from testlib import process_testlib
 
 CALLS = 10
-_CHILD = textwrap.dedent(
-    """
+_CHILD = textwrap.dedent("""
     import gc, json, logging, os, sys, weakref
 
     import keras
@@ -64,8 +63,7 @@ _CHILD = textwrap.dedent(
           }
       )
     print(json.dumps({"rows": rows, "retracing": retracing}))
-    """
-)
+    """)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +72,9 @@ def sweep(tmp_path_factory):
   # The `subprocess_env` fixture's environment, for a fixture of this module's scope.
   env = {**os.environ, "PYTHONPATH": paths.REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  child = process_testlib.Process([sys.executable, "-c", _CHILD, str(CALLS)], env=env, logs=tmp_path_factory.mktemp("sweep"))
+  child = process_testlib.Process(
+      [sys.executable, "-c", _CHILD, str(CALLS)], env=env, logs=tmp_path_factory.mktemp("sweep")
+  )
   status, stdout, stderr = child.wait()
   assert status == 0, stderr[-3000:]
   return json.loads(stdout.strip().splitlines()[-1])
