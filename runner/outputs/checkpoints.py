@@ -409,7 +409,9 @@ class Checkpoints:
     if self._weights_finite is None:
       variables = [v.value if isinstance(v, keras.Variable) else v for v in self._model.weights]
       floating = [v for v in variables if v.dtype.is_floating]
-      self._weights_finite = tf.function(lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating]))
+      self._weights_finite = tf.function(
+          lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating])
+      ).get_concrete_function()
     return bool(self._weights_finite())
 
 

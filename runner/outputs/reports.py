@@ -234,7 +234,7 @@ class _BufferedScalars:
           for j, name in enumerate(names):
             tf.summary.write(name, rows[i, j], step=steps[i], metadata=_SCALAR_METADATA)
 
-    return write
+    return write.get_concrete_function()
 
 
 class _Formatted:

@@ -465,7 +465,8 @@ class EvalLoop:
 
   def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
     """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
-    values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
+    steps = tf.constant(max_steps, tf.int64)
+    values = traced_calls.FlatCall(self.function, iterator, steps)(steps).numpy()
     results = {
         "loss": float(values[0]),
         **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},

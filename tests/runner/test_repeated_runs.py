@@ -1,0 +1,101 @@
+"""`runner.run` called again and again in one process (a sweep): nothing of a finished run stays alive.
+
+One child process (a fresh TensorFlow, with Python's garbage collector on, as in a user's sweep) calls `runner.run`
+ten times under one_device, collecting after each call, and reports what outlived its run.
+"""
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from testlib import paths
+from testlib import process_testlib
+
+CALLS = 10
+_CHILD = textwrap.dedent("""
+    import gc, json, logging, os, sys, weakref
+
+    import keras
+    import tensorflow as tf
+    import runner
+    from runner.training import trainer as trainer_lib
+
+    retracing = []
+
+    class Retracing(logging.Handler):
+      def emit(self, record):
+        if "retracing" in record.getMessage():
+          retracing.append(record.getMessage()[:200])
+
+    for name in ("tensorflow", "absl", ""):
+      logging.getLogger(name).addHandler(Retracing())
+
+    def alive(kind):
+      return sum(isinstance(o, kind) for o in gc.get_objects())
+
+    config = {
+        "mode": "train_and_eval",
+        "strategy": {"name": "one_device"},
+        "data": {"name": "synthetic", "global_batch_size": 16, "num_examples": 64, "num_eval_examples": 32},
+        "model": {"hidden_units": (8,)},
+        "trainer": {"train_steps": 4, "steps_per_loop": 2, "checkpoint_every": 2},
+    }
+    rows = []
+    references = []
+    for call in range(1, int(sys.argv[1]) + 1):
+      result = runner.run(config, quiet=True)
+      references = [weakref.ref(result.model), weakref.ref(result.strategy)]
+      loss = result.train_metrics["loss"]
+      del result
+      gc.collect()
+      rows.append(
+          {
+              "call": call,
+              "loss": loss,
+              "threads": len(os.listdir("/proc/self/task")),
+              "trainers": alive(trainer_lib.Trainer),
+              "optimizers": alive(keras.optimizers.Optimizer),
+              "strategies": alive(tf.distribute.Strategy),
+              "last_model_and_strategy_alive": [r() is not None for r in references],
+          }
+      )
+    print(json.dumps({"rows": rows, "retracing": retracing}))
+    """)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+  """The child's report: a row per call (threads, live Trainers, optimizers, strategies) and the retracing warnings."""
+  # The `subprocess_env` fixture's environment, for a fixture of this module's scope.
+  env = {**os.environ, "PYTHONPATH": paths.REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  child = process_testlib.Process(
+      [sys.executable, "-c", _CHILD, str(CALLS)], env=env, logs=tmp_path_factory.mktemp("sweep")
+  )
+  status, stdout, stderr = child.wait()
+  assert status == 0, stderr[-3000:]
+  return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_a_finished_run_leaves_no_trainer_model_optimizer_or_strategy_alive(sweep):
+  rows = sweep["rows"]
+  assert [row["call"] for row in rows] == list(range(1, CALLS + 1))
+  assert all(row["loss"] > 0 for row in rows)  # Each call trained.
+  for row in rows:
+    assert row["trainers"] == 0, row
+    assert row["optimizers"] == 0, row
+    assert row["strategies"] == rows[0]["strategies"] <= 2, row  # TensorFlow's default strategies, made once.
+    assert row["last_model_and_strategy_alive"] == [False, False], row
+
+
+def test_the_thread_count_stops_growing_after_the_third_call(sweep):
+  threads = [row["threads"] for row in sweep["rows"]]
+  # The first calls start TensorFlow's own pools (inter-op, tf.data); after them a run leaves no thread behind.
+  assert threads[CALLS - 1] <= threads[2], threads
+
+
+def test_no_retracing_warning_in_ten_calls(sweep):
+  assert sweep["retracing"] == []
