@@ -68,6 +68,20 @@ def _copy_keras_variable(variable: Any, object_map: Any) -> None:
   object_map[variable] = object_map[variable.value]
 
 
+def expect_one_trace_per_writer(checkpoint: tf.train.Checkpoint) -> None:
+  """Tells TensorFlow that the copy function of `checkpoint`'s writer is traced once per writer, as intended.
+
+  Each writer (one per `train` call, see `close`) traces its own copy of
+  its own variables once; TensorFlow counts traces by the function's code,
+  so the fifth writer of a process (a sweep of `runner.run` calls) would log
+  a "triggered tf.function retracing" warning about a trace that cannot be
+  shared. Call it after the save that made the writer.
+  """
+  writer = getattr(checkpoint, "_async_checkpointer_impl", None)
+  if writer is not None:
+    writer._copy_to_cpu._omit_frequent_tracing_warning = True  # noqa: SLF001
+
+
 def take_error(checkpoint: tf.train.Checkpoint) -> Exception | None:
   """Returns the error of `checkpoint`'s last asynchronous write (after `checkpoint.sync()`), or None; clears it.
 

@@ -237,6 +237,7 @@ class Checkpoints:
           experimental_enable_async_checkpoint=True, experimental_write_callbacks=[self._written]
       )
       path = self._manager.save(checkpoint_number=step, options=options)
+      background_saves.expect_one_trace_per_writer(self.checkpoint)
       self._in_flight = (step, self.saved_step)
       self.saved_step = step
       return path
