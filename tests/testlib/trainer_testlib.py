@@ -25,6 +25,15 @@ def classification_data(num_examples=256, seed=0):
   return tf.data.Dataset.from_tensor_slices(classification_arrays(num_examples, seed))
 
 
+def parse_classification_record(record):
+  """Parses a `tf.train.Example` of `classification_arrays`' example: float features "x", int label "y"."""
+  parsed = tf.io.parse_single_example(
+      record,
+      {"x": tf.io.FixedLenFeature([NUM_FEATURES], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)},
+  )
+  return parsed["x"], tf.cast(parsed["y"], tf.int32)
+
+
 def model_fn():
   """A Dense 8 -> 4 logits model with a declared input."""
   return keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(NUM_CLASSES)])

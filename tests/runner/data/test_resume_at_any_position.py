@@ -59,17 +59,6 @@ def _write_records(directory):
   return str(directory / "part-*.tfrecord"), values
 
 
-def _parse(record):
-  parsed = tf.io.parse_single_example(
-      record,
-      {
-          "x": tf.io.FixedLenFeature([trainer_testlib.NUM_FEATURES], tf.float32),
-          "y": tf.io.FixedLenFeature([], tf.int64),
-      },
-  )
-  return parsed["x"], tf.cast(parsed["y"], tf.int32)
-
-
 def _parse_id(record):
   value = tf.io.parse_single_example(record, {"id": tf.io.FixedLenFeature([], tf.int64)})["id"]
   return tf.cast(value, tf.float32), value
@@ -231,7 +220,11 @@ def _provider(kind, tmp_path):
   sharding = "file" if "by_file" in kind else "data"
   pattern, _ = _write_records(tmp_path)
   return _SmallTurns(
-      pattern, _parse, shuffle_buffer_size=6 if kind.endswith("shuffled") else 0, seed=7, sharding=sharding
+      pattern,
+      trainer_testlib.parse_classification_record,
+      shuffle_buffer_size=6 if kind.endswith("shuffled") else 0,
+      seed=7,
+      sharding=sharding,
   )
 
 

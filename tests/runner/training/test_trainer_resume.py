@@ -36,17 +36,6 @@ def _write_records(directory, num_files=3):
         )
 
 
-def _parse(record):
-  parsed = tf.io.parse_single_example(
-      record,
-      {
-          "x": tf.io.FixedLenFeature([trainer_testlib.NUM_FEATURES], tf.float32),
-          "y": tf.io.FixedLenFeature([], tf.int64),
-      },
-  )
-  return parsed["x"], tf.cast(parsed["y"], tf.int32)
-
-
 def _data(kind, tmp_path):
   features, labels = trainer_testlib.classification_arrays(64)
   if kind == "in_memory":
@@ -63,7 +52,9 @@ def _data(kind, tmp_path):
   records.mkdir(exist_ok=True)
   _write_records(str(records))
   shuffle = 16 if kind == "tfrecord_shuffled" else 0
-  return runner.data.TFRecordFiles(str(records / "*.tfrecord"), _parse, shuffle_buffer_size=shuffle, seed=7)
+  return runner.data.TFRecordFiles(
+      str(records / "*.tfrecord"), trainer_testlib.parse_classification_record, shuffle_buffer_size=shuffle, seed=7
+  )
 
 
 def _train(strategy, model_dir, data, steps):
