@@ -179,8 +179,8 @@ def test_a_resume_that_reads_and_discards_says_so_and_names_the_providers_that_d
   assert {name: data.starts_at_any_position(p) for name, (p, _) in kinds.items()} == {
       name: starts for name, (_, starts) in kinds.items()
   }
-  caplog.set_level("INFO")
-  iterator = train_input.training_iterator(tf.distribute.get_strategy(), kinds["function"][0], 2, start_step=2)
+  with caplog.at_level("INFO", logger="absl"):
+    iterator = train_input.training_iterator(tf.distribute.get_strategy(), kinds["function"][0], 2, start_step=2)
   assert [int(label) for label in next(iterator)[1]] == [4, 5]
   assert (
       "Resuming at step 2: each input pipeline reads its data from the start and discards the examples of the "
