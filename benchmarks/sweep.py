@@ -2,11 +2,12 @@
 
 `python -m benchmarks.sweep [--calls=30] [--strategy=one_device|mirrored]` runs two fresh processes, one after the
 other, each calling `runner.run` `--calls` times on a small synthetic config (train_and_eval, 8 steps, a checkpoint
-every 4, quiet): one collects garbage (`gc.collect()`) after every call, one leaves it to Python's own collector, as a
-plain sweep script does. After each call it reads the process's resident memory (VmRSS in /proc/self/status) and its
-threads (/proc/self/task). It prints the machine, a Markdown table per process (RSS and threads per call) and the
-summary: MB per call from call 5 to the last (the slope of RSS), the thread growth from call 3 to the last, and the
-peaks; with the goals of docs/benchmarks.md#sweeps-in-one-process (at most 0.5 MB per call after call 5, no thread
+every 4, quiet): one collects garbage (`gc.collect()`) after every call, one leaves it to Python's own collector and
+`runner.run` (which collects the cycles of earlier runs when the next starts), as a plain sweep script does. After
+each call it reads the process's resident memory (VmRSS in /proc/self/status) and its threads (/proc/self/task). It
+prints the machine, a Markdown table per process (RSS and threads per call) and the summary: MB per call from call 5
+to the last (the slope of RSS), the thread growth from call 3 to the last, and the peaks; with the goals of
+docs/benchmarks.md#sweeps-in-one-process (at most 0.5 MB per call after call 5, no thread
 growth) as PASS or FAIL.
 """
 

@@ -170,6 +170,15 @@ class Reporter:
     if self._rows is not None:
       self._rows.flush()
 
+  def close(self) -> None:
+    """Flushes, then closes `metrics.jsonl` and the TensorBoard writers; a later report opens them again."""
+    self.flush()
+    for scalars in self._scalars.values():
+      scalars.close()
+    self._scalars = {}
+    if self._rows is not None:
+      self._rows.close()
+
   def _write_row(self, row: Mapping[str, Any]) -> None:
     assert self._dir is not None and self._rows is not None  # Rows are written only on the chief, with a model_dir.
     if self._replayed_after is not None:
@@ -223,6 +232,11 @@ class _BufferedScalars:
       self._steps, self._rows = [], []
     self._writer.flush()
     self._last_write = time.monotonic()
+
+  def close(self) -> None:
+    """Writes the buffered rows and closes the event file."""
+    self.flush()
+    self._writer.close()
 
   def _writer_function(self, names: tuple[str, ...]) -> Callable[[tf.Tensor, tf.Tensor], Any]:
     writer = self._writer

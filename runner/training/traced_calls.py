@@ -15,6 +15,7 @@ for input threads that need the GIL (seen with `Dataset.from_generator`).
 """
 
 from typing import Any
+import weakref
 
 import tensorflow as tf
 
@@ -40,28 +41,33 @@ class FlatCall:
         every call.
     """
     self._function = function
-    self._fixed = fixed
+    self._fixed = weakref.ref(fixed)
     self._concrete = function.get_concrete_function(fixed, *example_tensors)
     self._spec: Any = getattr(fixed, "_type_spec", None)
     self._flat = (
         hasattr(self._concrete, "_call_flat")
         and hasattr(self._spec, "_to_components")
         and len(self._concrete.inputs)
-        == (len(self._fixed_components()) + len(example_tensors) + len(self._concrete.captured_inputs))
+        == (len(self._components(fixed)) + len(example_tensors) + len(self._concrete.captured_inputs))
     )
 
   @property
   def fixed(self) -> Any:
-    """The first argument of every call."""
-    return self._fixed
+    """The first argument of every call; None once nothing else holds it."""
+    return self._fixed()
 
   def __call__(self, *tensors: tf.Tensor) -> Any:
     """Returns `function(fixed, *tensors)`."""
+    fixed = self._fixed()
+    if fixed is None:
+      raise ReferenceError(
+          "FlatCall: its fixed argument (e.g. an iterator) was deleted; make a FlatCall for a live one."
+      )
     if not self._flat:
-      return self._function(self._fixed, *tensors)
+      return self._function(fixed, *tensors)
     return self._concrete._call_flat(  # noqa: SLF001
-        self._fixed_components() + list(tensors), self._concrete.captured_inputs
+        self._components(fixed) + list(tensors), self._concrete.captured_inputs
     )
 
-  def _fixed_components(self) -> list[Any]:
-    return tf.nest.flatten(self._spec._to_components(self._fixed), expand_composites=True)  # noqa: SLF001
+  def _components(self, fixed: Any) -> list[Any]:
+    return tf.nest.flatten(self._spec._to_components(fixed), expand_composites=True)  # noqa: SLF001

@@ -476,6 +476,19 @@ class Trainer:
     logging.info("Exported a SavedModel at step %d to %s.", self._global_step, path)
     return path
 
+  def close(self) -> None:
+    """Releases what the Trainer keeps open between calls; it stays usable.
+
+    That is the training iterator, with its input threads and buffers, and
+    `metrics.jsonl` and the TensorBoard event files, flushed first. A later
+    call opens them again; a later `train` starts its input where an
+    uninterrupted run is at the global step (as after `restore(checkpoint=...)`).
+    `runner.run` closes its Trainer before it returns, so a sweep of runs in
+    one process does not keep each run's input threads and open files.
+    """
+    self._train_input = None
+    self._reporter.close()
+
   def _prepare_for(
       self, data: tf.data.Dataset | interfaces.DatasetProvider, provider: interfaces.DatasetProvider, purpose: str
   ) -> interfaces.LabelRange | None:

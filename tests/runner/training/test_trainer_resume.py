@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+from runner.outputs import metrics_file
 import strategies
 from testlib import trainer_testlib
 
@@ -103,3 +104,28 @@ def test_a_resumed_mirrored_run_matches_within_float_tolerance(tmp_path, cpu_dev
   resumed = _train(strategies.MirroredStrategy(cpu_devices(2)), str(tmp_path / "resumed"), data, TOTAL_STEPS)
   for got, want in zip(resumed.model.get_weights(), uninterrupted):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def _open_files_under(directory):
+  """The files under `directory` this process holds open."""
+  paths = (os.path.realpath(os.path.join("/proc/self/fd", fd)) for fd in os.listdir("/proc/self/fd"))
+  return sorted(path for path in paths if path.startswith(os.path.realpath(directory)))
+
+
+def test_close_releases_the_input_and_the_files_and_training_goes_on_as_if_uninterrupted(tmp_path):
+  one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+  data = _data("in_memory_shuffled", tmp_path)
+  uninterrupted = _train(one_device, str(tmp_path / "whole"), data, TOTAL_STEPS).model.get_weights()
+  trainer = _train(one_device, str(tmp_path / "closed"), data, 7)
+  open_before = [os.path.basename(path) for path in _open_files_under(tmp_path / "closed")]
+  assert "metrics.jsonl" in open_before and any(name.startswith("events.out.tfevents") for name in open_before)
+  iterator = trainer._train_input[2]  # noqa: SLF001
+  trainer.close()
+  assert _open_files_under(tmp_path / "closed") == []  # metrics.jsonl and the event files.
+  assert trainer._train_input is None  # noqa: SLF001
+  trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=TOTAL_STEPS)  # A new input, from step 7.
+  assert trainer._train_input[2] is not iterator  # noqa: SLF001
+  for got, want in zip(trainer.model.get_weights(), uninterrupted):
+    np.testing.assert_array_equal(got, want)
+  rows = [row["step"] for row in metrics_file.rows(str(tmp_path / "closed")) if row["split"] == "train"]
+  assert rows == [3, 6, 7, 10, 13, 16, 19, 20]
