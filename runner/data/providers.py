@@ -102,6 +102,16 @@ def _permuted(index: Any, size: Any, seed: tf.Tensor) -> tf.Tensor:
   return tf.random.experimental.index_shuffle(index, seed, tf.cast(size, tf.int64) - 1)
 
 
+def _positions_from(start: int, step: int = 1) -> tf.data.Dataset:
+  """The endless positions `start, start + step, ...` (int64): `Dataset.counter` without its `scan`.
+
+  In TensorFlow 2.21 a counter built outside a `tf.function` adds its scan
+  function to the process's global graph, where it stays: one per input
+  pipeline per run, which a sweep of runs in one process accumulates.
+  """
+  return tf.data.Dataset.range(start, _ENDLESS, step).repeat()  # Endless in cardinality too, as a counter is.
+
+
 def _drawn_seed(seed: int | None) -> int:
   """Returns `seed`, or for None one drawn now (a random order, the same for the rest of this provider's life)."""
   return random.SystemRandom().randrange(2**31) if seed is None else seed
@@ -183,7 +193,7 @@ class InMemory(DatasetProvider):
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`, in constant time: the stream is a function of the position."""
     at_once = min(self._GATHERED_AT_ONCE, max(self._share_size(input_context), 1))  # Positions of one or two epochs.
-    return self._gathered(tf.data.Dataset.counter(start).batch(at_once), input_context).unbatch()
+    return self._gathered(_positions_from(start).batch(at_once), input_context).unbatch()
 
   def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_batches`: epoch 0 of the stream, a batch gathered at once."""
@@ -193,7 +203,7 @@ class InMemory(DatasetProvider):
       self, input_context: tf.distribute.InputContext, batch_size: int, start: int
   ) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_batches`, in constant time, a batch gathered at once."""
-    firsts = tf.data.Dataset.counter(start, batch_size)
+    firsts = _positions_from(start, batch_size)
     return self._gathered(firsts.map(lambda first: first + tf.range(batch_size, dtype=tf.int64)), input_context)
 
   def _share_size(self, input_context: tf.distribute.InputContext) -> int:
