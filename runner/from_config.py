@@ -14,6 +14,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 import tensorflow as tf
+from tensorflow.python.eager import context  # noqa: TID251  (clear_kernel_cache has no public name)
 
 from runner.cluster import roles
 from runner.config import optimizers
@@ -103,7 +104,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   it takes no lock, records no config and writes only its evaluations.
   Calls in one process (a sweep) do not pile up: each closes its Trainer
   (`Trainer.close`) before it returns, and each after the first starts by
-  collecting the reference cycles the runs before it left (unless gc is off).
+  freeing what the runs before it left (`_free_earlier_runs`).
 
   Args:
     config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
@@ -131,7 +132,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   """
   with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
     config = for_this_task(config_lib.validate(config))
-    _collect_earlier_runs()
+    _free_earlier_runs()
     strategy = create_strategy(config)
     if config.mode == "continuous_eval":
       return _continuous_eval_result(config, strategy, workdir)
@@ -251,14 +252,15 @@ def _evaluate_continuously(
         "workdir (--workdir=DIR, or runner.run(config, workdir))."
     )
   trainer = create_trainer(config, strategy, workdir)
-  last = continuous_eval_lib.evaluate_new_checkpoints(
-      trainer,
-      dataset(config, "eval"),
-      final_step=config.trainer.train_steps,
-      timeout_seconds=config.trainer.eval_timeout_seconds,
-      global_batch_size=config.data.eval_global_batch_size,
-      steps=config.trainer.eval_steps,
-  )
+  with contextlib.closing(trainer):
+    last = continuous_eval_lib.evaluate_new_checkpoints(
+        trainer,
+        dataset(config, "eval"),
+        final_step=config.trainer.train_steps,
+        timeout_seconds=config.trainer.eval_timeout_seconds,
+        global_batch_size=config.data.eval_global_batch_size,
+        steps=config.trainer.eval_steps,
+    )
   return trainer, last
 
 
@@ -282,20 +284,27 @@ def _continuous_eval_result(
   )
 
 
-def _collect_earlier_runs() -> None:
-  """Collects Python's reference cycles when a run starts after another in this process (unless gc is off).
+def _free_earlier_runs() -> None:
+  """Frees what the runs before this one in this process left, when there were any.
 
-  A run leaves cycles only the cycle collector frees: TensorFlow's traced
-  graphs (each op refers to its graph and the graph to its ops), and with
-  them its Trainer and the input threads of the iterators those graphs
-  captured. Left to Python's collector, a sweep of runs in one process grew
-  by several MB and threads per run until a full collection came; collected
-  here, it stays flat (docs/benchmarks.md#sweeps-in-one-process). The first
-  run of a process (the command line's only one) pays nothing. A process
-  that called `gc.disable()` (as the test suite does) keeps its choice.
+  Two things a finished run leaves outlive it:
+  - reference cycles only Python's cycle collector frees: TensorFlow's traced
+    graphs (each op refers to its graph and the graph to its ops), and with
+    them the run's Trainer, model and the input threads their graphs
+    captured. Collected here (`gc.collect()`), unless this process turned the
+    collector off (`gc.disable()`, as the test suite does): it keeps its choice.
+  - TensorFlow's cache of the kernels it instantiated for the run's traced
+    functions, which keeps each function's executor after the function is
+    gone (`clear_kernel_cache`; kernels still in use are rebuilt when next run).
+  Without this a sweep of runs in one process grew by several MB and threads
+  per run; with it, it stays flat (docs/benchmarks.md#sweeps-in-one-process).
+  The first run of a process (the command line's only one) pays nothing.
   """
-  if next(_RUNS_STARTED) and gc.isenabled():
+  if not next(_RUNS_STARTED):
+    return
+  if gc.isenabled():
     gc.collect()
+  context.context().clear_kernel_cache()
 
 
 @contextlib.contextmanager
