@@ -145,7 +145,10 @@ def parse_args(argv=None):
       "--workloads", default="large,small", help=f"comma-separated, of {', '.join(WORKLOADS)} (default both)"
   )
   args = parser.parse_args(argv)
-  args.workloads = throughput.parse_names(args.workloads, WORKLOADS, "--workloads")
+  try:
+    args.workloads = throughput.parse_names(args.workloads, WORKLOADS, "workloads")
+  except ValueError as error:
+    parser.error(str(error))
   if args.rounds < 1 or args.loops < WARM_UP_LOOPS + 1:
     parser.error(f"--rounds must be >= 1 and --loops >= {WARM_UP_LOOPS + 1} (the first {WARM_UP_LOOPS} are not timed)")
   return args

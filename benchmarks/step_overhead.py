@@ -74,13 +74,10 @@ def parse_args(argv=None):
   )
   parser.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated KIND_N names (see above)")
   args = parser.parse_args(argv)
-  for flag, valid in (("strategy", contenders.STRATEGIES), ("workload", sorted(contenders.WORKLOADS))):
-    names = list(valid) if getattr(args, flag) == "all" else getattr(args, flag).split(",")
-    unknown = [name for name in names if name not in valid]
-    if unknown or not names:
-      parser.error(f"--{flag}: unknown {unknown}; use a comma-separated list of {', '.join(valid)}, or all.")
-    setattr(args, flag, sorted(set(names), key=list(valid).index))
   try:
+    for flag, valid in (("strategy", list(contenders.STRATEGIES)), ("workload", sorted(contenders.WORKLOADS))):
+      names = valid if getattr(args, flag) == "all" else throughput.parse_names(getattr(args, flag), valid, flag)
+      setattr(args, flag, sorted(set(names), key=valid.index))
     args.contenders = [parse_contender(name) for name in args.contenders.split(",")]
   except ValueError as error:
     parser.error(str(error))

@@ -349,8 +349,8 @@ def _final_evaluation(
   if not recorded:
     return trainer.evaluate(dataset(config, "eval"), **evaluation)
   logging.info(
-      "Not evaluating again: %s holds the evaluation at step %d (mode 'eval' evaluates anew).",
-      os.path.join(workdir, "metrics.jsonl"),
+      "Not evaluating again: the metrics of %s hold the evaluation at step %d (mode 'eval' evaluates anew).",
+      workdir,
       trainer.global_step,
   )
   return recorded

@@ -30,6 +30,7 @@ os.environ["TMPDIR"] = tempfile.tempdir = SESSION_TEMP_DIR
 
 from runner.cluster import process_exit  # noqa: E402
 import strategies  # noqa: E402
+from testlib import paths  # noqa: E402
 
 # The suite never collects reference cycles. A collection deletes every cyclic garbage Trainer of the
 # tests before, and with it its tf.data iterators; in TensorFlow 2.21 deleting an iterator whose
@@ -56,11 +57,8 @@ def cpu_devices():
 
 @pytest.fixture
 def subprocess_env():
-  """Environment for a child Python process that imports this repository."""
-  env = dict(os.environ)
-  env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  return env
+  """Environment for a child Python process that imports this repository (`paths.subprocess_environment`)."""
+  return paths.subprocess_environment()
 
 
 def pytest_sessionfinish(session, exitstatus):

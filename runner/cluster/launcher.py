@@ -69,6 +69,7 @@ from absl import flags
 
 from runner import exit_codes
 from runner.cluster import stop_signals
+from runner.workdir import remote
 
 POLL_SECONDS = 0.1
 # TensorFlow's multi-worker start-up swallows a SIGTERM (its preemption notifier holds the signal for a moment), so
@@ -239,7 +240,7 @@ def stop_outcome(workdir: str, before: tuple[str, int] | None) -> str:
     workdir: the job's workdir (local, or a URL such as `gs://...`).
     before: `latest_checkpoint(workdir)` when the job started.
   """
-  if "://" in workdir:
+  if remote.is_remote(workdir):
     return "the chief's last lines say whether it saved a checkpoint (the workdir is not local)"
   after = latest_checkpoint(workdir)
   if after is not None and after != before:

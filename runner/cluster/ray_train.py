@@ -25,6 +25,7 @@ from runner import from_config
 from runner.config import run_config as config_lib
 from runner.outputs import checkpoint_list
 from runner.outputs import checkpoints
+from runner.workdir import remote
 from strategies.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -199,4 +200,4 @@ def _absolute(workdir: Any) -> str:
     raise ConfigError(
         f"workdir={workdir!r}: give the run's workdir, a path or URL every Ray worker reaches (e.g. gs://...)."
     )
-  return workdir if "://" in workdir else os.path.abspath(workdir)
+  return workdir if remote.is_remote(workdir) else os.path.abspath(workdir)

@@ -19,7 +19,7 @@ from runner.data import record_positions
 from runner.interfaces import DatasetProvider
 from strategies.errors import ConfigError
 
-# Epochs of an endless stream are numbered by a counter that never ends in practice.
+# Epochs and positions of an endless stream are numbered up to this bound, never reached in practice.
 _ENDLESS = 2**62
 
 
@@ -127,8 +127,6 @@ def starts_at_any_position(provider: DatasetProvider) -> bool:
   """
   if isinstance(provider, FromFunction):
     return provider.repeated_dataset_fn is not None
-  if isinstance(provider, DatasetShards):
-    return False
   made = type(provider)
   return (
       made.get_repeated_dataset is not DatasetProvider.get_repeated_dataset
@@ -249,8 +247,9 @@ class FromFunction(DatasetProvider):
   examples are discarded (`DatasetProvider.get_repeated_dataset`), a cost
   that grows with the step. A `repeated_dataset_fn` that knows its data can
   start the endless stream at the position itself, e.g. at once from
-  `tf.data.Dataset.counter(start)` mapped to examples; resuming then costs
-  what that function costs.
+  `tf.data.Dataset.range(start, 2**62)` mapped to examples; resuming then
+  costs what that function costs. (`Dataset.counter` works too, but in
+  TensorFlow 2.21 each one leaves a function in the global graph for good.)
   """
 
   def __init__(
@@ -411,6 +410,7 @@ class TFRecordFiles(DatasetProvider):
     self.seed = seed
     self._stream_seed = _drawn_seed(seed)
     self.compression_type = compression_type
+    self._record_counts: dict[str, int] = {}  # Path -> records, counted once (`record_counts`).
 
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """As `DatasetProvider.get_dataset`: this input pipeline's records (epoch 0 of its stream), parsed."""
@@ -436,7 +436,7 @@ class TFRecordFiles(DatasetProvider):
     Counting reads each file once (in batches of records, without parsing);
     a resumed stream needs the counts to find where its position is.
     """
-    counts = self.__dict__.setdefault("_record_counts", {})
+    counts = self._record_counts
     with tf.init_scope():  # Eager even where a dataset function is traced (parameter servers' per-worker datasets).
       for path in files:
         if path not in counts:
@@ -517,7 +517,7 @@ class TFRecordFiles(DatasetProvider):
     if not self.shuffle_buffer_size:
       return records
     pipeline = input_context.input_pipeline_id
-    blocks = tf.data.Dataset.zip(tf.data.Dataset.counter(first_block), records.batch(self.shuffle_buffer_size))
+    blocks = tf.data.Dataset.zip(_positions_from(first_block), records.batch(self.shuffle_buffer_size))
     return blocks.map(
         lambda block, block_records: tf.gather(
             block_records,
@@ -617,16 +617,17 @@ class TFRecordFiles(DatasetProvider):
       self, input_context: tf.distribute.InputContext, batch_size: int, *, repeated: bool, start: int
   ) -> tf.data.Dataset:
     """Parsed batches of records (repeated: full ones, from record `start`), by a vectorized `parse_fn` if it can."""
-    records = self._stream(input_context, repeated=repeated, start=start, as_turns=False)
+    in_order = self._records_in_order(input_context)  # Then batches are cut from the turns: no step per record.
+    stream = self._stream(input_context, repeated=repeated, start=start, as_turns=in_order)
+    records = stream.unbatch() if in_order else stream
     one_by_one = self._parsed(records)
     spec = one_by_one.element_spec
     why_not = None
     if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
       why_not = f"it returns parts without a fixed shape ({spec})"
     else:
-      if self._records_in_order(input_context):  # Cut from the turns as they come: no step per record.
-        turns = self._stream(input_context, repeated=repeated, start=start, as_turns=True)
-        batches = turns.rebatch(batch_size, drop_remainder=repeated)
+      if in_order:
+        batches = stream.rebatch(batch_size, drop_remainder=repeated)
       else:
         batches = records.batch(batch_size, drop_remainder=repeated)
       try:
@@ -642,7 +643,7 @@ class TFRecordFiles(DatasetProvider):
     self._say_once(
         logging.info,
         "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
-        getattr(self.parse_fn, "__name__", self.parse_fn),
+        _name(self.parse_fn),
         why_not,
     )
     return one_by_one.batch(batch_size, drop_remainder=repeated)

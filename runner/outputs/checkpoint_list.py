@@ -28,6 +28,7 @@ import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2  # noqa: TID251
 
 from runner.workdir import atomic_files
+from runner.workdir import remote
 from strategies.errors import first_line
 
 PREFIX = "ckpt"  # What `tf.train.CheckpointManager` names its checkpoints: ckpt-N.
@@ -158,7 +159,10 @@ def _listed(directory: str) -> tuple[tuple[str, ...], str | None]:
   names = list(state.all_model_checkpoint_paths)
   if state.model_checkpoint_path not in names:
     names.append(state.model_checkpoint_path)
-  return tuple(name if os.path.isabs(name) or "://" in name else os.path.join(directory, name) for name in names), None
+  return (
+      tuple(name if os.path.isabs(name) or remote.is_remote(name) else os.path.join(directory, name) for name in names),
+      None,
+  )
 
 
 def _sorted_out(names: Sequence[str], directory: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -182,7 +186,7 @@ def _sorted_out(names: Sequence[str], directory: str) -> tuple[tuple[str, ...], 
 
 def _is_in(path: str, directory: str) -> bool:
   """Whether `path` (a list file's entry, made absolute) names a file directly in `directory`."""
-  if "://" in path or "://" in directory:
+  if remote.is_remote(path) or remote.is_remote(directory):
     return os.path.dirname(path).rstrip("/") == directory.rstrip("/")
   return os.path.realpath(os.path.dirname(path)) == os.path.realpath(directory)
 

@@ -23,7 +23,7 @@ def summary_dir(model_dir: str, split: str) -> str:
 
 
 def train_results_at(model_dir: str, step: int) -> dict[str, float]:
-  """Returns the `loss` and metrics of the last train row of `step` in `model_dir/metrics.jsonl`, or {}.
+  """Returns the `loss` and metrics of the last train row of `step` in `model_dir`'s metrics rows, or {}.
 
   {} when the file or such a row is missing; rows that do not parse (a line
   cut short by a kill) are skipped. The throughput (`steps_per_sec`,
@@ -34,7 +34,7 @@ def train_results_at(model_dir: str, step: int) -> dict[str, float]:
 
 
 def eval_results_at(model_dir: str, step: int) -> dict[str, float]:
-  """Returns the last evaluation at `step` in `model_dir/metrics.jsonl` (as `Trainer.evaluate` returned it), or {}.
+  """Returns the last evaluation at `step` in the metrics of `model_dir` (as `Trainer.evaluate` returned it), or {}.
 
   {} when the file or such a row is missing; rows that do not parse are skipped.
   """

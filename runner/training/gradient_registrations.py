@@ -36,28 +36,21 @@ def release_when_collected(owner: object, strategy: tf.distribute.Strategy) -> N
     strategy: the strategy whose replica contexts the registered functions
       refer to.
   """
-  finalizer = weakref.finalize(owner, release, strategy, after=ops.uid())
+  finalizer = weakref.finalize(owner, _release, strategy, after=ops.uid())
   finalizer.atexit = False  # At exit, the registry goes with the process.
 
 
-def release(strategy: tf.distribute.Strategy, *, after: int) -> list[str]:
-  """Removes the custom gradients registered after the uid `after` whose function refers to `strategy`.
-
-  Returns:
-    The names removed.
-  """
+def _release(strategy: tf.distribute.Strategy, *, after: int) -> None:
+  """Removes the custom gradients registered after the uid `after` whose function refers to `strategy`."""
   entries = getattr(getattr(ops, "_gradient_registry", None), "_registry", None)
   if not isinstance(entries, dict):
-    return []
-  released = []
+    return
   for name, entry in list(entries.items()):
     if not name.startswith(_CUSTOM_GRADIENT):
       continue
     number = name[len(_CUSTOM_GRADIENT) :]
     if number.isdigit() and int(number) > after and _refers_to(entry.get("type"), strategy, _CLOSURE_DEPTH):
       entries.pop(name, None)
-      released.append(name)
-  return released
 
 
 def _refers_to(function: Any, strategy: tf.distribute.Strategy, depth: int) -> bool:

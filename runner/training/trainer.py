@@ -309,7 +309,7 @@ class Trainer:
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps
     )
-    rewind = functools.partial(self._rewound_iterator, data, provider, global_batch_size)
+    rewind = functools.partial(self._train_iterator, data, provider, global_batch_size)
     controller = self._controller(global_batch_size, evaluate, eval_every, label_range, rewind)
     if self._checkpoints is not None:
       self._checkpoints.remove_interrupted_saves()
@@ -540,21 +540,24 @@ class Trainer:
       data: tf.data.Dataset | interfaces.DatasetProvider,
       provider: interfaces.DatasetProvider,
       global_batch_size: int,
+      rewound_to: int | None = None,
   ) -> Any:
     """Returns the distributed iterator over `provider`; the same one again when `train` gets the same `data`.
 
     So consecutive `train` calls in one process continue the data stream
     where the last one stopped (and skip rebuilding the input pipeline). A
     new iterator starts where an uninterrupted run would be at the current
-    global step (see `train_input.training_iterator`).
+    global step (see `train_input.training_iterator`), or, with `rewound_to`,
+    at that step (a loop run again with the checks, `unchecked_loops.RerunChecked`);
+    it is kept for the `train` calls after this.
     """
     key = (id(data), global_batch_size)
-    if self._train_input is None or self._train_input[0] != key:
+    if rewound_to is not None or self._train_input is None or self._train_input[0] != key:
       iterator = train_input.training_iterator(
           self._strategy,
           provider,
           global_batch_size,
-          start_step=self._global_step,
+          start_step=self._global_step if rewound_to is None else rewound_to,
           coordinator=self._coordinator,
           preprocess=self._preprocess,
       )
@@ -719,20 +722,6 @@ class Trainer:
         arguments["valid_labels"] = None
       self._train_loops[key] = unchecked_loops.UncheckedTrainLoop(snapshot=snapshot, **arguments)
     return self._train_loops[key]
-
-  def _rewound_iterator(
-      self,
-      data: tf.data.Dataset | interfaces.DatasetProvider,
-      provider: interfaces.DatasetProvider,
-      global_batch_size: int,
-      step: int,
-  ) -> Any:
-    """Returns a new training iterator from the batch of global step `step`, kept for the `train` calls after this."""
-    iterator = train_input.training_iterator(
-        self._strategy, provider, global_batch_size, start_step=step, preprocess=self._preprocess
-    )
-    self._train_input = ((id(data), global_batch_size), data, iterator)
-    return iterator
 
   def _advance(self, step: int, train_results: Mapping[str, float]) -> None:
     self._global_step = step

@@ -5,7 +5,6 @@ ten times under one_device, never collecting itself, and reports after each call
 """
 
 import json
-import os
 import sys
 import textwrap
 
@@ -79,11 +78,10 @@ _CHILD = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
   """The child's report: a row per call (threads, live Trainers, optimizers, strategies) and the retracing warnings."""
-  # The `subprocess_env` fixture's environment, for a fixture of this module's scope.
-  env = {**os.environ, "PYTHONPATH": paths.REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   child = process_testlib.Process(
-      [sys.executable, "-c", _CHILD, str(CALLS)], env=env, logs=tmp_path_factory.mktemp("sweep")
+      [sys.executable, "-c", _CHILD, str(CALLS)],
+      env=paths.subprocess_environment(),
+      logs=tmp_path_factory.mktemp("sweep"),
   )
   status, stdout, stderr = child.wait()
   assert status == 0, stderr[-3000:]

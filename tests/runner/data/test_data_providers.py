@@ -122,16 +122,6 @@ def test_tfrecord_files_shard_by_file(tmp_path):
   assert sorted(order) == single and order != single
 
 
-@pytest.mark.parametrize("shuffle", [0, 5])
-def test_tfrecord_files_start_the_repeated_stream_at_any_position(tmp_path, shuffle):
-  pattern = _write_records(tmp_path, num_files=3, per_file=7)
-  provider = data.TFRecordFiles(pattern, _parse, shuffle_buffer_size=shuffle, seed=2)
-  for start in (0, 5, 23, 44):  # Within the first epoch of 21 records, and two and three epochs in.
-    skipped = _values(provider.get_repeated_dataset(_context(1, 2), start).take(30), index=1)
-    reference = _values(provider.get_repeated_dataset(_context(1, 2), 0).skip(start).take(30), index=1)
-    assert skipped == reference and len(skipped) == 30
-
-
 @pytest.mark.parametrize("pipelines", [2, 3])
 @pytest.mark.parametrize("num_files", [1, 2, 3])
 @pytest.mark.parametrize("sharding", ["auto", "file", "data"])
