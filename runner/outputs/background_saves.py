@@ -77,7 +77,7 @@ def expect_one_trace_per_writer(checkpoint: tf.train.Checkpoint) -> None:
   a "triggered tf.function retracing" warning about a trace that cannot be
   shared. Call it after the save that made the writer.
   """
-  writer = getattr(checkpoint, "_async_checkpointer_impl", None)
+  writer = _writer(checkpoint)
   if writer is not None:
     writer._copy_to_cpu._omit_frequent_tracing_warning = True  # noqa: SLF001
 
@@ -88,7 +88,7 @@ def take_error(checkpoint: tf.train.Checkpoint) -> Exception | None:
   TensorFlow keeps it in its writer and raises it at the next write; taken
   here, the caller names the checkpoint that failed instead.
   """
-  writer = getattr(checkpoint, "_async_checkpointer_impl", None)
+  writer = _writer(checkpoint)
   if writer is None:
     return None
   error, writer._async_error = writer._async_error, None  # noqa: SLF001
@@ -105,10 +105,15 @@ def close(checkpoint: tf.train.Checkpoint) -> None:
   Raises:
     Exception: the error of the write in flight, unless taken (`take_error`).
   """
-  writer = getattr(checkpoint, "_async_checkpointer_impl", None)
+  writer = _writer(checkpoint)
   if writer is None:
     return
   atexit.unregister(writer._join_async_save_thread)  # noqa: SLF001
   checkpoint._async_checkpointer_impl = None  # noqa: SLF001
   checkpoint._checkpoint_options = None  # noqa: SLF001  # Else a restore would go through a new writer.
   writer._join_async_save_thread()  # noqa: SLF001
+
+
+def _writer(checkpoint: tf.train.Checkpoint) -> Any:
+  """`checkpoint`'s asynchronous writer (TensorFlow's `AsyncCheckpointHelper`), or None before its first save."""
+  return getattr(checkpoint, "_async_checkpointer_impl", None)

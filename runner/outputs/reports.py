@@ -172,11 +172,11 @@ class Reporter:
 
   def close(self) -> None:
     """Flushes, then closes `metrics.jsonl` and the TensorBoard writers; a later report opens them again."""
-    self.flush()
     for scalars in self._scalars.values():
-      scalars.close()
+      scalars.close()  # Flushes first.
     self._scalars = {}
     if self._rows is not None:
+      self._rows.flush()
       self._rows.close()
 
   def _write_row(self, row: Mapping[str, Any]) -> None:
