@@ -103,7 +103,9 @@ class Task(abc.ABC):
 
     Raises:
       ConfigError: such labels cannot work; the message starts with
-        "labels" and names the spec found and the one expected.
+        "labels" and names the spec found and the one expected. Or such
+        outputs cannot (e.g. several for a loss that takes one); the message
+        names them and starts otherwise, as it is not about the data.
     """
     del labels_spec, outputs_spec
     return None

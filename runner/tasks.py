@@ -33,7 +33,8 @@ class Classification(Task):
     return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
   def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
-    """One class id per example (shape () or (1,)), of an integer dtype, in [0, number of outputs)."""
+    """One output tensor; one class id per example (shape () or (1,)), of an integer dtype, in [0, outputs)."""
+    _check_one_output(self, outputs_spec)
     if not _is_dense(outputs_spec) or outputs_spec.shape.rank != 2 or outputs_spec.shape[-1] is None:
       return None
     classes = outputs_spec.shape[-1]
@@ -82,7 +83,8 @@ class Regression(Task):
     return [keras.metrics.MeanAbsoluteError(name="mae")]
 
   def check_labels(self, labels_spec: Any, outputs_spec: Any) -> LabelRange | None:
-    """Real-valued labels with as many values per example as the model has outputs."""
+    """One output tensor; real-valued labels with as many values per example as it has."""
+    _check_one_output(self, outputs_spec)
     if not (_is_dense(labels_spec) and _is_dense(outputs_spec)):
       return None
     if not (labels_spec.dtype.is_floating or labels_spec.dtype.is_integer):
@@ -102,3 +104,16 @@ class Regression(Task):
 
 def _is_dense(spec: Any) -> bool:
   return isinstance(spec, tf.TensorSpec)
+
+
+def _check_one_output(task: Task, outputs_spec: Any) -> None:
+  """Raises ConfigError (naming what the model returns) unless `outputs_spec` is one tensor's (or a list of one)."""
+  count = len(tf.nest.flatten(outputs_spec))
+  if count > 1 or isinstance(outputs_spec, dict):
+    shapes = tf.nest.map_structure(lambda spec: tuple(spec.shape.as_list()), outputs_spec)
+    raise ConfigError(
+        f"Task {type(task).__name__}'s loss takes one output tensor, but the model returns a "
+        f"{type(outputs_spec).__name__} of {count} tensor{'s' * (count > 1)} of shapes {shapes}. "
+        "Give the model one output, or name a task of your own whose loss takes them (config.task.name="
+        "'module:function')."
+    )

@@ -15,6 +15,7 @@ fields its config section has. A model function is called as
 from collections.abc import Callable, Mapping
 import dataclasses
 import importlib
+import inspect
 from typing import Any
 
 from runner import models as builtin_models
@@ -103,7 +104,8 @@ def resolve(kind: str, name: str) -> Callable[..., Any]:
 
   Raises:
     ConfigError: an unknown built-in, a module that does not import, a missing
-      attribute, or an attribute that is not callable.
+      attribute, an attribute that is not callable, or a function that
+      cannot be called with the arguments a function of `kind` gets.
   """
   found = builtin(kind, name)
   if found is not None:
@@ -127,7 +129,35 @@ def resolve(kind: str, name: str) -> Callable[..., Any]:
     )
   if not callable(fn):
     raise ConfigError(f"The {kind} {name!r} is a {type(fn).__name__}, not a function.")
+  _check_call(kind, name, fn)
   return fn
+
+
+_CALLED_WITH = {
+    "model": ("config.model",),
+    "dataset": ("config.data", "split"),
+    "task": ("config.task",),
+}
+
+
+def _check_call(kind: str, name: str, fn: Callable[..., Any]) -> None:
+  """Raises ConfigError when `fn` cannot be called as a function of `kind` is (its parameters named).
+
+  A callable whose signature Python cannot tell (some builtins) is not checked.
+  """
+  try:
+    signature = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return
+  arguments = _CALLED_WITH[kind]
+  try:
+    signature.bind(*arguments)
+  except TypeError as e:
+    split = " with split 'train' or 'eval'" if "split" in arguments else ""
+    raise ConfigError(
+        f"The {kind} {name!r} has the parameters {signature}, but it is called as "
+        f"{getattr(fn, '__name__', 'fn')}({', '.join(arguments)}){split} ({e}); give it those parameters."
+    ) from None
 
 
 def own_fields(kind: str, name: str) -> Mapping[str, Any] | None:

@@ -96,10 +96,11 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
     purpose: what the data is for, e.g. "training".
 
   Raises:
-    DataError: the dataset is batched, a feature is ragged or has a length
+    DataError: the dataset is batched, the features' structure or keys
+      differ from the model's inputs, a feature is ragged or has a length
       that varies where the model needs a fixed one, or a feature's shape
-      does not fit the model's input. The message names the element spec and
-      the model's input.
+      does not fit the model's input. The message names the element spec (or
+      the keys) and the model's input.
   """
   features = element_spec[0]
   where = f"The {purpose} data"
@@ -133,6 +134,12 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
         f"{where}'s features are {_spec(features)} per example, but the model takes {_spec(expected)}: their "
         "structures differ."
     ) from None
+  named, wanted = [path for path, _ in leaves(features)], [path for path, _ in leaves(expected)]
+  if named != wanted:
+    raise DataError(
+        f"{where}'s features have the keys {_keys(named)}, but the model's inputs are named {_keys(wanted)}. Give "
+        "the features the keys of the model's inputs in the dataset, or name the inputs as the features."
+    )
   for (path, spec), want in zip(leaves(features), tf.nest.flatten(expected)):
     if is_composite(spec) or is_composite(want):
       if not (is_composite(spec) and is_composite(want) and want.is_compatible_with(spec)):
@@ -218,12 +225,16 @@ def label_range(element_spec: Any, outputs_spec: Any, task: Any, *, purpose: str
   Raises:
     DataError: the task cannot score labels of this spec against these
       outputs (`Task.check_labels`); the message starts with the data's purpose.
+    ConfigError: the task cannot score these outputs at all, whatever the
+      labels (`Task.check_labels`' message does not start with "labels").
   """
   if outputs_spec is None:
     return None
   try:
     return task.check_labels(element_spec[1], outputs_spec)
   except ConfigError as e:
+    if not str(e).startswith("labels"):
+      raise
     raise DataError(f"The {purpose} data's {e}") from None
 
 
@@ -515,6 +526,11 @@ def leaves(nest: Any, path: str = "") -> Iterator[tuple[str, Any]]:
       yield from leaves(part, f"{path}[{index}]")
   else:
     yield path, nest
+
+
+def _keys(paths: list[str]) -> str:
+  """The paths of `leaves`, for messages: "'a', 'b'" for a dict's keys, "[0]['a'], ..." deeper."""
+  return ", ".join(path[1:-1] if path.count("[") == 1 else path for path in paths)
 
 
 def is_composite(spec: Any) -> bool:

@@ -181,6 +181,21 @@ def is_metric(value: Any) -> bool:
   return any(version.is_metric(value) for version in VERSIONS)
 
 
+def legacy_optimizer(optimizer: Any) -> tuple[str, str] | None:
+  """`(its name, what to use instead)` for a tf_keras legacy optimizer (`tf_keras.optimizers.legacy`), else None.
+
+  The Trainer takes the current optimizers of either Keras, which the legacy
+  ones (OptimizerV2) are not.
+  """
+  module = sys.modules.get(TF_KERAS.module_name)
+  if module is None or not isinstance(optimizer, module.optimizers.legacy.Optimizer):
+    return None
+  name = type(optimizer).__name__
+  if getattr(module.optimizers.legacy, name, None) is type(optimizer) and hasattr(module.optimizers, name):
+    return f"tf_keras.optimizers.legacy.{name}", f"tf_keras.optimizers.{name} (it takes the same arguments)"
+  return f"{name} (a tf_keras.optimizers.legacy.Optimizer)", "a subclass of tf_keras.optimizers.Optimizer"
+
+
 def of_model_and_optimizer(model: Any, optimizer: Any) -> KerasVersion:
   """The one Keras that `model` and `optimizer` both belong to.
 

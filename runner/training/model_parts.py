@@ -71,7 +71,8 @@ def make(
 
   Raises:
     ConfigError: `model_fn` or `optimizer_fn` returned something else than
-      a Keras model or optimizer, the two are of different Kerases, or the
+      a Keras model or optimizer (a tf_keras legacy optimizer is named with
+      the one to use instead), the two are of different Kerases, or the
       metrics' names are unusable.
   """
   if precision == "mixed_float16":
@@ -85,12 +86,18 @@ def make(
           fn=model_fn,
           expected="a keras.Model. A tf_keras.Model (Keras 2) works too",
       )
+    optimizer = optimizer_fn()
+    legacy = keras_versions.legacy_optimizer(optimizer)
     optimizer = trainer_options.made(
-        optimizer_fn(),
+        optimizer,
         keras_versions.is_optimizer,
         role="optimizer_fn",
         fn=optimizer_fn,
-        expected="a keras.optimizers.Optimizer. One of tf_keras.optimizers (Keras 2) works too",
+        expected=(
+            "a keras.optimizers.Optimizer. One of tf_keras.optimizers (Keras 2) works too"
+            if legacy is None
+            else f"a current optimizer, not the legacy {legacy[0]}: use {legacy[1]}"
+        ),
     )
     keras_version = keras_versions.of_model_and_optimizer(model, optimizer)
     if precision == "mixed_float16":

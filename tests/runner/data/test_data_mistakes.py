@@ -1,10 +1,15 @@
 """Data mistakes are one DataError line naming what was found and what was expected (runner.data.checks).
 
 The command line turns each into one `error:` line with exit status 2 (the
-cases in test_cli.py); here the messages themselves, in one process.
+cases in test_cli.py); here the messages themselves, in one process, and,
+through the command line, a model, dataset or task function that does not fit.
 """
 
 import os
+import re
+import subprocess
+import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -409,3 +414,75 @@ def test_a_run_that_fails_on_its_data_leaves_the_workdir_as_it_found_it(tmp_path
   with pytest.raises(DataError):
     runner.run(config, workdir=str(existing))
   assert os.listdir(existing) == ["notes.txt"]
+
+
+_FUNCTIONS = textwrap.dedent("""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    def two_outputs(config):
+      features = keras.Input((16,))
+      return keras.Model(features, [keras.layers.Dense(10)(features), keras.layers.Dense(3)(features)])
+
+    def left_and_right(config):
+      left, right = keras.Input((8,), name="left"), keras.Input((8,), name="right")
+      return keras.Model({"left": left, "right": right}, keras.layers.Dense(10)(keras.layers.Concatenate()([left, right])))
+
+    def other_keys(config, split):
+      x = np.ones((64, 8), np.float32)
+      return tf.data.Dataset.from_tensor_slices(({"a": x, "b": x}, np.zeros(64, np.int32)))
+
+    def without_split(config):
+      return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.zeros(64, np.int32)))
+
+    def task_without_config():
+      raise AssertionError("never called")
+    """)
+
+_DOES_NOT_FIT = {
+    "model_with_two_outputs": (
+        ["--config.model.name=fits:two_outputs"],
+        r"Task Classification's loss takes one output tensor, but the model returns a list of 2 tensors of shapes "
+        r"\[\(None, 10\), \(None, 3\)\]\. Give the model one output, or name a task of your own",
+    ),
+    "dict_features_of_other_keys": (
+        ["--config.model.name=fits:left_and_right", "--config.data.name=fits:other_keys"],
+        r"The training data's features have the keys 'a', 'b', but the model's inputs are named 'left', 'right'\.",
+    ),
+    "dataset_without_split": (
+        ["--config.data.name=fits:without_split"],
+        r"The dataset 'fits:without_split' has the parameters \(config\), but it is called as "
+        r"without_split\(config\.data, split\) with split 'train' or 'eval' \(too many positional arguments\)",
+    ),
+    "task_without_config": (
+        ["--config.task.name=fits:task_without_config"],
+        r"The task 'fits:task_without_config' has the parameters \(\), but it is called as "
+        r"task_without_config\(config\.task\) \(too many positional arguments\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_DOES_NOT_FIT))
+def test_a_function_that_does_not_fit_is_one_error_line_through_the_cli(tmp_path, case):
+  overrides, message = _DOES_NOT_FIT[case]
+  (tmp_path / "fits.py").write_text(_FUNCTIONS)
+  workdir = tmp_path / "workdir"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  env = paths.subprocess_environment()
+  env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+  run = subprocess.run(
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train"]
+      + ["--config.trainer.train_steps=2", *overrides],
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+  )
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert "Traceback" not in run.stderr
+  errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and re.match(f"^error: {message}", errors[0]), run.stderr[-3000:]
+  assert os.listdir(workdir) == ["notes.txt"]

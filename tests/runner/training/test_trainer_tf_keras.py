@@ -252,10 +252,16 @@ def test_features_of_another_shape_than_the_tf_keras_input_are_refused_before_an
             "model_fn made a Keras 3 model but optimizer_fn made a tf_keras (Keras 2) optimizer (Adam); both must be "
             "of one Keras. Make the optimizer with the model's Keras, e.g. keras.optimizers.Adam.",
         ),
+        (
+            tf_keras_testlib.model_fn,
+            lambda: tf_keras.optimizers.legacy.Adam(0.1),
+            f"optimizer_fn {__name__}:<lambda> returned Adam; it must return a current optimizer, not the legacy "
+            "tf_keras.optimizers.legacy.Adam: use tf_keras.optimizers.Adam (it takes the same arguments).",
+        ),
     ],
-    ids=["tf_keras_model_keras_3_optimizer", "keras_3_model_tf_keras_optimizer"],
+    ids=["tf_keras_model_keras_3_optimizer", "keras_3_model_tf_keras_optimizer", "tf_keras_legacy_optimizer"],
 )
-def test_a_model_and_an_optimizer_of_different_kerases_are_one_error(model_fn, optimizer_fn, message):
+def test_an_optimizer_of_another_keras_or_a_legacy_one_is_one_error(model_fn, optimizer_fn, message):
   with pytest.raises(strategies.ConfigError) as raised:
     runner.Trainer(
         tf.distribute.OneDeviceStrategy("/cpu:0"),
