@@ -44,8 +44,9 @@ task outlives it and each stops as after a stop to the launcher (the
 parameter-server tasks serve on until their chief is gone).
 
 Exit status: 0 the job succeeded; the failed task's status when it is 1..255,
-1 when the task was killed by a signal; 143 after SIGTERM and 130 after
-Ctrl-C; 2 for bad launcher input (one line `error: ...` on stderr).
+128 + N when the task was killed by signal N; 143 after SIGTERM and 130 after
+Ctrl-C; 2 for bad launcher input (one line `error: ...` on stderr). Which a
+restart repeats: `runner.exit_codes`, docs/clusters.md#exit-statuses.
 
 This module imports no TensorFlow: it only supervises processes.
 """
@@ -464,9 +465,10 @@ def _run_once(
           if job.dispensable
           else "every task at once; the workers agree on the step to save at"
       )
+      again = " again" if signals.received == signal.SIGINT else ""
       output.launcher(
-          f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C "
-          "again to kill every task at once."
+          f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C{again} "
+          "to kill every task at once."
       )
     else:  # Parameter-server tasks end by themselves once they see the chief gone; give them the time.
       job.wait(SERVERS_END_SECONDS, stop=lambda: signals.received)

@@ -465,6 +465,8 @@ def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_
   status, _, stderr = job.wait()
   assert status == 128 + signum, stderr[-3000:]
   name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}[signum]
+  again = " again" if signum == signal.SIGINT else ""  # After SIGTERM no Ctrl-C came before.
+  assert re.search(rf"^\[launch\] {re.escape(name)} received: .*\. Press Ctrl-C{again} to kill", stderr, re.M), stderr
   step = _latest_step(workdir)
   if step is None:
     assert stderr.splitlines()[-1] == (
