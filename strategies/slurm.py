@@ -100,10 +100,10 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
         "set); start every task with srun, e.g. `srun python -m runner ...` (in an sbatch script too), or use "
         "cluster='auto'."
     )
-  ports = () if environ.get("SLURM_STEP_RESV_PORTS") else (("SLURM_JOB_ID",),)
+  job_id = () if environ.get("SLURM_STEP_RESV_PORTS") else (("SLURM_JOB_ID",),)  # For the ports, unless reserved.
   missing = [
       group[0] + (f" (or {' or '.join(group[1:])})" if group[1:] else "")
-      for group in (*_STEP_VARIABLES, *ports)
+      for group in (*_STEP_VARIABLES, *job_id)
       if not _set(environ, group)
   ]
   if missing:
