@@ -217,11 +217,12 @@ def _check_tpu(config: Any) -> None:
 def _served(config: Any) -> bool:
   """Serves when this process is a worker or ps task of a parameter-server cluster; returns whether it was one."""
   from runner.cluster import roles
-  from runner.cluster import task_server
 
   role, found = roles.role(config)
   if role != roles.SERVE:
     return False
+  from runner.cluster import task_server  # Imports TensorFlow: only once the cluster is known to be good.
+
   if _DRY_RUN.value:
     print(found.describe())
     print(f"plan: {task_server.describe(found)}")

@@ -101,7 +101,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   writes anything until it returns or fails, so a second one stops at once
   (see `workdir_lock`); 'eval' and 'export' neither take nor wait for it.
   'continuous_eval' is the evaluator beside a trainer (`continuous_eval`):
-  it takes no lock, records no config and writes only its evaluations.
+  it takes the evaluator's lock, not the trainer's (one evaluator per
+  workdir), records no config and writes only its evaluations.
   Calls in one process (a sweep) do not pile up: each closes its Trainer
   (`Trainer.close`) before it returns, and each after the first starts by
   freeing what the runs before it left (`_free_earlier_runs`).
@@ -220,7 +221,8 @@ def continuous_eval(
   The evaluator beside a trainer of the same config (see
   `runner.training.continuous_eval`): it ends after the checkpoint of
   `config.trainer.train_steps`, or after `config.trainer.eval_timeout_seconds`
-  without a new checkpoint. It takes no lock and writes into `workdir` only its
+  without a new checkpoint. It holds the workdir's evaluator lock while it
+  runs (a second evaluator is refused) and writes into `workdir` only its
   evaluations (TensorBoard scalars in `summaries/eval`, `eval` rows of
   `metrics.jsonl`), so a failure leaves the workdir as it is.
 
@@ -234,7 +236,8 @@ def continuous_eval(
     when no checkpoint was evaluated.
 
   Raises:
-    ConfigError: no workdir, a checkpoint that does not match the config.
+    ConfigError: no workdir, a checkpoint that does not match the config,
+      another evaluator of the workdir.
     runner.data.DataError: the eval data does not fit the model or the task.
     SystemExit: on SIGTERM (143) or Ctrl-C (130).
   """

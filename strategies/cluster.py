@@ -30,7 +30,7 @@ from strategies.errors import ConfigError
 if TYPE_CHECKING:  # Building a resolver imports TensorFlow; finding the cluster does not.
   import tensorflow as tf
 
-__all__ = ["ALONE", "Cluster", "SOURCES", "find", "from_json", "from_worker_hosts"]
+__all__ = ["ALONE", "Cluster", "SOURCES", "find", "from_json", "from_worker_hosts", "names_an_evaluator"]
 
 SOURCES = ("auto", "tf_config", "slurm")
 # Job names of the engines -> ours.
@@ -88,18 +88,32 @@ def find(
   return found
 
 
+def names_an_evaluator(environ: Mapping[str, str] | None = None) -> bool:
+  """Whether TF_CONFIG (else CLUSTER_SPEC) names this task the evaluator; `find` reads and checks the rest."""
+  environ = os.environ if environ is None else environ
+  variable = next((name for name in ("TF_CONFIG", "CLUSTER_SPEC") if environ.get(name)), None)
+  if variable is None:
+    return False
+  try:
+    task_type = json.loads(environ[variable])["task"]["type"]
+  except (ValueError, KeyError, TypeError):
+    return False
+  return {**_JOB_NAMES, **VERTEX_POOLS}.get(task_type) == EVALUATOR if isinstance(task_type, str) else False
+
+
 def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
   """Returns the cluster of a TF_CONFIG (or Vertex AI CLUSTER_SPEC) JSON text.
 
   'master' (a Kubernetes TFJob's chief) becomes 'chief', Vertex's
   'workerpool0'-'workerpool3' become chief, worker, ps and evaluator, and an
   evaluator is left out of the training jobs. A TF_CONFIG with no cluster
-  is this process alone.
+  is this process alone, unless it names this task the evaluator.
 
   Raises:
     ConfigError: the text is not JSON with a "cluster" object, a job name
       is unknown, both 'chief' and 'master' are given, or the "task" is not
-      one of the cluster's tasks.
+      one of the cluster's tasks, or it names this task the evaluator of a
+      cluster with no chief or worker.
   """
   names = {**_JOB_NAMES, **VERTEX_POOLS} if variable == "CLUSTER_SPEC" else _JOB_NAMES
   try:
@@ -120,10 +134,16 @@ def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
     if not isinstance(tasks, list) or not all(isinstance(address, str) and address for address in tasks):
       raise ConfigError(f"{variable}'s job {job!r} must be a list of 'host:port' strings, got {tasks!r}.")
     jobs[names[job]] = tuple(tasks)
-  if not any(jobs.get(job) for job in TRAINING_JOBS):
-    return ALONE
   task_type, task_id = str(task.get("type")), task.get("index", 0)
   task_type = names.get(task_type, task_type)
+  if not any(jobs.get(job) for job in TRAINING_JOBS):
+    if task_type == EVALUATOR:
+      raise ConfigError(
+          f"{variable} names this task the evaluator, but its cluster has no chief or worker for it to follow "
+          f"({json.dumps(cluster)}); an evaluator evaluates the checkpoints of a training cluster: give the cluster's "
+          f"chief and workers, or drop {variable} to train this process alone."
+      )
+    return ALONE
   if task_type not in jobs or not checks.is_int(task_id) or not 0 <= task_id < len(jobs[task_type]):
     tasks = ", ".join(f"{job}:0-{len(addresses) - 1}" for job, addresses in jobs.items())
     raise ConfigError(f"{variable}'s task {task!r} is not one of its cluster's tasks ({tasks}).")

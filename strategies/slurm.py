@@ -46,16 +46,33 @@ NUM_BLOCKS = (DERIVED_PORTS_HIGH - DERIVED_PORTS_LOW) // DERIVED_BLOCK_SIZE
 JOBS_APART = NUM_BLOCKS // STEP_SLOTS
 _NO_GPU = ("", "-1", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU.
 _NUMBERS = re.compile(r"\d+(-\d+)?$")
+_NODE_LISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+# What every task of a step needs, each one of a group: the step, its task count, node list and tasks per node.
+_STEP_VARIABLES = (
+    ("SLURM_STEP_ID",),
+    ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+    _NODE_LISTS,
+    ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
+)
 
 
 def is_multi_task_step(environ: Mapping[str, str]) -> bool:
-  """Whether this process is one task of a SLURM job step (`srun`) of more than one task.
+  """Whether this process claims to be one task of a SLURM job step (`srun`) of more than one task.
 
-  A batch script's own process is not: it has the job's SLURM_NTASKS but is
-  no step (no SLURM_STEP_ID); its tasks are started by `srun` in it.
+  It claims so with `SLURM_PROCID` and a rank above 0, or more than one task
+  (`SLURM_STEP_NUM_TASKS` or `SLURM_NTASKS`) or no count, whether or not the
+  rest of the step's variables are set (`cluster` checks them). A batch
+  script's own process does not: it is rank 0 of the job, with the job's
+  SLURM_NTASKS, id and node list, but no step (no SLURM_STEP_ID); its tasks
+  are started by `srun` in it.
   """
-  tasks = environ.get("SLURM_STEP_NUM_TASKS") or ""
-  return "SLURM_PROCID" in environ and "SLURM_STEP_ID" in environ and tasks.isdigit() and int(tasks) > 1
+  rank = environ.get("SLURM_PROCID")
+  if rank is None:
+    return False
+  if "SLURM_STEP_ID" not in environ and rank == "0" and environ.get("SLURM_JOB_ID") and _set(environ, _NODE_LISTS):
+    return False  # A batch script.
+  tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or ""
+  return rank != "0" or not tasks.isdigit() or int(tasks) > 1
 
 
 def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.Cluster:
@@ -77,17 +94,30 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
       ports or GPUs for the tasks of a node.
   """
   checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
-  if "SLURM_PROCID" not in environ or "SLURM_STEP_ID" not in environ:
+  if "SLURM_PROCID" not in environ:
     raise ConfigError(
-        "config.strategy.cluster='slurm' but this process is not a task of a SLURM job step (SLURM_PROCID and "
-        "SLURM_STEP_ID are not set); start every task with srun, e.g. `srun python -m runner ...` (in an sbatch "
-        "script too), or use cluster='auto'."
+        "config.strategy.cluster='slurm' but this process is not a task of a SLURM job step (SLURM_PROCID is not "
+        "set); start every task with srun, e.g. `srun python -m runner ...` (in an sbatch script too), or use "
+        "cluster='auto'."
+    )
+  job_id = () if environ.get("SLURM_STEP_RESV_PORTS") else (("SLURM_JOB_ID",),)  # For the ports, unless reserved.
+  missing = [
+      group[0] + (f" (or {' or '.join(group[1:])})" if group[1:] else "")
+      for group in (*_STEP_VARIABLES, *job_id)
+      if not _set(environ, group)
+  ]
+  if missing:
+    listed = ", ".join(missing[:-1]) + (" and " if missing[:-1] else "") + missing[-1]
+    raise ConfigError(
+        f"This process is not a task of a SLURM job step (a half-set SLURM environment): SLURM_PROCID="
+        f"{environ['SLURM_PROCID']} is set but {listed} {'is' if len(missing) == 1 else 'are'} not; start every task "
+        f"with srun, e.g. `srun python -m runner ...` (in an sbatch script too), or unset SLURM_PROCID to train alone."
     )
   num_tasks = _count(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), minimum=1)
   rank = _count(environ, ("SLURM_PROCID",), minimum=0)
   if rank >= num_tasks:
     raise ConfigError(f"SLURM_PROCID={rank} is outside the step's {num_tasks} tasks (valid: 0 to {num_tasks - 1}).")
-  nodes_variable, nodes_text = _first(environ, ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"))
+  nodes_variable, nodes_text = _first(environ, _NODE_LISTS)
   hosts = expand_hostlist(nodes_text, nodes_variable)
   per_node_variable, per_node_text = _first(environ, ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
   tasks_per_node = expand_tasks_per_node(per_node_text, per_node_variable)
@@ -177,6 +207,11 @@ def _expand_ranges(ranges: str, text: str, variable: str) -> list[str]:
       raise ConfigError(f"{variable}={text!r} has a range {item!r} that ends before it starts.")
     numbers += [str(n).zfill(len(first)) for n in range(int(first), int(last) + 1)]
   return numbers
+
+
+def _set(environ: Mapping[str, str], variables: tuple[str, ...]) -> bool:
+  """Whether any of `variables` is set to a non-empty value."""
+  return any(environ.get(variable) for variable in variables)
 
 
 def _first(environ: Mapping[str, str], variables: tuple[str, ...]) -> tuple[str, str]:

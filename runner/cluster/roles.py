@@ -16,14 +16,19 @@ TRAIN, SERVE, EVALUATE = "train", "serve", "evaluate"
 
 
 def cluster_of(config: Any) -> cluster_lib.Cluster:
-  """Returns the cluster `config.strategy` reads (`strategies.cluster.find`); alone for the one-process strategies.
+  """Returns the cluster `config.strategy` reads (`strategies.cluster.find`).
+
+  The one-process strategies and `worker_hosts` read none (alone), except
+  that a TF_CONFIG or CLUSTER_SPEC naming this task the evaluator makes it
+  the evaluator under every strategy.
 
   Raises:
-    ConfigError: the environment's cluster is not valid (see `find`).
+    ConfigError: the environment's cluster is not valid (see `find`), e.g. an
+      evaluator with no chief or worker to follow.
   """
   strategy = config.strategy
   if strategy.name not in CLUSTER_STRATEGIES or strategy.get("worker_hosts") is not None:
-    return cluster_lib.ALONE
+    return cluster_lib.find("tf_config") if cluster_lib.names_an_evaluator() else cluster_lib.ALONE
   parameter_server = strategy.name == "parameter_server"
   return cluster_lib.find(
       strategy.cluster, parameter_server=parameter_server, num_ps=strategy.num_ps if parameter_server else None

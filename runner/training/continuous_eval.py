@@ -13,17 +13,24 @@ that was stopped and started again, or by a 'train_and_eval' trainer) is not
 evaluated again; one the trainer's `max_to_keep` deleted while it was read
 is skipped with a warning.
 
-It writes nothing else into the workdir (no config, no lock, no checkpoint,
-no rewrite of the checkpoint list), so it cannot disturb the trainer.
+One evaluator evaluates a workdir: once the workdir exists, it takes the
+evaluator's lock (`WORKDIR/.tf-runner-evaluator.lock`, `runner.workdir.lock`,
+not the trainer's), and a second evaluator of the same workdir stops there
+with one line naming the first (`WorkdirInUseError`). Besides that lock,
+removed when it ends, it writes nothing else into the workdir (no config, no
+checkpoint, no rewrite of the checkpoint list), so it cannot disturb the
+trainer.
 """
 
 from collections.abc import Mapping
+import contextlib
 import dataclasses
 import os
 import time
 from typing import NoReturn
 
 from absl import logging
+import tensorflow as tf
 
 from runner import exit_codes
 from runner import interfaces
@@ -32,6 +39,7 @@ from runner.outputs import checkpoint_list
 from runner.outputs import checkpoints
 from runner.outputs import reports
 from runner.training.trainer import Trainer
+from runner.workdir import lock as workdir_lock
 from strategies.errors import ConfigError
 
 POLL_SECONDS = 1.0  # How often the checkpoint list is read while no new checkpoint is there.
@@ -128,6 +136,8 @@ def evaluate_new_checkpoints(
 
   Raises:
     ConfigError: `trainer` has no `model_dir`; or as `evaluate_checkpoint`.
+    runner.workdir.lock.WorkdirInUseError (a ConfigError): another evaluator
+      holds the workdir's evaluator lock.
     DataError: as `evaluate_checkpoint`.
     SystemExit: on SIGTERM (143) or Ctrl-C (130).
   """
@@ -138,7 +148,8 @@ def evaluate_new_checkpoints(
   last: Evaluation | None = None
   taken = -1  # The step of the newest checkpoint taken (evaluated, found evaluated, or skipped).
   since = time.monotonic()  # When the last new checkpoint was taken, or the watch began.
-  with stop_signals.StopSignals(in_training=False) as signals:
+  lock = None  # The evaluator's lock, taken once the workdir exists.
+  with stop_signals.StopSignals(in_training=False) as signals, contextlib.ExitStack() as cleanup:
     logging.info(
         "Evaluating each new checkpoint in %s once, until the checkpoint of step %d or %g s without a new one.",
         directory,
@@ -150,6 +161,9 @@ def evaluate_new_checkpoints(
         _stop(signals.received, last)
       if taken >= final_step:
         return last
+      if lock is None and tf.io.gfile.exists(model_dir):
+        lock = workdir_lock.acquire(model_dir, mode="continuous_eval", evaluator=True)
+        cleanup.callback(lock.release)
       found = _oldest_after(directory, taken)  # The list is read again after each evaluation: it may be stale.
       if found is None:
         if time.monotonic() - since >= timeout_seconds:

@@ -19,7 +19,10 @@ class Controller:
   so that action sees exactly that step. The loop's function is traced before
   the first call and timed apart, so the first loop's throughput (and the ETA
   from it) counts only its steps. Python work (actions, reports) stays
-  between calls, outside the compiled loop.
+  between calls, outside the compiled loop. A loop's throughput counts its
+  wall time: from the end of the loop before (so the actions after that one,
+  such as a checkpoint, and any stall there, count) to its own end, less the
+  time of evaluations (`actions.Evaluate`, reported with their own time).
   """
 
   def __init__(
@@ -86,19 +89,21 @@ class Controller:
     end = total_steps
     tracing_seconds = self._ready(iterator) if step < end else None
     previous_end = None
+    evaluation_seconds = 0.0  # Of the evaluations since the loop before.
     try:
       while step < end:
         if self._profile is not None:
           self._profile.before_loop(step)
         loop_start = time.perf_counter()
         result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
-        seconds = time.perf_counter() - loop_start
+        loop_end = time.perf_counter()
         self._steps_per_loop.record_loop(
             steps=result.steps_run,
-            seconds=seconds,
+            seconds=loop_end - loop_start,
             host_seconds=None if previous_end is None else loop_start - previous_end,
         )
-        previous_end = loop_start + seconds
+        seconds = loop_end - (loop_start if previous_end is None else previous_end + evaluation_seconds)
+        previous_end = loop_end
         step += result.steps_run
         advance(step, result.results)
         if self._profile is not None:
@@ -116,7 +121,7 @@ class Controller:
             tracing_seconds=tracing_seconds,
         )
         tracing_seconds = None
-        stop_at = self._run_actions(loop)
+        stop_at, evaluation_seconds = self._run_actions(loop)
         if stop_at is not None:
           end = min(end, max(stop_at, step))
     finally:
@@ -134,15 +139,19 @@ class Controller:
       self._steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
     return tracing_seconds
 
-  def _run_actions(self, loop: interfaces.LoopEnd) -> int | None:
-    """Runs the actions due at `loop.step`; returns the step they asked training to stop at, or None.
+  def _run_actions(self, loop: interfaces.LoopEnd) -> tuple[int | None, float]:
+    """Runs the actions due at `loop.step`; returns the step they asked to stop at (or None), and evaluations' seconds.
 
     Each action sees the `LoopEnd` the one before returned.
     """
+    evaluation_seconds = 0.0
     for action in self._actions:
       if actions_lib.is_due(action, loop.step):
+        start = time.perf_counter()
         loop = action(loop) or loop
-    return loop.stop_at
+        if isinstance(action, actions_lib.Evaluate):
+          evaluation_seconds += time.perf_counter() - start
+    return loop.stop_at, evaluation_seconds
 
   def _timed_empty_call(self, iterator: Any) -> float:
     start = time.perf_counter()

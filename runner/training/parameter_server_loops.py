@@ -23,11 +23,16 @@ parts differ from the synchronous loops of `runner.training.loops`:
   counts every example exactly once.
 """
 
+import collections
 from collections.abc import Callable, Sequence
 import math
 import re
+import statistics
+import threading
+import time
 from typing import Any
 
+from absl import logging
 import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib  # noqa: TID251
 
@@ -44,6 +49,12 @@ SUM = tf.distribute.ReduceOp.SUM
 # and checks (each finite exactly when that part of the step was; see `loops.TrainLoop`).
 _RESULT = ("steps_run", "loss_sum", "loss", "gradients", "features", "labels", "label_range")
 _PS_TASK = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)")
+# A worker whose function has not returned after STALL_FACTOR times the median of the last loops' times (at least
+# STALL_MIN_SECONDS; FIRST_LOOP_STALL_SECONDS for the first loop) is named in a warning; the loop waits on.
+STALL_FACTOR = 10
+STALL_MIN_SECONDS = 5.0
+FIRST_LOOP_STALL_SECONDS = 60.0
+_TIMED_LOOPS = 20  # How many of the last loops' times the median is taken over.
 
 
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
@@ -180,6 +191,11 @@ class ScheduledTrainLoop(loops.TrainLoop):
   The result's `steps_run` is the global step's advance (exact after the
   join), `loss` the mean loss of the steps the functions completed, and
   `stop_signal` the coordinator's own: workers and ps tasks only serve.
+
+  A worker that stalls (frozen, swapping, its host overloaded) holds the
+  join; when a loop has waited `stall_seconds()`, one warning names the
+  workers whose function of the loop has not returned (each function marks
+  its worker done in a small variable on a ps as it ends).
   """
 
   def __init__(self, *, coordinator: Any, **kwargs: Any) -> None:
@@ -203,6 +219,9 @@ class ScheduledTrainLoop(loops.TrainLoop):
     self._coordinator = coordinator
     self._num_workers = num_workers(coordinator.strategy)
     self.function = tf.function(self._scheduled_steps)
+    with coordinator.strategy.scope():  # The loop (its first global step) each worker finished last.
+      self._finished = tf.Variable(tf.fill([self._num_workers], tf.constant(-1, tf.int64)), trainable=False)
+    self._loop_seconds: collections.deque[float] = collections.deque(maxlen=_TIMED_LOOPS)
 
   def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> loops.TrainLoopResult:
     """Runs `num_steps` steps on the workers from the per-worker `iterator`; returns a `loops.TrainLoopResult`.
@@ -212,11 +231,12 @@ class ScheduledTrainLoop(loops.TrainLoop):
     on another worker.
     """
     first = int(self._step.numpy())
+    loop = tf.constant(first, tf.int64)
     scheduled = [
-        self._coordinator.schedule(self.function, args=(iterator, tf.constant(size, tf.int32)))
+        self._coordinator.schedule(self.function, args=(iterator, tf.constant(size, tf.int32), loop))
         for size in function_sizes(num_steps, self._num_workers)
     ]
-    self._coordinator.join()
+    self._join(first)
     outputs = [remote.fetch() for remote in scheduled]
     step = int(self._step.numpy())
     self._optimizer.iterations.assign(step)
@@ -239,9 +259,41 @@ class ScheduledTrainLoop(loops.TrainLoop):
     """Traces the scheduled function on first use by running it for zero steps on a worker; see `TrainLoop.trace`."""
     if self.function.experimental_get_tracing_count():
       return False
-    self._coordinator.schedule(self.function, args=(iterator, tf.constant(0, tf.int32)))
+    self._coordinator.schedule(self.function, args=(iterator, tf.constant(0, tf.int32), tf.constant(-1, tf.int64)))
     self._coordinator.join()
     return True
+
+  def stall_seconds(self) -> float:
+    """How long a loop waits for its functions before the stalled workers are named (see the module constants)."""
+    if not self._loop_seconds:
+      return FIRST_LOOP_STALL_SECONDS
+    return max(STALL_MIN_SECONDS, STALL_FACTOR * statistics.median(self._loop_seconds))
+
+  def _join(self, first: int) -> None:
+    """Joins the functions of the loop from step `first`, naming stalled workers once it has waited `stall_seconds`."""
+    seconds = self.stall_seconds()
+    timer = threading.Timer(seconds, self._warn_stalled, args=(first, seconds))
+    timer.daemon = True
+    start = time.perf_counter()
+    timer.start()
+    try:
+      self._coordinator.join()
+    finally:
+      timer.cancel()
+    self._loop_seconds.append(time.perf_counter() - start)
+
+  def _warn_stalled(self, first: int, seconds: float) -> None:
+    late = [index for index, loop in enumerate(self._finished.numpy().tolist()) if loop != first]
+    addresses = self._coordinator.strategy.cluster_resolver.cluster_spec().job_tasks("worker")
+    logging.warning(
+        "%s has not finished its steps of the loop from step %d after %.1f s (%d x the median of the last loops, "
+        "at least %g s): it is stalled or far slower than the other workers; the loop waits for it.",
+        " and ".join(f"worker:{index} ({addresses[index]})" for index in late) or "A worker",
+        first,
+        seconds,
+        STALL_FACTOR,
+        STALL_MIN_SECONDS,
+    )
 
   def _metric_results(self, per_function_states: Sequence[Sequence[Any]]) -> dict[str, float]:
     results = {}
@@ -253,8 +305,11 @@ class ScheduledTrainLoop(loops.TrainLoop):
       )
     return results
 
-  def _scheduled_steps(self, iterator: Any, num_steps: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
-    """Runs at most `num_steps` steps on this worker's next batches; returns `(_RESULT vector, metric changes)`."""
+  def _scheduled_steps(self, iterator: Any, num_steps: tf.Tensor, loop: tf.Tensor) -> tuple[tf.Tensor, list[Any]]:
+    """Runs at most `num_steps` steps on this worker's next batches; returns `(_RESULT vector, metric changes)`.
+
+    At its end it marks this worker as done with `loop` (the loop's first global step).
+    """
     changes = [[tf.zeros_like(v) for v in metric.stateless_reset_state()] for metric in self._metrics]
     loss_sum = tf.constant(0.0)
     sums = tf.zeros([len(_RESULT) - 2])
@@ -271,7 +326,11 @@ class ScheduledTrainLoop(loops.TrainLoop):
       steps_run += 1.0
       if not tf.math.is_finite(tf.reduce_sum(sums)):  # The loss or a check (see `loops.TrainLoop`).
         break
-    return tf.concat([tf.stack([steps_run, loss_sum]), sums], axis=0), changes
+    result = tf.concat([tf.stack([steps_run, loss_sum]), sums], axis=0)
+    with tf.control_dependencies([result, *tf.nest.flatten(changes)]):
+      worker = 0 if self._num_workers == 1 else tf.distribute.coordinator.experimental_get_current_worker_index()
+      self._finished.scatter_nd_update([[worker]], [loop])
+    return result, changes
 
   def _replica_step_with_metric_changes(self, batch: Sequence[Any]) -> tuple[tf.Tensor, list[Any]]:
     sample_weight = batch[2] if len(batch) == 3 else None

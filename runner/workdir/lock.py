@@ -1,5 +1,8 @@
 """One training run per workdir: a lock file that names its holder, and that a killed holder does not keep.
 
+The evaluator of a workdir (mode 'continuous_eval') takes a lock of its own,
+`WORKDIR/.tf-runner-evaluator.lock`, the same way: one evaluator per workdir.
+
 A run that trains takes `WORKDIR/.tf-runner.lock` before it writes anything
 there and removes it at every way out (return, error, SIGTERM, Ctrl-C, and
 `runner.cluster.process_exit.exit_now`). A second run on the same workdir stops at
@@ -58,6 +61,7 @@ from strategies.errors import ConfigError
 from strategies.errors import first_line
 
 FILE_NAME = ".tf-runner.lock"
+EVALUATOR_FILE_NAME = ".tf-runner-evaluator.lock"  # The evaluator's (`continuous_eval`): one per workdir, too.
 HEARTBEAT_SECONDS = 30
 STALE_AFTER_SECONDS = 300
 REMOTE_SETTLE_SECONDS = 2
@@ -142,12 +146,14 @@ class WorkdirLock:
         logging.warning("Could not refresh the workdir lock %s (%s).", self.path, e)
 
 
-def acquire(workdir: str, *, mode: str) -> WorkdirLock:
+def acquire(workdir: str, *, mode: str, evaluator: bool = False) -> WorkdirLock:
   """Takes the lock of `workdir` (which exists) for this process, taking over a stale one.
 
   Args:
     workdir: the run's directory.
     mode: the run's `config.mode`, recorded for whoever finds the lock held.
+    evaluator: take the evaluator's lock (`EVALUATOR_FILE_NAME`) instead of
+      the training run's: one evaluator per workdir, beside its trainer.
 
   Returns:
     The held `WorkdirLock`.
@@ -156,7 +162,7 @@ def acquire(workdir: str, *, mode: str) -> WorkdirLock:
     WorkdirInUseError: another live run holds it (the message names it).
     OSError, tf.errors.OpError: the lock file cannot be written.
   """
-  path = os.path.join(workdir, FILE_NAME)
+  path = os.path.join(workdir, EVALUATOR_FILE_NAME if evaluator else FILE_NAME)
   text = json.dumps(
       dataclasses.asdict(
           Holder(
@@ -196,6 +202,11 @@ def acquire(workdir: str, *, mode: str) -> WorkdirLock:
               f"; it refreshed the lock {age:.0f} s ago, and one not refreshed for {STALE_AFTER_SECONDS} s is "
               "taken over"
           )
+      if evaluator:
+        raise WorkdirInUseError(
+            f"The workdir {workdir} has an evaluator already: {named}. One evaluator evaluates each checkpoint once; "
+            f"stop that one to start this one (a killed evaluator's lock {path} is taken over by the next)."
+        )
       raise WorkdirInUseError(
           f"The workdir {workdir} is in use by another run: {named}. Wait for it to end, or stop it, or use another "
           f"--workdir (a killed run's lock {path} is taken over by the next run)."

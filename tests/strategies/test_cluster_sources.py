@@ -6,6 +6,10 @@ worker pools 0-3. Nothing here starts a server.
 """
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 from absl import flags
 import pytest
@@ -14,6 +18,7 @@ from runner.cluster import roles
 from runner.config import run_config
 import strategies
 from strategies import cluster
+from testlib import paths
 
 TFJOB = {
     "cluster": {
@@ -222,7 +227,8 @@ def test_a_strategy_given_its_cluster_twice_is_refused():
         ("parameter_server", "worker", roles.SERVE),
         ("parameter_server", "ps", roles.SERVE),
         ("parameter_server", "evaluator", roles.EVALUATE),
-        ("mirrored", "worker", roles.TRAIN),  # A one-process strategy reads no cluster.
+        ("mirrored", "worker", roles.TRAIN),  # A one-process strategy reads no cluster...
+        ("mirrored", "evaluator", roles.EVALUATE),  # ...but its evaluator is the evaluator.
     ],
 )
 def test_each_task_role_is_decided_before_any_server(monkeypatch, strategy, task, role):
@@ -230,3 +236,57 @@ def test_each_task_role_is_decided_before_any_server(monkeypatch, strategy, task
   monkeypatch.setenv("TF_CONFIG", _with_task(spec, task))
   config = run_config.validate(run_config.load_config("configs/synthetic.py", [f"strategy.name={strategy}"]))
   assert roles.role(config)[0] == role
+
+
+# A cluster environment that is half there: one line before TensorFlow loads, nothing written.
+_HALF_SET = {
+    "slurm_no_step": (
+        {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"},
+        "multi_worker_mirrored",
+        r"error: This process is not a task of a SLURM job step \(a half-set SLURM environment\): SLURM_PROCID=1 is "
+        r"set but SLURM_STEP_ID, SLURM_STEP_NODELIST \(or SLURM_JOB_NODELIST or SLURM_NODELIST\), "
+        r"SLURM_STEP_TASKS_PER_NODE \(or SLURM_TASKS_PER_NODE\) and SLURM_JOB_ID are not; start every task with srun",
+    ),
+    "slurm_no_nodes": (
+        {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_JOB_ID": "7"},
+        "parameter_server",
+        r"error: This process is not a task of a SLURM job step \(a half-set SLURM environment\): SLURM_PROCID=0 is "
+        r"set but SLURM_STEP_NODELIST \(or SLURM_JOB_NODELIST or SLURM_NODELIST\) and SLURM_STEP_TASKS_PER_NODE "
+        r"\(or SLURM_TASKS_PER_NODE\) are not",
+    ),
+    "evaluator_alone": (
+        {"TF_CONFIG": json.dumps({"cluster": {}, "task": {"type": "evaluator", "index": 0}})},
+        "auto",
+        r"error: TF_CONFIG names this task the evaluator, but its cluster has no chief or worker for it to follow "
+        r"\(\{\}\)",
+    ),
+    "evaluator_of_nothing": (
+        {"TF_CONFIG": json.dumps({"cluster": {"evaluator": ["e:1"]}, "task": {"type": "evaluator", "index": 0}})},
+        "multi_worker_mirrored",
+        r"error: TF_CONFIG names this task the evaluator, but its cluster has no chief or worker for it to follow",
+    ),
+}
+
+
+def test_a_half_set_cluster_environment_is_one_error_line_and_writes_nothing(tmp_path):
+  env = {
+      name: value
+      for name, value in paths.subprocess_environment().items()
+      if not name.startswith("SLURM_") and name not in ("TF_CONFIG", "CLUSTER_SPEC")
+  }
+  processes = {
+      case: subprocess.Popen(
+          [sys.executable, "-m", "runner", "--config=configs/synthetic.py", f"--workdir={tmp_path / case}"]
+          + [f"--config.strategy.name={strategy}", "--config.trainer.train_steps=2"],
+          env={**env, **variables},
+          cwd=paths.REPO,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for case, (variables, strategy, _) in _HALF_SET.items()
+  }
+  for case, process in processes.items():
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 2, (case, stderr[-3000:])
+    assert len(stderr.splitlines()) == 1 and re.match(_HALF_SET[case][2], stderr), (case, stderr[-3000:])
+  assert os.listdir(tmp_path) == []

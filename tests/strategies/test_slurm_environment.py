@@ -104,6 +104,10 @@ def test_only_a_task_of_a_step_of_several_tasks_is_a_multi_task_step():
   assert not slurm.is_multi_task_step(batch)
   with pytest.raises(ConfigError, match=r"not a task of a SLURM job step .* `srun python -m runner \.\.\.`"):
     slurm.cluster(batch, num_ps=None)
+  # A half-set environment claims to be a task, so `find` reads it (and names what is missing).
+  assert slurm.is_multi_task_step({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
+  assert slurm.is_multi_task_step({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})
+  assert slurm.is_multi_task_step({"SLURM_PROCID": "0"})
 
 
 # CPU nodes: the roles and addresses every task computes alike.
@@ -285,7 +289,8 @@ def test_more_tasks_than_gpus_on_a_node_is_one_config_error():
         ({"SLURM_STEP_ID": None}, "not a task of a SLURM job step"),
         (
             {"SLURM_STEP_NODELIST": None, "SLURM_JOB_NODELIST": None},
-            "SLURM did not set SLURM_STEP_NODELIST or SLURM_JOB_NODELIST or SLURM_NODELIST",
+            "SLURM_PROCID=1 is set but SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST or SLURM_NODELIST) is not; start "
+            "every task with srun",
         ),
         (
             {"SLURM_STEP_TASKS_PER_NODE": "3"},

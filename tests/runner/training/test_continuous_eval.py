@@ -7,8 +7,12 @@ Here in one process, deterministically; tests/runner/cluster/test_tfjob_cluster.
 import json
 import logging
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -241,3 +245,52 @@ def _train_row(reporter, step, *, loss):
   reporter.train_loop(
       step=step, total_steps=40, results={"loss": loss}, learning_rate=0.1, steps_per_sec=1.0, examples_per_sec=8.0
   )
+
+
+def test_a_second_evaluator_of_a_workdir_is_refused_in_one_line_and_each_checkpoint_is_evaluated_once(
+    trained, tmp_path
+):
+  workdir = _copy(trained, tmp_path)
+  command = [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=continuous_eval"]
+  command += [f"--config.{override}" for override in SMALL + ["trainer.train_steps=40"]]
+  evaluators = [
+      subprocess.Popen(command, env=paths.subprocess_environment(), stderr=subprocess.PIPE, text=True) for _ in range(2)
+  ]
+  try:
+    deadline = time.monotonic() + 120
+    while all(evaluator.poll() is None for evaluator in evaluators) and time.monotonic() < deadline:
+      time.sleep(0.2)
+    refused = next((evaluator for evaluator in evaluators if evaluator.poll() is not None), None)
+    assert refused is not None, "both evaluators are still evaluating the same workdir"
+    _, stderr = refused.communicate()
+    assert refused.returncode == exit_codes.USER_ERROR, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert re.fullmatch(
+        rf"error: The workdir {re.escape(workdir)} has an evaluator already: pid \d+ on host .*, mode "
+        r"'continuous_eval', .*\. One evaluator evaluates each checkpoint once; stop that one to start this one \(a "
+        rf"killed evaluator's lock {re.escape(workdir)}/\.tf-runner-evaluator\.lock is taken over by the next\)\.",
+        errors[0],
+    )
+    # The trainer goes on to step 40 beside the evaluator left, which ends after the checkpoint of step 40.
+    runner.run(
+        _config(
+            "mode=train",
+            "trainer.train_steps=40",
+            "trainer.steps_per_loop=10",
+            "trainer.checkpoint_every=10",
+            "trainer.max_to_keep=10",
+        ),
+        workdir,
+        quiet=True,
+    )
+    (evaluator,) = [evaluator for evaluator in evaluators if evaluator is not refused]
+    _, stderr = evaluator.communicate(timeout=120)
+    assert evaluator.returncode == 0, stderr[-3000:]
+  finally:
+    for evaluator in evaluators:
+      if evaluator.poll() is None:
+        evaluator.kill()
+        evaluator.communicate()
+  assert [row["step"] for row in _eval_rows(workdir)] == [10, 20, 30, 40]
+  assert not os.path.exists(os.path.join(workdir, ".tf-runner-evaluator.lock"))
