@@ -4,15 +4,16 @@ Flags:
   --config=FILE.py[:ARG]  the config file (its get_config() or get_config(ARG)); required.
   --config.a.b=VALUE      overrides config.a.b (repeatable; parsed by ml-collections
                           config_flags; 'None' sets an optional field to None).
-  --workdir=DIR           checkpoints, summaries, metrics.jsonl, config.json, export;
-                          default: a new temporary directory.
+  --workdir=DIR           checkpoints, summaries, metrics.jsonl, config.json, export
+                          (a leading ~ expanded); default: a new temporary directory.
   --mode=MODE             overrides config.mode (train, eval, train_and_eval, export,
-                          continuous_eval).
+                          continuous_eval); with another --config.mode, an error.
   --dry_run               prints the resolved config, the strategy, the replicas, the
                           per-replica batch sizes, whether the workdir holds a run and
                           the step it would resume from, and the step plan from there;
+                          refuses what the run would refuse of the workdir's checkpoint;
                           writes nothing.
-  --verbose               a user error (exit 2, 3 or 170) prints its Python traceback
+  --verbose               an error line (exit 2, 3, 170 or 171) prints its traceback
                           (with the exception it came from, e.g. the one a config
                           file raised) before its `error:` line.
   --check_tpu             compiles and runs the config's train and eval steps the way
@@ -33,14 +34,15 @@ stderr (with --verbose, after its traceback); 3 training diverged: a step's
 loss or gradients were not finite while its batch was, as one `error:` line;
 170 a peer of a multi-worker job could not be reached, never came or stopped
 answering (one `error:` line naming it; transient: a restart of the job
-resumes it); 143 after SIGTERM
-and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
+resumes it); 171 the workdir's file system could not be reached (no
+network; one `error:` line naming it and the reason; transient: a later run
+may reach it); 143 after SIGTERM and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
 second Ctrl-C aborts; during start-up one line `Stopped by SIGTERM during
 start-up; nothing was written.`, see `stop_signals.handle_outside_training`);
 1 any other error, a bug, with its traceback. 1-127 are permanent, 128-255
 transient (`runner.exit_codes`; docs/clusters.md#exit-statuses).
-TensorFlow's C++ start-up chatter is hidden unless TF_CPP_MIN_LOG_LEVEL is set
-(see `tensorflow_logs`).
+TensorFlow's C++ start-up chatter is hidden, and lines below a TF_CPP_MIN_LOG_LEVEL
+the user set (from 1 on) too; 0 shows everything (see `tensorflow_logs`).
 
 TensorFlow is imported only once the config is loaded and checked: --help,
 a bad flag and a config error answer without loading it.
@@ -70,6 +72,7 @@ from absl import logging as absl_logging
 from runner import exit_codes
 from runner.cluster import process_exit
 from runner.config import run_config as config_lib
+from runner.workdir import remote
 import strategies
 from strategies.errors import ClusterError
 from strategies.errors import ConfigError
@@ -107,8 +110,8 @@ _CHECK_TPU = flags.DEFINE_bool(
 _VERBOSE = flags.DEFINE_bool(
     "verbose",
     False,
-    "On a user error (exit 2, 3 or 170), print its Python traceback, chained exceptions included (e.g. what a config "
-    "file raised), before the one error: line.",
+    "On an error line (exit 2, 3, 170 or 171), print its Python traceback, chained exceptions included (e.g. what a "
+    "config file raised), before the one error: line.",
 )
 
 
@@ -130,7 +133,10 @@ def parse_flags(argv: list[str]) -> CommandLine:
   Returns:
     A `CommandLine`.
   """
-  argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+  try:
+    argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+  except flags.CantOpenFlagFileError as e:
+    exit_with_user_error(f"{str(e).removeprefix('ERROR:: ')}; --flagfile names a file of flags, one per line.")
   overrides, rest = [], [argv[0]]
   for argument in argv[1:]:
     match = _OVERRIDE.match(argument)
@@ -161,17 +167,18 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
 
 
 def main(command_line: CommandLine) -> None:
-  """Runs the command line; a ConfigError, a non-finite step or a ClusterError becomes an `error:` line and a status."""
+  """Runs the command line; a ConfigError, non-finite step, ClusterError or unreachable workdir is an `error:` line."""
   with _exit_statuses():
+    workdir = remote.user_path(_WORKDIR.value)
     config = _config(command_line)
     # The config holds; what follows needs TensorFlow's devices.
     if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
       _check_tpu(config)
     elif not _served(config):  # A worker or ps task of a parameter-server cluster only serves.
       if _DRY_RUN.value:
-        _dry_run(config)
+        _dry_run(config, workdir)
       else:
-        _train(config)
+        _train(config, workdir)
 
 
 @contextlib.contextmanager
@@ -189,6 +196,8 @@ def _exit_statuses() -> Iterator[None]:
       exit_with_user_error(e, exit_codes.NON_FINITE)
     if isinstance(e, ClusterError):
       exit_with_user_error(e, exit_codes.CLUSTER)
+    if isinstance(e, remote.UnreachableError):
+      exit_with_user_error(e, exit_codes.UNREACHABLE)
     raise
 
 
@@ -200,6 +209,10 @@ def _config(command_line: CommandLine) -> Any:
     )
   if _DRY_RUN.value and _CHECK_TPU.value:
     raise ConfigError("--dry_run prints the plan and --check_tpu runs steps to check them for a TPU; give one.")
+  for override in command_line.overrides:
+    field, _, mode = override.partition("=")
+    if _MODE.value and field == "mode" and mode != _MODE.value:
+      raise ConfigError(f"--mode={_MODE.value} and --config.mode={mode} disagree; give one of them.")
   overrides = command_line.overrides + ([f"mode={_MODE.value}"] if _MODE.value else [])
   assert _CONFIG.value is not None  # The command line was parsed: it names a config file.
   return config_lib.load_config(_CONFIG.value, overrides)
@@ -233,7 +246,8 @@ def _served(config: Any) -> bool:
   return True
 
 
-def _dry_run(config: Any) -> None:
+def _dry_run(config: Any, workdir: str | None) -> None:
+  """Prints what the run would do; refuses what it would refuse (`from_config.check_resumable`)."""
   from runner import from_config
   from runner.cluster import roles
   from runner.outputs import checkpoints
@@ -242,21 +256,24 @@ def _dry_run(config: Any) -> None:
   config = from_config.for_this_task(config)
   strategy = from_config.create_strategy(config)
   batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
+  workdir = from_config.reachable_workdir(workdir)
+  step = checkpoints.latest_step(workdir)
+  if workdir is not None and step is not None and config.mode != "continuous_eval":  # As `runner.run` checks it.
+    from_config.check_resumable(config, workdir)
   print(f"config:\n{config}")
   print(f"strategy: {strategies.describe(strategy)}")
   print(f"replicas: {strategy.num_replicas_in_sync}")
   print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
-  step = checkpoints.latest_step(_WORKDIR.value)
-  print(f"workdir: {from_config.describe_workdir(_WORKDIR.value, step)}")
+  print(f"workdir: {from_config.describe_workdir(workdir, step)}")
   print(f"plan: {from_config.step_plan(config, strategy, step)}")
   print("dry run: nothing trained or written.")
 
 
-def _train(config: Any) -> None:
+def _train(config: Any, workdir: str | None) -> None:
   """Runs `config` (`runner.run`) and prints what it did."""
   from runner import from_config
 
-  result = from_config.run(config, _WORKDIR.value)
+  result = from_config.run(config, workdir)
   print(f"workdir: {result.workdir}")
   print(f"strategy: {strategies.describe(result.strategy)}")
   print(f"global step: {result.global_step}")
@@ -280,6 +297,11 @@ def run_main() -> None:
   Trainer.
   """
   status = 1
+  script = sys.modules["__main__"]
+  if script is not sys.modules[__name__]:  # The console script: absl's --help shows __main__'s docstring and flags.
+    script.__doc__ = __doc__
+    for flag in flags.FLAGS.get_key_flags_for_module(__name__):
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
   try:
     with stop_signals.raising_stops():
       app.run(main, flags_parser=parse_flags)

@@ -33,15 +33,20 @@ from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.training.trainer import Trainer
 from runner.workdir import config_history
 from runner.workdir import lock as workdir_lock
+from runner.workdir import remote
 from runner.workdir import state as workdir_state
 from strategies import checks
 from strategies import factory as strategy_factory
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
+from strategies.errors import first_line
 
 EXPORT_DIR = "export"
 _RUNS_STARTED = itertools.count()  # `run` calls past validation in this process.
 TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
+# What a filesystem raises when it cannot be reached (TensorFlow's GCS client: FailedPrecondition for a host it
+# cannot resolve or connect to); any other error of a workdir is the user's to fix.
+_UNREACHABLE = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.FailedPreconditionError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +116,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
     config: a ConfigDict with any part of the schema (`runner.config.default_config()`);
       the rest takes its defaults.
     workdir: where checkpoints, summaries, metrics.jsonl, the config files
-      and the export go (a local path or e.g. `gs://`); None makes a new
-      temporary directory.
+      and the export go (a local path, `~` expanded, or e.g. `gs://`); None
+      makes a new temporary directory.
     quiet: False (the default) shows the CLI's progress on stderr while the
       run lasts: the workdir, a line per train loop and per evaluation, the
       checkpoints (absl INFO logs; see `progress_output`). True shows only
@@ -122,19 +127,22 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
     A `RunResult`.
 
   Raises:
-    ConfigError: a bad config, a workdir that cannot be written or that
-      another training run holds (`workdir_lock.WorkdirInUseError`), a batch size
+    ConfigError: a bad config, a workdir that is empty, cannot be written or
+      that another training run holds (`workdir_lock.WorkdirInUseError`), a batch size
       the replica count does not divide, no checkpoint to evaluate or export,
       a checkpoint the config does not match, or one that cannot be written.
     runner.data.DataError (a ConfigError): the data does not fit the model or
       the task, cannot be read, or holds NaN or inf values.
     FloatingPointError: a step's loss or gradients were not finite (the
       training diverged).
+    runner.workdir.remote.UnreachableError: the workdir's filesystem could not
+      be reached (no network); a later run may reach it.
   """
   with progress_output.shown(quiet=checks.boolean(quiet, "quiet")):
     config = for_this_task(config_lib.validate(config))
     _free_earlier_runs()
     strategy = create_strategy(config)
+    workdir = reachable_workdir(workdir)
     if config.mode == "continuous_eval":
       return _continuous_eval_result(config, strategy, workdir)
     with _workdir_for(config, strategy, workdir) as workdir:
@@ -367,6 +375,28 @@ def _restored_trainer(
   Returns:
     `(trainer, train_data)`.
   """
+  train_data, data_spec, previous = check_resumable(config, workdir)
+  trainer = create_trainer(config, strategy, workdir)
+  step = trainer.restore(data=train_data)
+  if strategy.extended.should_checkpoint:
+    config_history.record(workdir, config, step=step, data_spec=data_spec, previous=previous)
+  return trainer, train_data
+
+
+def check_resumable(
+    config: ml_collections.ConfigDict, workdir: str
+) -> tuple[data_lib.DatasetProvider, str, dict[str, Any] | None]:
+  """The checks of the workdir's checkpoint a run makes before it builds the Trainer; the dry run makes them too.
+
+  Returns:
+    `(train_data, data_spec, previous)`: the training data, its element spec
+    as a string, and the workdir's latest recorded run (`config_history.latest`).
+
+  Raises:
+    ConfigError: mode 'eval' or 'export' without a checkpoint, or a checkpoint
+      trained with another model, task, optimizer, precision or data
+      (`config_history.check_resumable`).
+  """
   checkpoint = checkpoints.latest(workdir)
   if config.mode in ("eval", "export") and checkpoint is None:
     raise ConfigError(
@@ -377,11 +407,31 @@ def _restored_trainer(
   data_spec = str(input_pipeline.element_spec(train_data, "training"))
   previous = config_history.latest(workdir)
   config_history.check_resumable(previous, config, data_spec, checkpoint)
-  trainer = create_trainer(config, strategy, workdir)
-  step = trainer.restore(data=train_data)
-  if strategy.extended.should_checkpoint:
-    config_history.record(workdir, config, step=step, data_spec=data_spec, previous=previous)
-  return trainer, train_data
+  return train_data, data_spec, previous
+
+
+def reachable_workdir(workdir: str | None) -> str | None:
+  """`remote.user_path(workdir)`, once its filesystem has answered whether it exists.
+
+  Raises:
+    ConfigError: an empty path, or one its filesystem refuses (an unknown
+      scheme, no permission, ...).
+    remote.UnreachableError: its filesystem could not be reached (no network,
+      the storage service down); a later run may reach it.
+  """
+  workdir = remote.user_path(workdir)
+  if workdir is None:
+    return None
+  try:
+    tf.io.gfile.exists(workdir)
+  except tf.errors.OpError as e:
+    reason = first_line(e.message)
+    if isinstance(e, _UNREACHABLE):
+      raise remote.UnreachableError(
+          f"The workdir {workdir!r} cannot be reached ({reason}); rerun when it can be, or choose another --workdir."
+      ) from None
+    raise ConfigError(f"The workdir {workdir!r} cannot be used ({reason}); choose another --workdir.") from None
+  return workdir
 
 
 def prepare_workdir(

@@ -1,6 +1,8 @@
-"""`python -m runner.launch`: the multi-worker launcher (`runner.cluster.launcher`) under its public name."""
+"""`python -m runner.launch` and the console script `tf-runner-launch`: the launcher (`runner.cluster.launcher`)."""
 
-from runner.cluster import launcher
+from runner.cluster.launcher import run_main
+
+__all__ = ["run_main"]
 
 if __name__ == "__main__":
-  launcher.run_main()
+  run_main()

@@ -210,13 +210,13 @@ def runner_arguments(arguments: Sequence[str], *, ps: int) -> list[str]:
 
 
 def workdir_of(arguments: Sequence[str]) -> str | None:
-  """The value of the runner arguments' `--workdir=DIR` (or `--workdir DIR`), or None when they have none."""
+  """The runner arguments' `--workdir=DIR` (or `--workdir DIR`), `~` expanded as the runner does; None without one."""
   for position, argument in enumerate(arguments):
     match = _WORKDIR.match(argument)
     if match and match.group(1):
-      return match.group(2) or None
+      return remote.user_path(match.group(2) or None)
     if match and position + 1 < len(arguments):
-      return arguments[position + 1]
+      return remote.user_path(arguments[position + 1])
   return None
 
 

@@ -2,9 +2,10 @@
 
 TensorFlow's C++ runtime prints INFO lines when it loads (oneDNN, CUDA stubs,
 CPU features), twice since two of its libraries log on their own, and on a
-machine without a GPU an E-level `failed call to cuInit` line. Some of these
-come before its logging is set up and ignore `TF_CPP_MIN_LOG_LEVEL`. A user who
-sets `TF_CPP_MIN_LOG_LEVEL` themselves gets TensorFlow's output untouched.
+machine without a GPU an E-level `failed call to cuInit` line. These come
+before its logging is set up and ignore `TF_CPP_MIN_LOG_LEVEL`. The CLI applies
+that level to them itself: a user's (from 1 on, never noisier than leaving it
+unset), else QUIET_LEVEL; only level 0 shows everything as TensorFlow prints it.
 """
 
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +25,8 @@ from absl import logging as absl_logging
 LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "2"  # C++ INFO and WARNING hidden; ERROR and FATAL shown.
 
-# Start-up lines that say nothing is wrong. Anything else printed while TensorFlow loads is replayed.
+# Start-up lines that say nothing is wrong. Anything else printed while TensorFlow loads, at the level or above, is
+# replayed.
 _STARTUP_CHATTER = re.compile(
     "|".join(
         [
@@ -37,6 +39,7 @@ _STARTUP_CHATTER = re.compile(
     )
 )
 _NO_GPU_CUINIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
+_SEVERITY = re.compile(r"^([IWEF])\d{4} ")  # A C++ log line: INFO, WARNING, ERROR, FATAL are levels 0 to 3.
 _TENSORFLOW_DIR = f"{os.sep}tensorflow{os.sep}"
 _TFGNN_MAPPING_WARNING = re.compile(r"Mapping types may not work well with tf\.nest\. .*'tensorflow_gnn\.")
 
@@ -45,28 +48,30 @@ def quiet_start() -> bool:
   """Hides TensorFlow's start-up chatter from its first import on, importing nothing; returns whether it will.
 
   Call it before anything imports TensorFlow. Unless the user set
-  `TF_CPP_MIN_LOG_LEVEL`, it sets it to QUIET_LEVEL and arranges that
-  TensorFlow's first import, whoever asks for it (the runner once it needs a
-  device, or a user's module as the config loads), runs with the known
-  start-up lines dropped and lists the physical devices; then TensorFlow's
-  Python logger stays at WARNING. Every other line printed meanwhile is
-  written to stderr as it was. A command line that never needs TensorFlow
-  (`--help`, a config error) never loads it. Logical devices are not
-  initialized, so `strategies.virtual_cpus` still works after the import.
+  `TF_CPP_MIN_LOG_LEVEL`, it sets it to QUIET_LEVEL. At a level from 1 on it
+  arranges that TensorFlow's first import, whoever asks for it (the runner
+  once it needs a device, or a user's module as the config loads), runs with
+  the known start-up lines and the C++ lines below the level dropped, and
+  lists the physical devices; then TensorFlow's Python logger stays at
+  WARNING. Every other line printed meanwhile is written to stderr as it was.
+  At level 0 (the user's) it changes nothing. A command line that never needs
+  TensorFlow (`--help`, a config error) never loads it. Logical devices are
+  not initialized, so `strategies.virtual_cpus` still works after the import.
   """
-  if os.environ.get(LEVEL_VARIABLE) is not None:
+  level = os.environ.setdefault(LEVEL_VARIABLE, QUIET_LEVEL)
+  minimum = int(level) if level.strip().isdigit() else 0  # TensorFlow reads what is not a number as 0.
+  if minimum == 0:
     return False
-  os.environ[LEVEL_VARIABLE] = QUIET_LEVEL
   if "tensorflow" in sys.modules:
-    _quiet(sys.modules["tensorflow"], lambda: None)
+    _quiet(sys.modules["tensorflow"], lambda: None, minimum)
   else:
-    sys.meta_path.insert(0, _QuietFirstImport())
+    sys.meta_path.insert(0, _QuietFirstImport(minimum))
   return True
 
 
-def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object]) -> None:
-  """Runs `load` (the import of TensorFlow's package) and lists the devices with the chatter dropped."""
-  with _filtered_stderr(_is_chatter):
+def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object], minimum: int) -> None:
+  """Runs `load` (TensorFlow's import) and lists the devices, dropping chatter and C++ lines below `minimum`."""
+  with _filtered_stderr(lambda line: _is_chatter(line, minimum)):
     load()
     tensorflow_module.config.list_physical_devices()  # Loads the device platforms: the cuInit line comes here.
   tensorflow_logger = logging.getLogger("tensorflow")  # tf_logging, which has a handler of its own.
@@ -78,6 +83,9 @@ def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object]) -> N
 class _QuietFirstImport(importlib.abc.MetaPathFinder):
   """A finder on `sys.meta_path` that makes the first import of `tensorflow` a quiet one, then steps aside."""
 
+  def __init__(self, minimum: int) -> None:
+    self._minimum = minimum
+
   def find_spec(
       self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
   ) -> importlib.machinery.ModuleSpec | None:
@@ -87,15 +95,16 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder):
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(fullname)
     if spec is not None and spec.loader is not None:
-      spec.loader = _QuietLoader(spec.loader)
+      spec.loader = _QuietLoader(spec.loader, self._minimum)
     return spec
 
 
 class _QuietLoader(importlib.abc.Loader):
   """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
 
-  def __init__(self, loader: importlib.abc.Loader) -> None:
+  def __init__(self, loader: importlib.abc.Loader, minimum: int) -> None:
     self._loader = loader
+    self._minimum = minimum
 
   def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
     return self._loader.create_module(spec)
@@ -103,7 +112,7 @@ class _QuietLoader(importlib.abc.Loader):
   def exec_module(self, module: types.ModuleType) -> None:
     assert module.__spec__ is not None  # The import system made the module from a spec.
     module.__loader__ = module.__spec__.loader = self._loader  # What the package would have had.
-    _quiet(module, lambda: self._loader.exec_module(module))
+    _quiet(module, lambda: self._loader.exec_module(module), self._minimum)
 
 
 def without_tensorflow_info(record: logging.LogRecord) -> bool:
@@ -117,8 +126,10 @@ def without_tensorflow_info(record: logging.LogRecord) -> bool:
   return record.levelno >= logging.WARNING and not _TFGNN_MAPPING_WARNING.match(record.getMessage())
 
 
-def _is_chatter(line: str) -> bool:
-  if _STARTUP_CHATTER.search(line):
+def _is_chatter(line: str, minimum: int = int(QUIET_LEVEL)) -> bool:
+  """Whether a line printed while TensorFlow loads is dropped at the C++ log level `minimum` (from 1 on)."""
+  severity = _SEVERITY.match(line)
+  if _STARTUP_CHATTER.search(line) or (severity and "IWEF".index(severity[1]) < minimum):
     return True
   return bool(_NO_GPU_CUINIT.search(line)) and not os.path.exists("/dev/nvidiactl")
 

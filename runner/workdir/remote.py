@@ -7,7 +7,38 @@ workdir's files are laid out so that none of these is needed there
 (`runner.outputs.metrics_file`, `runner.workdir.lock`).
 """
 
+import os
+
+from strategies.errors import ConfigError
+
+
+class UnreachableError(RuntimeError):
+  """The workdir's filesystem could not be reached (no network, a storage service down).
+
+  Not a mistake in the input: a later run may reach it. The CLI prints it as
+  one line and exits with status 171 (`runner.exit_codes.UNREACHABLE`), which
+  orchestrators retry.
+  """
+
 
 def is_remote(path: str) -> bool:
   """Whether `path` is a URL (`scheme://...`) rather than a local path."""
   return "://" in path
+
+
+def user_path(workdir: str | None) -> str | None:
+  """The workdir as a user gave it, ready to use: a local path's `~` expanded (a quoted one reaches us as it is).
+
+  None stays None (a new temporary directory). Imports no TensorFlow.
+
+  Raises:
+    ConfigError: an empty path.
+  """
+  if workdir is None:
+    return None
+  if not workdir.strip():
+    raise ConfigError(
+        f"The workdir is empty (--workdir={workdir!r}); give a directory, or leave --workdir out for a new "
+        "temporary one."
+    )
+  return workdir if is_remote(workdir) else os.path.expanduser(workdir)

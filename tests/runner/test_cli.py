@@ -15,6 +15,7 @@ import textwrap
 import portpicker
 import pytest
 
+from runner import exit_codes
 from runner.outputs import tensorflow_logs
 from testlib import paths
 
@@ -158,10 +159,21 @@ def cli_runs(tmp_path_factory):
       "--config.trainer.steps_per_loop=20",
   ]
   cases["verbose"] = [f"--config={SYNTHETIC}", "--dry_run"]
+  cases["level_1"] = cases["verbose"]
+  # A quoted `~` reaches the runner as it is; run in a folder of its own, with a home of its own, at log level 3.
+  cases["tilde"] = [
+      f"--config={SYNTHETIC}",
+      "--mode=train",
+      "--config.trainer.train_steps=2",
+      "--config.trainer.steps_per_loop=2",
+  ]
+  (tmp / "tilde_cwd").mkdir()
+  (tmp / "tilde_home").mkdir()
   cases["help"] = ["--help"]
   cases["bad_flag"] = [f"--config={SYNTHETIC}", "--mode=trian"]
   cases["positional"] = [f"--config={SYNTHETIC}", "train"]
-  log_levels = {"quiet": None, "verbose": "0", "data_labels": None}  # data_labels: TF imported by the config's module
+  # data_labels: TF imported by the config's module. The other cases set level 2, as tests do.
+  log_levels = {"quiet": None, "verbose": "0", "data_labels": None, "level_1": "1", "tilde": "3"}
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
     cases[f"worker_{index}"] = [
@@ -171,16 +183,19 @@ def cli_runs(tmp_path_factory):
         f"--config.strategy.task_index={index}",
     ]
   workdirs = {case: tmp / ("workers" if case.startswith("worker_") else case) for case in cases}  # one shared
+  workdirs["tilde"] = tmp / "tilde_home" / "runs" / "x"  # Where --workdir=~/runs/x must go.
   (tmp / "quiet_tmpdir").mkdir()
   temp_dirs = {"quiet": str(tmp / "quiet_tmpdir")}  # The run's own temporary folder, checked after it.
   processes = {
       case: subprocess.Popen(
-          [sys.executable, "-m", "runner", f"--workdir={workdirs[case]}"] + args,
+          [sys.executable, "-m", "runner", "--workdir=~/runs/x" if case == "tilde" else f"--workdir={workdirs[case]}"]
+          + args,
           env=dict(
               _with_log_level(env, log_levels.get(case, env["TF_CPP_MIN_LOG_LEVEL"])),
-              TMPDIR=temp_dirs.get(case, env["TMPDIR"]),
-          ),  # conftest sets one
-          cwd=REPO,
+              TMPDIR=temp_dirs.get(case, env["TMPDIR"]),  # conftest sets one
+              HOME=str(tmp / "tilde_home") if case == "tilde" else env["HOME"],
+          ),
+          cwd=tmp / "tilde_cwd" if case == "tilde" else REPO,
           stdout=subprocess.PIPE,
           stderr=subprocess.PIPE,
           text=True,
@@ -192,27 +207,23 @@ def cli_runs(tmp_path_factory):
     stdout, stderr = processes[case].communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     return processes[case].returncode, stdout, stderr, workdirs[case]
 
-  # Once the run "quiet" (40 steps) has finished, a dry run on its workdir taking it further, beside the others.
+  # Once the run "quiet" (40 steps) has finished, dry runs on its workdir beside the others: one taking it further,
+  # one with another model.
   results = {"quiet": finish("quiet")}
   listing = _listing(workdirs["quiet"])
-  workdirs["dry_run_resume"] = workdirs["quiet"]
-  processes["dry_run_resume"] = subprocess.Popen(
-      [
-          sys.executable,
-          "-m",
-          "runner",
-          f"--workdir={workdirs['quiet']}",
-          f"--config={SYNTHETIC}",
-          "--dry_run",
-          "--config.trainer.train_steps=100",
-          "--config.trainer.steps_per_loop=20",
-      ],
-      env=env,
-      cwd=REPO,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-  )
+  for case, args in {
+      "dry_run_resume": ["--config.trainer.train_steps=100", "--config.trainer.steps_per_loop=20"],
+      "dry_run_other_model": ["--config.model.hidden_units=(8,)"],
+  }.items():
+    workdirs[case] = workdirs["quiet"]
+    processes[case] = subprocess.Popen(
+        [sys.executable, "-m", "runner", f"--workdir={workdirs['quiet']}", f"--config={SYNTHETIC}", "--dry_run", *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
   results.update({case: finish(case) for case in processes if case != "quiet"})
   assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
   return results
@@ -282,6 +293,23 @@ def test_a_dry_run_on_a_finished_workdir_says_it_would_resume_and_from_which_ste
       "plan: mode train_and_eval: train from step 40 to step 100 in 3 loop(s) of up to 20 steps; then evaluate "
       "all of the eval split"
   ) in stdout
+
+
+def test_a_dry_run_on_a_workdir_trained_with_another_model_refuses_as_the_run_does(cli_runs):
+  returncode, stdout, stderr, _ = cli_runs["dry_run_other_model"]  # The fixture checks it wrote nothing.
+  assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
+  assert _error_lines(stderr) == [  # The line of the real run (test_run.py).
+      "error: The workdir's checkpoint ckpt-40 was trained with another model, task, optimizer, precision or data "
+      "(model.hidden_units: [64] -> [8]). Rerun with the values it was trained with, or use a new --workdir."
+  ]
+  assert "Traceback" not in stderr and "would resume" not in stdout and "plan:" not in stdout
+
+
+def test_a_quoted_tilde_in_the_workdir_is_the_home_folder(cli_runs):
+  returncode, stdout, stderr, workdir = cli_runs["tilde"]
+  assert returncode == 0, stderr[-3000:]
+  assert f"workdir: {workdir}\n" in stdout and (workdir / "checkpoints" / "ckpt-2.index").exists()
+  assert os.listdir(workdir.parent.parent.parent / "tilde_cwd") == []  # No folder '~' where the run started.
 
 
 def test_help_prints_the_usage_and_exits_0(cli_runs):
@@ -396,6 +424,16 @@ def test_a_run_leaves_nothing_in_the_temporary_folder(cli_runs):
   returncode, _, stderr, workdir = cli_runs["quiet"]
   assert returncode == 0, stderr[-3000:]
   assert os.listdir(workdir.parent / "quiet_tmpdir") == []
+
+
+@pytest.mark.parametrize("case", ["level_1", "dry_run", "tilde"])
+def test_a_log_level_from_1_on_is_as_quiet_as_none(cli_runs, case):
+  """TF_CPP_MIN_LOG_LEVEL 1, 2 (dry_run) and 3 (tilde: a run that saves a checkpoint), as quiet as unset (the test
+  above); 0 shows TensorFlow's lines (the test below).
+  """
+  returncode, _, stderr, _ = cli_runs[case]
+  assert returncode == 0, stderr[-3000:]
+  assert not _foreign_lines(stderr), "\n".join(_foreign_lines(stderr))
 
 
 def test_a_user_who_sets_the_log_level_sees_tensorflows_output(cli_runs):
@@ -553,6 +591,25 @@ _ANSWERS_WITHOUT_TENSORFLOW = {
         "error: flag --strategy=mirored: --strategy='mirored' is not valid.",
     ),
     "launch_help": (["-m", "runner.launch", "--help"], 0, None),
+    # The console scripts setup.py installs, beside this Python.
+    "script_help": ([os.path.join(os.path.dirname(sys.executable), "tf-runner"), "--help"], 0, None),
+    "script_launch_help": ([os.path.join(os.path.dirname(sys.executable), "tf-runner-launch"), "--help"], 0, None),
+    "flagfile": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir={tmp}/run", "--flagfile={tmp}/missing.flags"],
+        2,
+        "error: Unable to open flagfile: [Errno 2] No such file or directory: '{tmp}/missing.flags'; --flagfile names "
+        "a file of flags, one per line.",
+    ),
+    "empty_workdir": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir="],
+        2,
+        "error: The workdir is empty (--workdir=''); give a directory, or leave --workdir out for a new temporary one.",
+    ),
+    "two_modes": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir={tmp}/run", "--mode=eval", "--config.mode=train"],
+        2,
+        "error: --mode=eval and --config.mode=train disagree; give one of them.",
+    ),
     "config_syntax": (
         ["-m", "runner", "--config={tmp}/broken.py"],
         2,
@@ -582,21 +639,22 @@ def _imported(stderr):
 def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
   (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n  pass\n")
   (tmp_path / "exits.py").write_text("import sys\nsys.exit('bye')\n")
-  env = dict(os.environ, PYTHONPATH=REPO)
+  env = dict(os.environ, PYTHONPATH=REPO, PYTHONPROFILEIMPORTTIME="1")  # -X importtime, for the scripts too
   processes = {
       case: subprocess.Popen(
-          [sys.executable, "-X", "importtime"] + [a.format(tmp=tmp_path) for a in args],
+          ([] if os.path.isabs(args[0]) else [sys.executable]) + [a.format(tmp=tmp_path) for a in args],
           env=env,
-          cwd=REPO,
+          cwd=tmp_path,
           stdout=subprocess.PIPE,
           stderr=subprocess.PIPE,
           text=True,
       )
       for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()
   }
+  outputs = {}
   for case, process in processes.items():
     _, status, error = _ANSWERS_WITHOUT_TENSORFLOW[case]
-    stdout, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
+    stdout, stderr = outputs[case] = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
     assert process.returncode == status, (case, stderr[-3000:])
     errors = _error_lines(stderr)
     assert (
@@ -607,3 +665,48 @@ def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
     assert ("Traceback (most recent call last)" in stderr) == (case in _WITH_TRACEBACK), (case, stderr[-3000:])
     assert "absl" in _imported(stderr), case  # What -X importtime prints is read.
     assert not {"tensorflow", "keras", "sklearn"} & _imported(stderr), case
+  assert sorted(os.listdir(tmp_path)) == ["broken.py", "exits.py"]  # Nothing written, no workdir made.
+  # A console script prints what `python -m` prints, but for the name of the program whose flags it lists.
+  assert outputs["script_help"][0].replace(processes["script_help"].args[0], "X") == outputs["help"][0].replace(
+      os.path.join(REPO, "runner", "__main__.py"), "X"
+  )
+  assert outputs["script_launch_help"][0] == outputs["launch_help"][0]
+
+
+def test_a_workdir_that_cannot_be_reached_is_one_line_with_a_transient_status(tmp_path):
+  """No network (a network namespace of its own, `unshare -n`): gs:// cannot be reached, a retry may; foo:// never.
+
+  The run and the dry run check the workdir with the same function: a run on one, a dry run on the other.
+  """
+  if subprocess.run(["unshare", "-n", "true"], check=False, capture_output=True).returncode:
+    pytest.skip("needs `unshare -n` (root, or user namespaces)")
+  cases = {
+      "gs://tf-runner-no-bucket/run": (
+          [],
+          exit_codes.UNREACHABLE,
+          "error: The workdir 'gs://tf-runner-no-bucket/run' cannot be reached (Error executing an HTTP request: ",
+      ),
+      "foo://host/run": (
+          ["--dry_run"],
+          USER_ERROR_EXIT_CODE,
+          "error: The workdir 'foo://host/run' cannot be used (File system scheme 'foo' not implemented",
+      ),
+  }
+  processes = {
+      workdir: subprocess.Popen(
+          ["unshare", "-n", sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", *args],
+          env=paths.subprocess_environment(),
+          cwd=tmp_path,
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+      )
+      for workdir, (args, _, _) in cases.items()
+  }
+  for workdir, process in processes.items():
+    _, stderr = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
+    _, status, error = cases[workdir]
+    assert process.returncode == status, stderr[-3000:]
+    assert len(_error_lines(stderr)) == 1 and _error_lines(stderr)[0].startswith(error), stderr[-3000:]
+    assert "Traceback" not in stderr
+  assert os.listdir(tmp_path) == []

@@ -174,6 +174,7 @@ def test_the_workdir_and_its_latest_checkpoint_are_read_without_tensorflow(tmp_p
   assert launcher.workdir_of(["--config=c.py", f"--workdir={tmp_path}"]) == str(tmp_path)
   assert launcher.workdir_of(["-workdir", "gs://bucket/run", "--mode=train"]) == "gs://bucket/run"
   assert launcher.workdir_of(["--config=c.py", "--workdir"]) is None
+  assert launcher.workdir_of(["--workdir=~/run"]) == os.path.join(os.path.expanduser("~"), "run")  # As the runner.
   assert launcher.stop_outcome(str(tmp_path), None) == (
       "no checkpoint was written; a rerun of the same command starts from step 0"
   )
