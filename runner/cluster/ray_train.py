@@ -191,13 +191,14 @@ def _checked(config: ml_collections.ConfigDict, num_workers: int | tuple[int, in
 
 
 def _absolute(workdir: Any) -> str:
-  """Returns `workdir` made absolute (a URL such as `gs://...` as it is).
+  """Returns `workdir` made absolute, its `~` expanded (a URL such as `gs://...` as it is).
 
   Raises:
     ConfigError: `workdir` is not a non-empty string.
   """
-  if not isinstance(workdir, str) or not workdir:
+  if not isinstance(workdir, str) or not workdir.strip():
     raise ConfigError(
         f"workdir={workdir!r}: give the run's workdir, a path or URL every Ray worker reaches (e.g. gs://...)."
     )
+  workdir = remote.user_path(workdir)
   return workdir if remote.is_remote(workdir) else os.path.abspath(workdir)

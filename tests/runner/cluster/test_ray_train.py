@@ -213,3 +213,9 @@ def test_a_workers_user_error_reaches_the_driver_as_itself_and_others_stay_rays(
   with pytest.raises(ray_train_api.WorkerGroupError) as raised, ray_train._workers_user_errors_raised():
     raise only_others
   assert raised.value is only_others
+
+
+def test_a_workdir_with_a_tilde_is_the_home_folder_for_every_ray_worker(monkeypatch, tmp_path):
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert ray_train._absolute("~/runs/x") == str(tmp_path / "runs" / "x")
+  assert ray_train._absolute("gs://bucket/~x") == "gs://bucket/~x"
