@@ -239,6 +239,15 @@ def features_expected(model: Any, features_spec: Any) -> Any:
   return declared
 
 
+def no_evaluation_examples_error() -> DataError:
+  """Returns the DataError for evaluation data that holds no example."""
+  return DataError(
+      "The evaluation data holds no examples: its loss and metrics would be zeros over 0 examples. Give it at least "
+      "one example (under runner.run: what config.data's dataset returns for split 'eval'), or evaluate nothing "
+      "(mode 'train')."
+  )
+
+
 def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises another error.
 
@@ -253,11 +262,14 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
   """
   if isinstance(error, tf.errors.DataLossError):
     return read_error(error, data, step=step, purpose=purpose)
-  if isinstance(error, tf.errors.InvalidArgumentError):
-    not_parsed = parse_error(error, data, step=step, purpose=purpose)
-    if not_parsed is not None:
-      return not_parsed
-  found = first_label_outside(data, valid_labels)
+  try:  # The data is read again to name the record or the label: a damaged file further on is named instead.
+    if isinstance(error, tf.errors.InvalidArgumentError):
+      not_parsed = parse_error(error, data, step=step, purpose=purpose)
+      if not_parsed is not None:
+        return not_parsed
+    found = first_label_outside(data, valid_labels)
+  except tf.errors.DataLossError as damaged:
+    return read_error(damaged, data, step=step, purpose=purpose)
   if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
   return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)
