@@ -17,7 +17,12 @@ What is checked, and when:
   label (`labels_out_of_range_error`);
 - at the step that meets it, a file that cannot be read (`read_error`): for
   `runner.data.TFRecordFiles`, the file and the record are found by reading
-  the files again, on this error path only.
+  the files again, on this error path only. Data read before the first step
+  (whether it holds a record; the record counts a resume starts from) fails
+  the same way, at the first step;
+- evaluation data that holds no examples (`no_evaluation_examples_error`):
+  before training where that is known cheaply (`providers.holds_no_examples`),
+  else when an evaluation counts none.
 
 Values that are not finite are found inside the step (see `runner.training.loops`).
 """

@@ -45,7 +45,7 @@ class CheckpointWriteError(ConfigError):
 
 
 class Checkpoints:
-  """A `tf.train.Checkpoint` of `model`, `optimizer` and `step`, kept in `model_dir/checkpoints`.
+  """A `tf.train.Checkpoint` of `model`, `optimizer`, `step` and what the run trains on, in `model_dir/checkpoints`.
 
   Under multi-worker strategies every worker takes part in a save, but only
   the chief keeps what it writes (see `worker_files`). All workers restore
@@ -395,10 +395,12 @@ class Checkpoints:
     tf.train.Checkpoint(training_data=self.training_data).read(path).expect_partial()
 
   def swap_training_data(self, description: str) -> str:
-    """Returns what the checkpoint restored (or the last `swap_training_data`) said the run trained on; keeps `description`.
+    """Keeps `description` for the checkpoints saved from now; returns what the run trained on until now.
 
-    `description` is `runner.data.providers.description` of the data the run trains on from now; the checkpoints
-    saved after this hold it. '' means not known (a checkpoint written before it was kept, or none).
+    `description` is `runner.data.providers.description` of the data the run
+    trains on from now. The one returned is the restored checkpoint's, or the
+    last one kept; '' where not known (no checkpoint, or one written before
+    it was kept).
     """
     was = self.training_data.numpy().decode()
     self.training_data.assign(description)

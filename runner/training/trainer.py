@@ -287,7 +287,8 @@ class Trainer:
       DataError: the data does not fit the model or the task, cannot be
         read, or a step's batch held NaN or inf (see `data_checks`); no
         checkpoint is written with non-finite weights. From the final
-        evaluation's data, after the checkpoint of the last step.
+        evaluation's data, after the checkpoint of the last step; before
+        any step where `eval_data` is known to hold no examples.
       FloatingPointError: a step's loss or gradients were not finite while
         its batch was (the training diverged; the message names the step).
       ClusterError: another worker died or stopped answering (found by the
@@ -367,8 +368,8 @@ class Trainer:
     Raises:
       ConfigError: an argument or the data is invalid (e.g. infinite data
         without `steps`).
-      DataError: the data does not fit the model or the task, or cannot be
-        read (see `data_checks`).
+      DataError: the data does not fit the model or the task, cannot be
+        read, or holds no examples (see `data_checks`); nothing is reported.
     """
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)

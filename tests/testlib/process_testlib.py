@@ -2,7 +2,9 @@
 
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 
 import tensorflow as tf
@@ -48,6 +50,23 @@ class Process:
       assert self.process.poll() is None, f"{self.name} exited before {what}: {self.stderr()[-3000:]}"
       assert time.monotonic() < deadline, f"{self.name}: no {what} in time"
       time.sleep(0.05)
+
+
+def runner_cli(arguments, *, logs):
+  """Starts `python -m runner arguments`, with tests/ importable (a config may name `testlib` functions)."""
+  env = paths.subprocess_environment()
+  env["PYTHONPATH"] = os.path.dirname(paths.TESTLIB) + os.pathsep + env["PYTHONPATH"]
+  return Process([sys.executable, "-m", "runner", *arguments], env=env, logs=logs, name="runner")
+
+
+def error_lines(stderr):
+  """The lines of `stderr` that start with 'error:' (a user error is one such line)."""
+  return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def warning_lines(stderr):
+  """The messages of the absl warning lines of `stderr` (after their `W1128 ... file.py:12] ` header)."""
+  return [line.split("] ", 1)[1] for line in stderr.splitlines() if re.match(r"^W\d{4} .*\.py:\d+\] ", line)]
 
 
 class TrainingProcess(Process):
