@@ -89,7 +89,7 @@ def final_checkpoint_values(workdir):
   return {
       name: reader.get_tensor(name)
       for name in reader.get_variable_to_shape_map()
-      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
+      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith(("save_counter", "training_data"))
   }
 
 
