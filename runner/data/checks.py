@@ -17,7 +17,12 @@ What is checked, and when:
   label (`labels_out_of_range_error`);
 - at the step that meets it, a file that cannot be read (`read_error`): for
   `runner.data.TFRecordFiles`, the file and the record are found by reading
-  the files again, on this error path only.
+  the files again, on this error path only. Data read before the first step
+  (whether it holds a record; the record counts a resume starts from) fails
+  the same way, at the first step;
+- evaluation data that holds no examples (`no_evaluation_examples_error`):
+  before training where that is known cheaply (`providers.holds_no_examples`),
+  else when an evaluation counts none.
 
 Values that are not finite are found inside the step (see `runner.training.loops`).
 """
@@ -250,6 +255,15 @@ def features_expected(model: Any, features_spec: Any) -> Any:
   return declared
 
 
+def no_evaluation_examples_error() -> DataError:
+  """Returns the DataError for evaluation data that holds no example."""
+  return DataError(
+      "The evaluation data holds no examples: its loss and metrics would be zeros over 0 examples. Give it at least "
+      "one example (under runner.run: what config.data's dataset returns for split 'eval'), or evaluate nothing "
+      "(mode 'train')."
+  )
+
+
 def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises another error.
 
@@ -264,11 +278,14 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
   """
   if isinstance(error, tf.errors.DataLossError):
     return read_error(error, data, step=step, purpose=purpose)
-  if isinstance(error, tf.errors.InvalidArgumentError):
-    not_parsed = parse_error(error, data, step=step, purpose=purpose)
-    if not_parsed is not None:
-      return not_parsed
-  found = first_label_outside(data, valid_labels)
+  try:  # The data is read again to name the record or the label: a damaged file further on is named instead.
+    if isinstance(error, tf.errors.InvalidArgumentError):
+      not_parsed = parse_error(error, data, step=step, purpose=purpose)
+      if not_parsed is not None:
+        return not_parsed
+    found = first_label_outside(data, valid_labels)
+  except tf.errors.DataLossError as damaged:
+    return read_error(damaged, data, step=step, purpose=purpose)
   if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
   return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)

@@ -8,11 +8,16 @@ How a provider shards across input pipelines is its `sharding` policy, one of
 """
 
 from collections.abc import Callable, Sequence
+import concurrent.futures
+import hashlib
+import json
+import os
 import random
 import re
 from typing import Any
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from runner.data import record_positions
@@ -84,6 +89,49 @@ def known_num_examples(data: Any) -> int | None:
     cardinality = int(dataset.cardinality())
     return cardinality if cardinality >= 0 else None
   return None
+
+
+def holds_no_examples(data: Any) -> bool:
+  """Whether `data` (a dataset or a provider) is known to hold no example, found reading at most one record.
+
+  Known where the number of examples is (`known_num_examples`) and for
+  `TFRecordFiles` (whose files are read up to their first record); False
+  where it is not known, or a file cannot be read (that is named where the
+  data is read).
+  """
+  if known_num_examples(data) == 0:
+    return True
+  if isinstance(data, TFRecordFiles):
+    try:
+      return next(iter(tf.data.TFRecordDataset(data.files, compression_type=data.compression_type)), None) is None
+    except tf.errors.DataLossError:
+      return False
+  return False
+
+
+def description(provider: DatasetProvider) -> str:
+  """Returns what tells `provider`'s data from other data, in words and a digest: what a checkpoint keeps of its input.
+
+  `TFRecordFiles`: the number of files, their bytes, and a digest of their
+  names (from their common folder on, so a copy elsewhere is the same data)
+  and sizes, found without opening a file; `InMemory`: the number of
+  examples and a digest of the arrays. Another provider cannot be told from
+  other data without reading it: its kind alone.
+  """
+  digest = hashlib.sha256()
+  if isinstance(provider, TFRecordFiles):
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:  # A stat is a request on a remote file system (gs://).
+      sizes = list(pool.map(lambda path: tf.io.gfile.stat(path).length, provider.files))
+    folder = os.path.dirname(os.path.commonprefix(provider.files))
+    digest.update(json.dumps([[path[len(folder) :] for path in provider.files], sizes]).encode())
+    return f"{len(sizes)} TFRecord file(s) of {sum(sizes):,} bytes (digest {digest.hexdigest()[:12]})"
+  if isinstance(provider, InMemory):
+    for array in map(np.asarray, tf.nest.flatten(provider.elements)):
+      digest.update(f"{array.dtype}{array.shape}".encode())
+      if array.dtype != object:  # An array of Python objects holds pointers.
+        digest.update(np.ascontiguousarray(array).data)
+    return f"{provider.num_examples:,} examples in memory (digest {digest.hexdigest()[:12]})"
+  return f"a {type(provider).__name__}"
 
 
 def stateless_seed(seed: int, *values: Any) -> tf.Tensor:

@@ -45,7 +45,7 @@ class CheckpointWriteError(ConfigError):
 
 
 class Checkpoints:
-  """A `tf.train.Checkpoint` of `model`, `optimizer` and `step`, kept in `model_dir/checkpoints`.
+  """A `tf.train.Checkpoint` of `model`, `optimizer`, `step` and what the run trains on, in `model_dir/checkpoints`.
 
   Under multi-worker strategies every worker takes part in a save, but only
   the chief keeps what it writes (see `worker_files`). All workers restore
@@ -112,7 +112,11 @@ class Checkpoints:
     """
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
-    self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+    # What the run trains on (`runner.data.providers.description`; '' where not known), written with each
+    # checkpoint; restored apart from the rest, so that a checkpoint written before it was kept restores too.
+    self.training_data = tf.Variable("", trainable=False, name="training_data")
+    self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, training_data=self.training_data)
+    self._restored = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
     # Made now, before any restore: made by a later restore or save, it would take the value a restore before left
     # pending, reading that checkpoint's files again (gone, after a trainer's max_to_keep rotated it away).
     self.checkpoint.save_counter  # The property makes the variable.
@@ -375,7 +379,7 @@ class Checkpoints:
     variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
     before = [(v, v.numpy()) for v in variables]
     try:
-      self.checkpoint.restore(path).assert_existing_objects_matched()
+      self._restored.restore(path).assert_existing_objects_matched().expect_partial()
     except Exception as error:  # noqa: BLE001  # Corrupt files fail in many ways; sorted below.
       self._put_back(before)
       damage = _damage(path)
@@ -387,6 +391,20 @@ class Checkpoints:
           f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
           f"Use a new model_dir, or the model, optimizer and precision that wrote it."
       ) from None
+    self.training_data.assign("")  # Stays so for a checkpoint written before it was kept.
+    tf.train.Checkpoint(training_data=self.training_data).read(path).expect_partial()
+
+  def swap_training_data(self, description: str) -> str:
+    """Keeps `description` for the checkpoints saved from now; returns what the run trained on until now.
+
+    `description` is `runner.data.providers.description` of the data the run
+    trains on from now. The one returned is the restored checkpoint's, or the
+    last one kept; '' where not known (no checkpoint, or one written before
+    it was kept).
+    """
+    was = self.training_data.numpy().decode()
+    self.training_data.assign(description)
+    return was
 
   def _put_back(self, values: Sequence[Any]) -> None:
     with self._strategy.scope():

@@ -18,11 +18,15 @@ def training_iterator(
     start_step: int,
     coordinator: Any = None,
     preprocess: Callable[[Any], Any] | None = None,
+    data_change: tuple[str, str] | None = None,
 ) -> Any:
   """Returns the distributed iterator of `provider`'s batches from the batch of global step `start_step` on.
 
   A run that resumes at step S sees the batches an uninterrupted run sees
-  from S (for data whose order is deterministic); it says so in one line.
+  from S (for data whose order is deterministic); it says so in one line,
+  or, on other data than the checkpoint's (`data_change`), in one warning
+  that it reads that data where a run that had always trained on it would
+  be at S.
   Under parameter servers each worker reads its own share instead
   (`parameter_server_loops.per_worker_iterator`).
   A global batch larger than the whole data (where that is known cheaply)
@@ -37,12 +41,23 @@ def training_iterator(
       iterator is then per worker (`parameter_server_loops.per_worker_iterator`).
     preprocess: None, or the task's `preprocess`, mapped over each replica's
       batch of features in the input pipeline.
+    data_change: None, or `(what the checkpoint says the run trained on,
+      the data now)` (`runner.data.providers.description`) where they differ.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
   _warn_if_batch_exceeds_data(provider, global_batch_size)
-  if start_step and coordinator is not None:
+  if start_step and data_change is not None:
+    logging.warning(
+        "Resuming at step %d on other training data than the checkpoint's (it was trained on %s; the data now is "
+        "%s): reading the data from where a run that had always trained on it would be at step %d, so this run does "
+        "not see the batches of an uninterrupted one.",
+        start_step,
+        *data_change,
+        start_step,
+    )
+  elif start_step and coordinator is not None:
     workers = parameter_server_loops.num_workers(coordinator.strategy)
     logging.info(
         "Resuming at step %d: each of the %d workers starts its own share of the data at its batch %d "

@@ -287,7 +287,8 @@ class Trainer:
       DataError: the data does not fit the model or the task, cannot be
         read, or a step's batch held NaN or inf (see `data_checks`); no
         checkpoint is written with non-finite weights. From the final
-        evaluation's data, after the checkpoint of the last step.
+        evaluation's data, after the checkpoint of the last step; before
+        any step where `eval_data` is known to hold no examples.
       FloatingPointError: a step's loss or gradients were not finite while
         its batch was (the training diverged; the message names the step).
       ClusterError: another worker died or stopped answering (found by the
@@ -301,11 +302,14 @@ class Trainer:
     checks.positive_int(eval_every, "eval_every", optional=True)
     if eval_every is not None and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
+    if eval_data is not None and data_lib.holds_no_examples(eval_data):
+      raise data_checks.no_evaluation_examples_error()
     provider = data_lib.as_provider(data)
     label_range = self._prepare_for(data, provider, "training")
     if self._global_step >= steps:
       return self._nothing_to_train(steps)
-    iterator = self._train_iterator(data, provider, global_batch_size)
+    with self._user_errors(provider, label_range, steps=steps, global_batch_size=global_batch_size):
+      iterator = self._train_iterator(data, provider, global_batch_size)  # It may read the data (record counts).
     evaluate = functools.partial(
         self.evaluate, eval_data, global_batch_size=eval_global_batch_size or global_batch_size, steps=eval_steps
     )
@@ -364,37 +368,39 @@ class Trainer:
     Raises:
       ConfigError: an argument or the data is invalid (e.g. infinite data
         without `steps`).
-      DataError: the data does not fit the model or the task, or cannot be
-        read (see `data_checks`).
+      DataError: the data does not fit the model or the task, cannot be
+        read, or holds no examples (see `data_checks`); nothing is reported.
     """
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     checks.positive_int(steps, "steps", optional=True)
     strategy = parameter_server_loops.evaluation_strategy(self._strategy)
     provider = data_lib.as_provider(data)
     label_range = self._prepare_for(data, provider, "evaluation")
-    dataset, num_pipelines = input_pipeline.for_evaluation(
-        strategy, provider, global_batch_size, bounded=steps is not None, preprocess=self._preprocess
-    )
-    if self._eval_loop is None or self._eval_loop[0] != label_range:
-      self._eval_loop = (
-          label_range,
-          loops.EvalLoop(
-              strategy=strategy,
-              model=self._parts.model,
-              task_loss=self._task.loss,
-              metrics=self._parts.metrics,
-              num_input_pipelines=num_pipelines,
-              xla=self._xla,
-              valid_labels=label_range,
-          ),
-      )
     start = time.perf_counter()
     try:
+      dataset, num_pipelines = input_pipeline.for_evaluation(
+          strategy, provider, global_batch_size, bounded=steps is not None, preprocess=self._preprocess
+      )
+      if self._eval_loop is None or self._eval_loop[0] != label_range:
+        self._eval_loop = (
+            label_range,
+            loops.EvalLoop(
+                strategy=strategy,
+                model=self._parts.model,
+                task_loss=self._task.loss,
+                metrics=self._parts.metrics,
+                num_input_pipelines=num_pipelines,
+                xla=self._xla,
+                valid_labels=label_range,
+            ),
+        )
       evaluated = self._eval_loop[1](iter(dataset), steps or _ALL_STEPS)
       evaluated.raise_problems()
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRangeError) as e:
       raise data_checks.step_error(e, provider, label_range, step=None, purpose="evaluation") from None
     results = evaluated.results
+    if not results["num_examples"]:
+      raise data_checks.no_evaluation_examples_error()
     self._reporter.evaluation(step=self._global_step, results=results, seconds=time.perf_counter() - start)
     self._reporter.flush()
     self._last_eval_results = results
@@ -549,10 +555,17 @@ class Trainer:
     new iterator starts where an uninterrupted run would be at the current
     global step (see `train_input.training_iterator`), or, with `rewound_to`,
     at that step (a loop run again with the checks, `unchecked_loops.RerunChecked`);
-    it is kept for the `train` calls after this.
+    it is kept for the `train` calls after this. A new one (not rewound) notes
+    what the data is in the checkpoints (`Checkpoints.swap_training_data`),
+    and a resume on other data than the checkpoint's says so.
     """
     key = (id(data), global_batch_size)
     if rewound_to is not None or self._train_input is None or self._train_input[0] != key:
+      data_change = None  # (what the checkpoint says the run trained on, the data now) where they differ.
+      if rewound_to is None and self._checkpoints is not None:
+        now = data_lib.description(provider)
+        was = self._checkpoints.swap_training_data(now)
+        data_change = (was, now) if was not in ("", now) else None
       iterator = train_input.training_iterator(
           self._strategy,
           provider,
@@ -560,6 +573,7 @@ class Trainer:
           start_step=self._global_step if rewound_to is None else rewound_to,
           coordinator=self._coordinator,
           preprocess=self._preprocess,
+          data_change=data_change,
       )
       self._train_input = (key, data, iterator)
     return self._train_input[2]

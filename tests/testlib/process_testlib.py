@@ -2,7 +2,9 @@
 
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 
 import tensorflow as tf
@@ -50,6 +52,23 @@ class Process:
       time.sleep(0.05)
 
 
+def runner_cli(arguments, *, logs):
+  """Starts `python -m runner arguments`, with tests/ importable (a config may name `testlib` functions)."""
+  env = paths.subprocess_environment()
+  env["PYTHONPATH"] = os.path.dirname(paths.TESTLIB) + os.pathsep + env["PYTHONPATH"]
+  return Process([sys.executable, "-m", "runner", *arguments], env=env, logs=logs, name="runner")
+
+
+def error_lines(stderr):
+  """The lines of `stderr` that start with 'error:' (a user error is one such line)."""
+  return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def warning_lines(stderr):
+  """The messages of the absl warning lines of `stderr` (after their `W1128 ... file.py:12] ` header)."""
+  return [line.split("] ", 1)[1] for line in stderr.splitlines() if re.match(r"^W\d{4} .*\.py:\d+\] ", line)]
+
+
 class TrainingProcess(Process):
   """A process whose run writes `workdir` (its output goes to `workdir.logs`): the train rows so far."""
 
@@ -70,7 +89,7 @@ def final_checkpoint_values(workdir):
   return {
       name: reader.get_tensor(name)
       for name in reader.get_variable_to_shape_map()
-      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
+      if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith(("save_counter", "training_data"))
   }
 
 

@@ -34,6 +34,34 @@ def parse_classification_record(record):
   return parsed["x"], tf.cast(parsed["y"], tf.int32)
 
 
+def write_classification_records(path, features, labels):
+  """Writes one tf.train.Example of "x" (features) and "y" (label) per example; returns each record's byte offset."""
+  offsets, offset = [], 0
+  with tf.io.TFRecordWriter(path) as writer:
+    for x, y in zip(features, labels):
+      record = tf.train.Example(
+          features=tf.train.Features(
+              feature={
+                  "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                  "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y])),
+              }
+          )
+      ).SerializeToString()
+      writer.write(record)
+      offsets.append(offset)
+      offset += len(record) + 16  # Length, its CRC, the data, its CRC.
+  return offsets
+
+
+@runner.config_fields(files="", eval_files="")
+def classification_records(config, split):
+  """A config's dataset (`data.name='testlib.trainer_testlib:classification_records'`): `TFRecordFiles` of records
+  of `write_classification_records`, `config.files` for training, `config.eval_files` (else the same) for evaluation.
+  """
+  pattern = config.eval_files if split == "eval" and config.eval_files else config.files
+  return runner.data.TFRecordFiles(pattern, parse_classification_record)
+
+
 def model_fn():
   """A Dense 8 -> 4 logits model with a declared input."""
   return keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(NUM_CLASSES)])

@@ -22,10 +22,12 @@ from runner.config import run_config as config_lib
 from runner.data.providers import DataError
 import strategies
 from testlib import paths
+from testlib import process_testlib
 from testlib import trainer_testlib
 
 NUM_FEATURES, NUM_CLASSES = trainer_testlib.NUM_FEATURES, trainer_testlib.NUM_CLASSES
 SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")
+RECORDS = "testlib.trainer_testlib:classification_records"  # config.data.files (and eval_files): TFRecord files.
 
 
 @pytest.fixture(name="one_device")
@@ -251,25 +253,6 @@ def test_evaluation_labels_are_checked_and_its_padding_is_not(one_device):
     from_one.evaluate(_dataset(features, labels % 3), global_batch_size=8)
 
 
-def _write_records(path, features, labels):
-  """Writes one tf.train.Example per example; returns the byte offset of each record in the file."""
-  offsets, offset = [], 0
-  with tf.io.TFRecordWriter(path) as writer:
-    for x, y in zip(features, labels):
-      record = tf.train.Example(
-          features=tf.train.Features(
-              feature={
-                  "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
-                  "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y])),
-              }
-          )
-      ).SerializeToString()
-      writer.write(record)
-      offsets.append(offset)
-      offset += len(record) + 16  # Length, its CRC, the data, its CRC.
-  return offsets
-
-
 def _parse(record):
   parsed = tf.io.parse_single_example(
       record, {"x": tf.io.FixedLenFeature([NUM_FEATURES], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
@@ -281,7 +264,7 @@ def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
   features, labels = trainer_testlib.classification_arrays(64)
   paths = [str(tmp_path / f"part-{i}.tfrecord") for i in range(2)]
   offsets = [
-      _write_records(path, features[32 * i : 32 * (i + 1)], labels[32 * i : 32 * (i + 1)])
+      trainer_testlib.write_classification_records(path, features[32 * i : 32 * (i + 1)], labels[32 * i : 32 * (i + 1)])
       for i, path in enumerate(paths)
   ]
   with open(paths[1], "rb") as f:
@@ -306,7 +289,7 @@ def test_a_damaged_tfrecord_file_is_named_with_its_record(tmp_path, one_device):
 def test_a_damaged_file_of_a_plain_tfrecord_dataset_is_named_with_its_record(tmp_path, one_device):
   features, labels = trainer_testlib.classification_arrays(64)
   path = str(tmp_path / "train.tfrecord")
-  offsets = _write_records(path, features, labels)
+  offsets = trainer_testlib.write_classification_records(path, features, labels)
   with open(path, "rb") as f:
     damaged = bytearray(f.read())
   damaged[offsets[50] + 40] ^= 0xFF  # Inside the data of record 50.
@@ -483,6 +466,84 @@ def test_a_function_that_does_not_fit_is_one_error_line_through_the_cli(tmp_path
   )
   assert run.returncode == 2, run.stderr[-3000:]
   assert "Traceback" not in run.stderr
-  errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+  errors = process_testlib.error_lines(run.stderr)
   assert len(errors) == 1 and re.match(f"^error: {message}", errors[0]), run.stderr[-3000:]
   assert os.listdir(workdir) == ["notes.txt"]
+
+
+def _records_run(workdir, files, train_steps, *more):
+  """Starts `python -m runner` training the synthetic config's model on the TFRecord `files` to `train_steps`."""
+  return process_testlib.runner_cli(
+      [
+          f"--config={SYNTHETIC}",
+          f"--workdir={workdir}",
+          "--mode=train",
+          f"--config.data.name={RECORDS}",
+          f"--config.data.files={files}",
+          "--config.data.global_batch_size=8",
+          "--config.trainer.steps_per_loop=2",
+          f"--config.trainer.train_steps={train_steps}",
+          *more,
+      ],
+      logs=f"{workdir}.logs",
+  )
+
+
+def _flip_byte(path, offset):
+  with open(path, "r+b") as f:
+    f.seek(offset)
+    value = f.read(1)[0]
+    f.seek(offset)
+    f.write(bytes([value ^ 0xFF]))
+
+
+def test_a_file_damaged_from_its_first_record_or_between_a_run_and_its_resume_is_one_error_line(tmp_path):
+  # Both are read before the first step (whether the data holds a record; the record counts a resume starts from).
+  features, labels = trainer_testlib.classification_arrays(64)
+  fresh, resumed = str(tmp_path / "fresh.tfrecord"), str(tmp_path / "resumed.tfrecord")
+  offsets = trainer_testlib.write_classification_records(fresh, features, labels)
+  trainer_testlib.write_classification_records(resumed, features, labels)
+  _flip_byte(fresh, offsets[0] + 40)  # Inside the data of record 0.
+  fresh_run = _records_run(tmp_path / "fresh_run", fresh, 4)
+  workdir = tmp_path / "work"
+  overrides = [f"data.name={RECORDS}", f"data.files={resumed}", "data.global_batch_size=8", "trainer.steps_per_loop=2"]
+  runner.run(runner.load_config(SYNTHETIC, [*overrides, "trainer.train_steps=4"]), str(workdir), quiet=True)
+  _flip_byte(resumed, offsets[40] + 40)  # Between the run and its resume: record 40 damaged, the last one cut short.
+  os.truncate(resumed, os.path.getsize(resumed) - 10)
+  before = process_testlib.files_of(workdir)
+  for process, path, record, step in ((_records_run(workdir, resumed, 8), resumed, 40, 5), (fresh_run, fresh, 0, 1)):
+    status, _, stderr = process.wait()
+    assert status == 2, stderr[-3000:]
+    assert process_testlib.error_lines(stderr) == [
+        f"error: The training data cannot be read at step {step}: {path} is damaged at record {record} (counting "
+        f"from 0; corrupted record at {offsets[record] + 12}). Replace or re-write that file, or leave it out of the "
+        "data."
+    ]
+    assert "Traceback" not in stderr
+  assert process_testlib.files_of(workdir) == before  # Byte for byte.
+  assert not (tmp_path / "fresh_run").exists()
+
+
+def test_evaluation_data_without_examples_is_one_error_line_before_training_and_never_a_row_of_zeros(
+    tmp_path, one_device
+):
+  features, labels = trainer_testlib.classification_arrays(64)
+  train, empty = str(tmp_path / "train.tfrecord"), str(tmp_path / "eval.tfrecord")
+  trainer_testlib.write_classification_records(train, features, labels)
+  tf.io.TFRecordWriter(empty).close()
+  run = _records_run(tmp_path / "work", train, 4, "--mode=train_and_eval", f"--config.data.eval_files={empty}")
+  message = (
+      "The evaluation data holds no examples: its loss and metrics would be zeros over 0 examples. Give it at least "
+      "one example (under runner.run: what config.data's dataset returns for split 'eval'), or evaluate nothing "
+      "(mode 'train')."
+  )
+  trainer = trainer_testlib.make_trainer(one_device, model_dir=str(tmp_path / "in_process"), steps_per_loop=2)
+  unknown = trainer_testlib.classification_data(16).filter(lambda x, y: y > 10)  # Empty, though not known before.
+  with pytest.raises(DataError) as raised:
+    trainer.train(trainer_testlib.classification_data(16), global_batch_size=8, steps=2, eval_data=unknown)
+  assert str(raised.value) == message
+  assert [row["split"] for row in process_testlib.metrics_rows(tmp_path / "in_process")] == ["train"]
+  status, _, stderr = run.wait()
+  assert status == 2, stderr[-3000:]
+  assert process_testlib.error_lines(stderr) == [f"error: {message}"]
+  assert not (tmp_path / "work").exists()

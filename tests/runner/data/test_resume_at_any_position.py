@@ -7,6 +7,9 @@ and restarted on a real checkpoint in this process, ends with the weights
 of an uninterrupted run, bit for bit.
 """
 
+import os
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,8 +19,11 @@ from runner.data import pipeline as input_pipeline
 from runner.data import providers as data
 from runner.data import record_positions
 from runner.training import train_input
+from testlib import paths
+from testlib import process_testlib
 from testlib import trainer_testlib
 
+SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")
 NUM_EXAMPLES = 40
 GLOBAL_BATCH = 8  # 5 steps an epoch on one device.
 TOTAL_STEPS = 17
@@ -257,3 +263,48 @@ def test_a_run_resumed_at_any_step_ends_with_the_weights_of_an_uninterrupted_one
   assert resumed.global_step == TOTAL_STEPS
   for got, want in zip(resumed.model.get_weights(), uninterrupted, strict=True):
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_resume_on_training_files_added_or_emptied_says_so_in_one_warning(tmp_path):
+  features, labels = trainer_testlib.classification_arrays(64)
+  first, second = str(tmp_path / "part-0.tfrecord"), str(tmp_path / "part-1.tfrecord")
+  trainer_testlib.write_classification_records(first, features[:32], labels[:32])
+  workdir = str(tmp_path / "work")
+  overrides = [
+      "mode=train",
+      "data.name=testlib.trainer_testlib:classification_records",
+      f"data.files={tmp_path / 'part-*.tfrecord'}",
+      "data.global_batch_size=8",
+      "trainer.steps_per_loop=2",
+  ]
+  runner.run(runner.load_config(SYNTHETIC, [*overrides, "trainer.train_steps=4"]), workdir, quiet=True)
+
+  def resumed(steps):
+    """Resumes the run to `steps` through the command line; returns (then, now) of its one warning."""
+    arguments = [f"--config={SYNTHETIC}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
+    status, _, stderr = process_testlib.runner_cli(
+        [*arguments, f"--config.trainer.train_steps={steps}"], logs=f"{workdir}.logs"
+    ).wait()
+    assert status == 0, stderr[-3000:]
+    assert "so this run sees the batches" not in stderr
+    [warning] = process_testlib.warning_lines(stderr)
+    said = re.fullmatch(
+        rf"Resuming at step {steps - 2} on other training data than the checkpoint's \(it was trained on (.+); the "
+        rf"data now is (.+)\): reading the data from where a run that had always trained on it would be at step "
+        rf"{steps - 2}, so this run does not see the batches of an uninterrupted one\.",
+        warning,
+    )
+    assert said, warning
+    return said.groups()
+
+  def files(*sizes):
+    return rf"{len(sizes)} TFRecord file\(s\) of {sum(sizes):,} bytes \(digest [0-9a-f]{{12}}\)"
+
+  size = os.path.getsize(first)
+  trainer_testlib.write_classification_records(second, features[32:], labels[32:])  # A file added.
+  then, now = resumed(6)
+  assert re.fullmatch(files(size), then) and re.fullmatch(files(size, size), now), (then, now)
+  open(first, "wb").close()  # A file emptied.
+  then, emptied = resumed(8)
+  assert then == now  # The checkpoint of step 6 holds the files it was trained on.
+  assert re.fullmatch(files(0, size), emptied), emptied
