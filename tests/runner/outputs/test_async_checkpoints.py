@@ -23,6 +23,7 @@ import tensorflow as tf
 import runner
 from runner.outputs import async_checkpoint_workarounds as workarounds
 from runner.outputs import checkpoint_list
+from runner.outputs.checkpoints import CheckpointWriteError
 from strategies.errors import ConfigError
 from testlib import paths
 from testlib import process_testlib
@@ -70,6 +71,34 @@ def test_each_checkpoint_written_in_the_background_holds_its_own_steps_weights(t
     for got, want in zip(restored.model.weights, weights.weights[step], strict=True):
       np.testing.assert_array_equal(got.numpy(), want)
   assert not np.array_equal(weights.weights[1][0], weights.weights[4][0])  # Training moved them: the test can fail.
+
+
+class _BlockWrite(runner.actions.Action):
+  """Puts a file where the checkpoint of `step` writes its shards (`ckpt-N_temp/`), so that its write fails."""
+
+  def __init__(self, directory, step):
+    self.directory, self.step = directory, step
+
+  def __call__(self, loop):
+    if loop.step == self.step:
+      os.makedirs(self.directory, exist_ok=True)
+      open(os.path.join(self.directory, f"ckpt-{self.step}_temp"), "w").close()  # noqa: SIM115
+
+
+def test_a_failed_background_write_is_named_at_the_next_save_with_the_previous_checkpoint_intact(tmp_path):
+  directory = str(tmp_path / "checkpoints")
+  trainer = trainer_testlib.make_trainer(
+      tf.distribute.OneDeviceStrategy("/cpu:0"),
+      model_dir=str(tmp_path),
+      steps_per_loop=1,
+      checkpoint_every=1,
+      actions=[_BlockWrite(directory, 2)],
+  )
+  with pytest.raises(CheckpointWriteError, match=r"^Could not write the checkpoint of step 2 to .*ckpt-1 is intact"):
+    trainer.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=6)
+  assert trainer.global_step == 3  # Raised by the save of step 3, the next one.
+  assert [checkpoint_list.step_of(p) for p in checkpoint_list.read(directory).paths] == [1]
+  assert sorted(os.listdir(directory)) == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
 
 
 def test_async_checkpoints_must_be_a_bool():
