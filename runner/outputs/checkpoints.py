@@ -283,11 +283,12 @@ class Checkpoints:
       CheckpointWriteError: it could not be written (what it left is removed;
         the previous checkpoint stays the latest).
     """
-    if self._in_flight is not None:
-      self._end_writer()
+    self._end_writer()
 
   def _end_writer(self, error: BaseException | None = None) -> None:
-    """Ends the background writer after the write in flight; raises CheckpointWriteError if it failed (or `error`)."""
+    """Ends the background writer after its write in flight, if any; raises CheckpointWriteError if that failed."""
+    if self._in_flight is None:
+      return
     step, previous_step = self._in_flight
     try:
       workarounds.close_writer(self.checkpoint)

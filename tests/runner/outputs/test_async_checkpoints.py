@@ -1,11 +1,13 @@
 """Checkpoints written in the background (`async_checkpoints`, the default): what they hold, and signals during a write.
 
 The in-process tests check that each checkpoint holds the weights of its own
-step although training went on while it was written. The process tests send
-real SIGTERM, Ctrl-C (SIGINT) and SIGKILL to `python -m runner` while a
-checkpoint of 13 MB (a 1024x1024 hidden layer and Adam's slots) is being
-written, seen by its `ckpt-N_temp/` directory, and resume with the same command
-to the weights of an uninterrupted run, bit for bit.
+step although training went on while it was written, and that a failed write
+is named. The process test stops one run with real SIGTERM, Ctrl-C (SIGINT)
+and SIGKILL in turn, each while a checkpoint of 13 MB (a 1024x1024 hidden
+layer and Adam's slots) is being written, seen by its `ckpt-N_temp/`
+directory; the same command resumes it each time, and it ends with the
+weights of an uninterrupted run, bit for bit. The last tests check that what
+`runner/outputs/async_checkpoint_workarounds.py` works around still happens.
 """
 
 import gc
@@ -29,7 +31,7 @@ from testlib import paths
 from testlib import process_testlib
 from testlib import trainer_testlib
 
-STEPS = 20
+STEPS = 60  # Three interruptions, each past a run's first background save, then the end.
 RUN = [
     f"--config={os.path.join(paths.REPO, 'configs', 'synthetic.py')}",
     "--mode=train",
@@ -106,33 +108,6 @@ def test_async_checkpoints_must_be_a_bool():
     trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"), async_checkpoints="yes")
 
 
-@pytest.fixture(scope="module")
-def _started():
-  """The uninterrupted run, once started by a test of this module; killed (if still running) at the module's end."""
-  started = {}
-  yield started
-  if "run" in started:
-    started["run"].process.kill()
-    started["run"].process.wait()
-
-
-@pytest.fixture
-def uninterrupted(_started, tmp_path_factory, subprocess_env):
-  """`() -> the final checkpoint's values of the run without a stop`: started once, beside the first test's run."""
-  if "run" not in _started:
-    _started["workdir"] = tmp_path_factory.mktemp("uninterrupted") / "run"
-    _started["run"] = _Run(_started["workdir"], subprocess_env)
-
-  def final_values():
-    if "values" not in _started:
-      status, _, stderr = _started["run"].wait()
-      assert status == 0, stderr[-3000:]
-      _started["values"] = process_testlib.final_checkpoint_values(_started["workdir"])
-    return _started["values"]
-
-  return final_values
-
-
 class _Run(process_testlib.TrainingProcess):
 
   def __init__(self, workdir, env):
@@ -140,11 +115,11 @@ class _Run(process_testlib.TrainingProcess):
         [sys.executable, "-m", "runner", f"--workdir={workdir}", *RUN], workdir=workdir, env=env, name="run"
     )
 
-  def signal_while_writing(self, signum):
-    """Sends `signum` once a checkpoint past the first is being written in the background; returns its step."""
+  def signal_while_writing(self, signum, after):
+    """Sends `signum` once a checkpoint past step `after` is being written in the background; returns its step."""
     directory = os.path.join(self.workdir, "checkpoints")
     deadline = time.monotonic() + process_testlib.TIMEOUT_SECONDS
-    while not (writing := [step for step in _being_written(directory) if step > 5]):
+    while not (writing := [step for step in _being_written(directory) if step > after]):
       assert self.process.poll() is None, f"the run exited before a checkpoint was written: {self.stderr()[-3000:]}"
       assert time.monotonic() < deadline, "no checkpoint written in time"
       time.sleep(0.002)
@@ -175,47 +150,40 @@ def _assert_every_listed_checkpoint_is_whole(workdir):
   return [checkpoint_list.step_of(path) for path in listed.paths]
 
 
-def _resumes_to_the_uninterrupted_weights(workdir, env, uninterrupted):
-  status, stdout, stderr = _Run(workdir, env).wait()
+def test_sigterm_ctrl_c_and_sigkill_during_background_writes_then_the_run_resumes_exactly(tmp_path, subprocess_env):
+  """One run stopped three times while it writes in the background (each rerun resumes it), then run to the end."""
+  workdir, checkpoints = tmp_path / "run", str(tmp_path / "run" / "checkpoints")
+  uninterrupted = _Run(tmp_path / "uninterrupted", subprocess_env)
+  resumed_from = 0
+  for signum, status in [(signal.SIGTERM, 143), (signal.SIGINT, 130)]:
+    run = _Run(workdir, subprocess_env)
+    # Past the first save of this run's writer (made eagerly): a write of the copy function TensorFlow traced.
+    writing = run.signal_while_writing(signum, after=resumed_from + 5)
+    code, _, stderr = run.wait()
+    assert code == status, stderr[-3000:]
+    stopped_at = run.train_rows()[-1]["step"]
+    assert f"saved a checkpoint at step {stopped_at} (" in stderr
+    steps = _assert_every_listed_checkpoint_is_whole(workdir)
+    assert writing in steps and steps[-1] == stopped_at  # The write in flight completed, then the stop's own save.
+    assert not _being_written(checkpoints)
+    resumed_from = stopped_at
+  run = _Run(workdir, subprocess_env)
+  writing = run.signal_while_writing(signal.SIGKILL, after=resumed_from + 5)
+  assert run.wait()[0] == -signal.SIGKILL
+  assert _being_written(checkpoints) == [writing]  # Killed part-way through the write of 13 MB.
+  steps = _assert_every_listed_checkpoint_is_whole(workdir)
+  assert steps and all(step < writing for step in steps)  # Never listed: the previous checkpoint is the latest.
+  status, stdout, stderr = _Run(workdir, subprocess_env).wait()
   assert status == 0 and f"global step: {STEPS}" in stdout, stderr[-3000:]
-  got, want = process_testlib.final_checkpoint_values(workdir), uninterrupted()
+  assert f"Removed {checkpoints}/ckpt-{writing}_temp, left by a save that was interrupted" in stderr
+  assert not _being_written(checkpoints)
+  status, _, stderr = uninterrupted.wait()
+  assert status == 0, stderr[-3000:]
+  got = process_testlib.final_checkpoint_values(workdir)
+  want = process_testlib.final_checkpoint_values(tmp_path / "uninterrupted")
   assert sorted(got) == sorted(want) and len(want) > 4
   for name, value in want.items():
     np.testing.assert_array_equal(got[name], value, err_msg=name)
-  return stderr
-
-
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl_c"])
-def test_a_stop_during_a_background_write_waits_for_it_then_saves_and_the_run_resumes_exactly(
-    signum, status, tmp_path, subprocess_env, uninterrupted
-):
-  run = _Run(tmp_path / "run", subprocess_env)
-  writing = run.signal_while_writing(signum)
-  code, _, stderr = run.wait()
-  assert code == status, stderr[-3000:]
-  stopped_at = run.train_rows()[-1]["step"]
-  assert f"saved a checkpoint at step {stopped_at} (" in stderr
-  steps = _assert_every_listed_checkpoint_is_whole(tmp_path / "run")
-  assert writing in steps and steps[-1] == stopped_at  # The write in flight completed, then the stop's own save.
-  assert not _being_written(str(tmp_path / "run" / "checkpoints"))
-  _resumes_to_the_uninterrupted_weights(tmp_path / "run", subprocess_env, uninterrupted)
-
-
-def test_sigkill_during_a_background_write_leaves_the_previous_checkpoint_the_latest(
-    tmp_path, subprocess_env, uninterrupted
-):
-  run = _Run(tmp_path / "run", subprocess_env)
-  writing = run.signal_while_writing(signal.SIGKILL)
-  assert run.wait()[0] == -signal.SIGKILL
-  checkpoints = tmp_path / "run" / "checkpoints"
-  left = _being_written(str(checkpoints))
-  assert left == [writing]  # Killed part-way through the write of 13 MB.
-  steps = _assert_every_listed_checkpoint_is_whole(tmp_path / "run")
-  assert steps and all(step < writing for step in steps)  # Never listed: the previous checkpoint is the latest.
-  stderr = _resumes_to_the_uninterrupted_weights(tmp_path / "run", subprocess_env, uninterrupted)
-  for step in left:
-    assert f"Removed {checkpoints}/ckpt-{step}_temp, left by a save that was interrupted" in stderr
-  assert not _being_written(str(checkpoints))
 
 
 # What runner/outputs/async_checkpoint_workarounds.py works around (TensorFlow 2.21, Keras 3.15): when one of these
