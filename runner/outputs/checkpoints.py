@@ -225,42 +225,39 @@ class Checkpoints:
       CheckpointWriteError: the checkpoint (or the one written in the background
         before) could not be written.
     """
-    if not (in_background and self._in_background()):
+    background = in_background and self._in_background()
+    if not background:
       self.wait()
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
           f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values."
       )
-    if in_background and self._asynchronous:
-      if self._manager is None:
-        self._manager = self._new_manager()
-      if self._in_flight is None:  # This save makes the writer.
-        workarounds.make_keras_variables_copyable(self.checkpoint)
-      options = tf.train.CheckpointOptions(enable_async=True, experimental_write_callbacks=[self._written])
-      self._in_flight = self._in_flight or (step, self.saved_step)
-      try:  # TensorFlow waits for the write in flight, then raises its error, if any, before starting this one.
-        path = self._manager.save(checkpoint_number=step, options=options)
-      except (tf.errors.OpError, OSError) as error:
-        self._end_writer(error)
-      workarounds.expect_one_trace_per_writer(self.checkpoint)
-      self._in_flight = (step, self.saved_step)
-      self.saved_step = step
-      return path
     with worker_files.destination(self._strategy, self.directory) as directory:
       try:
         if directory == self.directory:
-          if self._manager is None:
-            self._manager = self._new_manager()
-          path = self._manager.save(checkpoint_number=step)
+          path = self._save_listed(step, background)
         else:
           path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
       except (tf.errors.OpError, OSError) as error:
+        self._end_writer(error)  # In the background, TensorFlow raised the error of the write in flight.
         raise self._write_error(step, directory, error) from None
-    if directory == self.directory:
-      logging.info("Saved checkpoint %s.", path)
+    if background:
+      workarounds.expect_one_trace_per_writer(self.checkpoint)
+      self._in_flight = (step, self.saved_step)
     self.saved_step = step
     return path
+
+  def _save_listed(self, step: int, background: bool) -> str:
+    """The chief's save of `step` into the directory and its list; `background`: after the write in flight."""
+    if self._manager is None:
+      self._manager = self._new_manager()
+    # In the background, TensorFlow waits for the write in flight, and raises its error before starting this one.
+    if background and self._in_flight is None:  # This save makes the writer.
+      workarounds.make_keras_variables_copyable(self.checkpoint)
+      self._in_flight = (step, self.saved_step)
+    options = tf.train.CheckpointOptions(enable_async=background, experimental_write_callbacks=[self._written])
+    return self._manager.save(checkpoint_number=step, options=options)
 
   def save_unless_saved(self, step: int, *, in_background: bool = False) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise.
