@@ -31,7 +31,7 @@ from testlib import paths
 from testlib import process_testlib
 from testlib import trainer_testlib
 
-STEPS = 60  # Three interruptions, each past a run's first background save, then the end.
+STEPS = 40  # Three interruptions, each at a write past the step resumed from, then the end.
 RUN = [
     f"--config={os.path.join(paths.REPO, 'configs', 'synthetic.py')}",
     "--mode=train",
@@ -157,8 +157,8 @@ def test_sigterm_ctrl_c_and_sigkill_during_background_writes_then_the_run_resume
   resumed_from = 0
   for signum, status in [(signal.SIGTERM, 143), (signal.SIGINT, 130)]:
     run = _Run(workdir, subprocess_env)
-    # Past the first save of this run's writer (made eagerly): a write of the copy function TensorFlow traced.
-    writing = run.signal_while_writing(signum, after=resumed_from + 5)
+    # The first run's past its writer's first save (copied eagerly), so that it writes the copy TensorFlow traced.
+    writing = run.signal_while_writing(signum, after=resumed_from or 5)
     code, _, stderr = run.wait()
     assert code == status, stderr[-3000:]
     stopped_at = run.train_rows()[-1]["step"]
@@ -168,7 +168,7 @@ def test_sigterm_ctrl_c_and_sigkill_during_background_writes_then_the_run_resume
     assert not _being_written(checkpoints)
     resumed_from = stopped_at
   run = _Run(workdir, subprocess_env)
-  writing = run.signal_while_writing(signal.SIGKILL, after=resumed_from + 5)
+  writing = run.signal_while_writing(signal.SIGKILL, after=resumed_from)
   assert run.wait()[0] == -signal.SIGKILL
   assert _being_written(checkpoints) == [writing]  # Killed part-way through the write of 13 MB.
   steps = _assert_every_listed_checkpoint_is_whole(workdir)
