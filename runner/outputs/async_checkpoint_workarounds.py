@@ -1,7 +1,9 @@
 """Private TensorFlow and Keras API that asynchronous checkpoints need: three workarounds to delete when fixed upstream.
 
-Checked against TensorFlow 2.21.0 and Keras 3.15.1. Each workaround has a test in
-tests/runner/outputs/test_async_checkpoints.py that fails when the behaviour it works around changes.
+Checked against TensorFlow 2.21.0 and Keras 3.15.1. The `test_upstream_*` tests of
+tests/runner/outputs/test_async_checkpoints.py fail when the behaviour worked around changes (the Keras copy still
+fails, TensorFlow's writer thread still outlives its last write, the trace flag still exists);
+tests/runner/test_repeated_runs.py fails when a run's writer keeps its model alive.
 """
 
 import atexit
@@ -74,5 +76,5 @@ def expect_one_trace_per_writer(checkpoint: tf.train.Checkpoint) -> None:
 
 
 def _writer(checkpoint: tf.train.Checkpoint) -> Any:
-  """`checkpoint`'s asynchronous writer (TensorFlow's `AsyncCheckpointHelper`), or None before its first save."""
+  """`checkpoint`'s asynchronous writer (TensorFlow 2.21's `AsyncCheckpointHelper`), or None before its first save."""
   return getattr(checkpoint, "_async_checkpointer_impl", None)
