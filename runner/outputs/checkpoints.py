@@ -8,9 +8,10 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from runner.outputs import background_saves
+from runner.outputs import async_checkpoint_workarounds as workarounds
 from runner.outputs import checkpoint_list
 from runner.outputs import worker_files
+from strategies import description
 from strategies.errors import ConfigError
 from strategies.errors import first_line
 
@@ -74,11 +75,11 @@ class Checkpoints:
     only happens after a new checkpoint is complete);
   - no checkpoint is written with non-finite weights;
   - a save `in_background` copies the variables to host memory and returns
-    while TensorFlow writes them (see `background_saves`); the checkpoint is
-    listed, and old ones rotated, only once its files are complete, so a
-    process killed during the write leaves the previous checkpoint the
-    latest. Every other save, `wait` and `restore_latest` first wait for the
-    write in flight (a failed one raises CheckpointWriteError then).
+    while TensorFlow writes them (`tf.train.CheckpointOptions(enable_async=True)`);
+    the checkpoint is listed, and old ones rotated, only once its files are
+    complete, so a process killed during the write leaves the previous
+    checkpoint the latest. The next save, `wait` and `restore_latest` first
+    wait for the write in flight (a failed one raises CheckpointWriteError then).
 
   Attributes:
     saved_step: the step of the checkpoint restored or last saved, or None.
@@ -107,31 +108,36 @@ class Checkpoints:
       asynchronous: whether saves `in_background` are written in the
         background; they are synchronous anyway where TensorFlow's
         asynchronous checkpointing is not used (multi-worker and
-        parameter-server strategies, see `background_saves`), with one
-        line saying why at the first such save.
+        parameter-server strategies), with one line saying why at the first
+        such save.
     """
     self.model_dir = model_dir
     self.directory = os.path.join(model_dir, DIRECTORY)
     # What the run trains on (`runner.data.providers.description`; '' where not known), written with each
     # checkpoint; restored apart from the rest, so that a checkpoint written before it was kept restores too.
     self.training_data = tf.Variable("", trainable=False, name="training_data")
-    self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, training_data=self.training_data)
     self._restored = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-    # Made now, before any restore: made by a later restore or save, it would take the value a restore before left
-    # pending, reading that checkpoint's files again (gone, after a trainer's max_to_keep rotated it away).
-    self.checkpoint.save_counter  # The property makes the variable.
     self._optimizer = optimizer
     self._step = step
     self._strategy = strategy
     self._model = model
     self._max_to_keep = max_to_keep
-    self._manager: tf.train.CheckpointManager | None = None  # The chief's, made at its first save (after any restore).
+    self._new_checkpoint()
     self._weights_finite: Callable[[], Any] | None = None
     self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
     self._asynchronous = asynchronous
-    self._background_ready = False  # Keras variables made copyable (at the first save in the background).
     # (step, the saved_step before it) of the write in flight in the background, or None.
     self._in_flight: tuple[int, int | None] | None = None
+
+  def _new_checkpoint(self) -> None:
+    """Makes the `tf.train.Checkpoint` (and, at the chief's next save, the manager) anew: one per background writer."""
+    self.checkpoint = tf.train.Checkpoint(
+        model=self._model, optimizer=self._optimizer, step=self._step, training_data=self.training_data
+    )
+    # Made now, before any restore: made by a later restore or save, it would take the value a restore before left
+    # pending, reading that checkpoint's files again (gone, after a trainer's max_to_keep rotated it away).
+    self.checkpoint.save_counter  # The property makes the variable.
+    self._manager: tf.train.CheckpointManager | None = None  # The chief's, made at its first save (after any restore).
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
@@ -218,47 +224,46 @@ class Checkpoints:
       step: the global step the checkpoint is numbered by.
       in_background: return once the variables are copied to host memory,
         while TensorFlow writes them (on one worker, with `asynchronous`);
-        `wait`, or the next save, raises what went wrong with the write.
+        the next save, or `wait`, raises what went wrong with the write.
 
     Raises:
       FloatingPointError: the model's weights are not finite (nothing is written).
       CheckpointWriteError: the checkpoint (or the one written in the background
         before) could not be written.
     """
-    if in_background:
-      self._finish_write()
-    else:
+    background = in_background and self._in_background()
+    if not background:
       self.wait()
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
           f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values."
       )
-    if in_background and self._in_background():
-      if self._manager is None:
-        self._manager = self._new_manager()
-      options = tf.train.CheckpointOptions(
-          experimental_enable_async_checkpoint=True, experimental_write_callbacks=[self._written]
-      )
-      path = self._manager.save(checkpoint_number=step, options=options)
-      background_saves.expect_one_trace_per_writer(self.checkpoint)
-      self._in_flight = (step, self.saved_step)
-      self.saved_step = step
-      return path
     with worker_files.destination(self._strategy, self.directory) as directory:
       try:
         if directory == self.directory:
-          if self._manager is None:
-            self._manager = self._new_manager()
-          path = self._manager.save(checkpoint_number=step)
+          path = self._save_listed(step, background)
         else:
           path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
       except (tf.errors.OpError, OSError) as error:
+        self._end_writer(error)  # In the background, TensorFlow raised the error of the write in flight.
         raise self._write_error(step, directory, error) from None
-    if directory == self.directory:
-      logging.info("Saved checkpoint %s.", path)
+    if background:
+      workarounds.expect_one_trace_per_writer(self.checkpoint)
+      self._in_flight = (step, self.saved_step)
     self.saved_step = step
     return path
+
+  def _save_listed(self, step: int, background: bool) -> str:
+    """The chief's save of `step` into the directory and its list; `background`: after the write in flight."""
+    if self._manager is None:
+      self._manager = self._new_manager()
+    # In the background, TensorFlow waits for the write in flight, and raises its error before starting this one.
+    if background and self._in_flight is None:  # This save makes the writer.
+      workarounds.make_keras_variables_copyable(self.checkpoint)
+      self._in_flight = (step, self.saved_step)
+    options = tf.train.CheckpointOptions(enable_async=background, experimental_write_callbacks=[self._written])
+    return self._manager.save(checkpoint_number=step, options=options)
 
   def save_unless_saved(self, step: int, *, in_background: bool = False) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise.
@@ -274,32 +279,30 @@ class Checkpoints:
   def wait(self) -> None:
     """Waits for the checkpoint being written in the background, if any, to be complete and listed.
 
-    It also ends TensorFlow's writer thread (the next save in the background
-    starts another), so that nothing holds the model once the Trainer is gone.
+    It also ends TensorFlow's writer (the next save in the background starts
+    another), so that nothing holds the model once the Trainer is gone.
 
     Raises:
       CheckpointWriteError: it could not be written (what it left is removed;
         the previous checkpoint stays the latest).
     """
-    try:
-      self._finish_write()
-    finally:
-      background_saves.close(self.checkpoint)
+    self._end_writer()
 
-  def _finish_write(self) -> None:
-    """Waits for the write in flight, if any (see `wait`), keeping the writer for the next one."""
+  def _end_writer(self, error: BaseException | None = None) -> None:
+    """Ends the background writer after its write in flight, if any; raises CheckpointWriteError if that failed."""
     if self._in_flight is None:
       return
     step, previous_step = self._in_flight
-    self._in_flight = None
-    self.checkpoint.sync()
-    error = background_saves.take_error(self.checkpoint)
-    if error is None:
-      return
-    self.saved_step = previous_step
-    if not isinstance(error, (tf.errors.OpError, OSError)):
-      raise error
-    raise self._write_error(step, self.directory, error) from None
+    try:
+      workarounds.close_writer(self.checkpoint)
+    except (tf.errors.OpError, OSError) as raised:
+      error = raised
+    finally:
+      self._new_checkpoint()  # The next save in the background starts another writer.
+      self._in_flight = None
+    if error is not None:
+      self.saved_step = previous_step
+      raise self._write_error(step, self.directory, error) from None
 
   def _written(self, path: str) -> None:
     """Says that the checkpoint at `path` is written (TensorFlow's writer calls it, before listing it)."""
@@ -307,17 +310,10 @@ class Checkpoints:
 
   def _in_background(self) -> bool:
     """Whether saves in the background are written so; says once why not where they cannot be."""
-    if not self._asynchronous:
-      return False
-    reason = background_saves.unsupported_reason(self._strategy)
-    if reason is not None:
+    if self._asynchronous and (reason := _synchronous_reason(self._strategy)):
       logging.info("Checkpoints are written synchronously: %s.", reason)
       self._asynchronous = False
-      return False
-    if not self._background_ready:
-      background_saves.make_keras_variables_copyable(self.checkpoint)
-      self._background_ready = True
-    return True
+    return self._asynchronous
 
   def _write_error(self, step: int, directory: str, error: BaseException) -> "CheckpointWriteError":
     """Removes what the failed save of `step` into `directory` left; returns the error that names it."""
@@ -432,6 +428,21 @@ class Checkpoints:
           lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating])
       ).get_concrete_function()
     return bool(self._weights_finite())
+
+
+def _synchronous_reason(strategy: tf.distribute.Strategy) -> str | None:
+  """Why checkpoints of `strategy`'s variables are written synchronously; None if they can be in the background."""
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    return (
+        "under a ParameterServerStrategy the variables live on the ps tasks, where this project has not "
+        "tested TensorFlow's asynchronous checkpointing"
+    )
+  if not description.is_single_worker(strategy):
+    return (
+        "under several workers every worker takes part in each save, and the workers other than the chief write to "
+        "a scratch directory removed right after the save"
+    )
+  return None
 
 
 class UnreadableCheckpointError(Exception):

@@ -35,7 +35,7 @@ class TrainerOptions:
     max_to_keep: how many recent checkpoints to keep (None: all).
     async_checkpoints: write the checkpoints of `checkpoint_every` in the
       background with TensorFlow's asynchronous checkpointing, while training
-      goes on (on one worker; see `runner.outputs.background_saves`). The
+      goes on (on one worker; see `runner.outputs.checkpoints`). The
       final checkpoint, and the one a stop signal saves, are always complete
       before `train` goes on or the process exits.
     jit_compile: compile each replica's forward and backward pass with XLA.
