@@ -31,7 +31,9 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -81,6 +83,7 @@ CONTENDERS = {
     "trainer_1000": ("trainer", 1000),
     "trainer_auto": ("trainer", "auto"),  # steps_per_loop="auto": chosen from the measured step time.
     "trainer_jit_100": ("trainer_jit", 100),
+    "trainer_dir_100": ("trainer_dir", 100),  # With a model_dir: its loops run unchecked once it holds a checkpoint.
     "loop_1": ("loop", 1),
     "loop_100": ("loop", 100),
     "orbit_100": ("orbit", 100),
@@ -353,11 +356,19 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=F
 WARM_UPS = {
     "trainer": warm_trainer,
     "trainer_jit": functools.partial(warm_trainer, jit_compile=True),
+    "trainer_dir": lambda *args: warm_trainer(*args, model_dir=tempfile.mkdtemp(prefix=f"trainer_dir-{os.getpid()}-")),
     "loop": warm_loop,
     "orbit": warm_orbit,
     "keras_fit": warm_keras_fit,
     "keras_fit_jit": functools.partial(warm_keras_fit, jit_compile=True),
 }
+
+
+def remove_model_dirs():
+  """Removes the model_dirs this process made for "trainer_dir" contenders."""
+  for path in os.listdir(tempfile.gettempdir()):
+    if path.startswith(f"trainer_dir-{os.getpid()}-"):
+      shutil.rmtree(os.path.join(tempfile.gettempdir(), path), ignore_errors=True)
 
 
 def describe_error(error):
@@ -433,6 +444,7 @@ def main(argv=None):
   except ValueError as error:
     parser.error(str(error))
   print(json.dumps(row), flush=True)
+  remove_model_dirs()
   # Skip the interpreter's tear-down: deleting a live, autotuned dataset iterator can block for seconds.
   process_exit.exit_now(0)
 

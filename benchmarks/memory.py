@@ -1,25 +1,23 @@
 """Peak memory of the Trainer side by side with the hand-written tf.distribute loop.
 
 `python -m benchmarks.memory [--rounds=3] [--strategies=one_device]
-[--contenders=trainer_100,trainer_100+model_dir,loop_100] [--warmup_steps=100] [--steps=100]` trains the
+[--contenders=trainer_100,trainer_dir_100,loop_100] [--warmup_steps=100] [--steps=100]` trains the
 `wide` workload of `benchmarks.contenders`
 (64 -> 4096 -> 4096 -> 10 with Adam: 205 MB of variables and slots) with each contender in a fresh
 process, the contenders interleaved and rotated per round as in `benchmarks.throughput`. A process
 measures how far its peak resident memory (`ru_maxrss`) grew from after TensorFlow made its devices
 to after training. It prints the machine, then a Markdown table of the median growth per contender
 with its ratio to the hand-written loop with as many steps per call (`throughput.REFERENCES`).
-A contender of `benchmarks.contenders` named with `+model_dir` is a Trainer with a model_dir (a
-checkpoint at the end of each `train` call, so the loops after the first run unchecked).
+`trainer_dir_100` is the Trainer with a model_dir (a checkpoint at the end of each `train` call, so
+the loops after the first call's run unchecked).
 """
 
 import argparse
-import functools
 import json
 import os
 import resource
 import statistics
 import sys
-import tempfile
 
 import tensorflow as tf
 
@@ -27,7 +25,6 @@ from benchmarks import contenders as contenders_lib
 from benchmarks import throughput
 
 WORKLOAD = "wide"
-MODEL_DIR = "+model_dir"
 
 
 def peak_mb():
@@ -37,14 +34,12 @@ def peak_mb():
 
 def child(contender, strategy_name, warmup_steps, steps):
   """Trains `contender` in this process; returns its row: `{"contender", "strategy", "peak_growth_mb"}`."""
-  name, model_dir = contender.removesuffix(MODEL_DIR), contender.endswith(MODEL_DIR)
-  kind, steps_per_call = contenders_lib.CONTENDERS[name]
+  kind, steps_per_call = contenders_lib.CONTENDERS[contender]
   strategy = contenders_lib.make_strategy(strategy_name)
   tf.constant(0.0)  # Devices and the runtime made before the baseline.
   start = peak_mb()
-  with tempfile.TemporaryDirectory() as directory:
-    warm = functools.partial(contenders_lib.WARM_UPS[kind], **({"model_dir": directory} if model_dir else {}))
-    warm(strategy, steps_per_call, warmup_steps, contenders_lib.WORKLOADS[WORKLOAD])(steps)
+  contenders_lib.WARM_UPS[kind](strategy, steps_per_call, warmup_steps, contenders_lib.WORKLOADS[WORKLOAD])(steps)
+  contenders_lib.remove_model_dirs()
   return {"contender": contender, "strategy": strategy_name, "peak_growth_mb": peak_mb() - start}
 
 
@@ -53,7 +48,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--strategies", default="one_device")
-  parser.add_argument("--contenders", default="trainer_100,trainer_100+model_dir,loop_100")
+  parser.add_argument("--contenders", default="trainer_100,trainer_dir_100,loop_100")
   parser.add_argument("--warmup_steps", type=int, default=100)
   parser.add_argument("--steps", type=int, default=100)
   parser.add_argument("--timeout", type=int, default=900, help="seconds allowed per process")
@@ -63,11 +58,7 @@ def main(argv=None):
     row = child(args.child, args.strategies, args.warmup_steps, args.steps)
     print(json.dumps(row), flush=True)
     os._exit(0)  # As benchmarks.contenders: no wait for the input's tear-down.
-  valid = [
-      *contenders_lib.CONTENDERS,
-      *(c + MODEL_DIR for c, (kind, _) in contenders_lib.CONTENDERS.items() if kind == "trainer"),
-  ]
-  names = throughput.parse_names(args.contenders, valid, "contenders")
+  names = throughput.parse_names(args.contenders, list(contenders_lib.CONTENDERS), "contenders")
   strategies = throughput.parse_names(args.strategies, contenders_lib.STRATEGIES, "strategies")
   machine = throughput.machine_lines()
   growth = {(c, s): [] for s in strategies for c in names}
@@ -88,7 +79,7 @@ def main(argv=None):
     if not values:
       print(f"| {contender} | {strategy} | not working | | | |")
       continue
-    versus = throughput.REFERENCES.get(contender.removesuffix(MODEL_DIR))
+    versus = throughput.REFERENCES.get(contender)
     reference = growth.get((versus, strategy))
     ratio = f"{statistics.median(values) / statistics.median(reference):.2f}x" if reference else "—"
     versus = versus if reference else "(reference)"
