@@ -349,6 +349,8 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=F
   def train(num_steps):
     trainer.train(examples, global_batch_size=workload.global_batch_size, steps=trainer.global_step + num_steps)
 
+  if model_dir is not None:  # After the first call's checkpoint, the loops run unchecked: traced in the warm-up too.
+    train(steps_per_call)
   train(warmup_steps)
   return timed(train)
 

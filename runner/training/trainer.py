@@ -670,7 +670,7 @@ class Trainer:
           step=self._parts.step,
           rewind=rewind,
           saved_step=lambda: saves.saved_step,
-          restore_latest=saves.restore_latest,
+          restore_saved=saves.restore_saved,
       )
     return self._checked_train_loop(global_batch_size, label_range, looping=steps_per_loop.looping)
 

@@ -8,8 +8,8 @@ count, summed per replica without a cross-replica reduction, and checks once
 per loop: the summed loss and every variable of the model and optimizer
 finite. `RerunChecked` calls it once a checkpoint exists to fall back to;
 when a loop is not finite (or raised part-way with a state that is not), it
-restores the latest checkpoint and runs the steps from there to the loop's
-end again from the same batches with the checked `loops.TrainLoop`, which
+restores the checkpoint saved last and runs the steps from there to the
+loop's end again from the same batches with the checked `loops.TrainLoop`, which
 stops at the first bad step and names it as it always does. No copy of the
 variables is kept.
 """
@@ -134,7 +134,7 @@ class RerunChecked:
   Loops run checked while `saved_step()` is None (no checkpoint to fall back
   to). After that, a loop whose summed loss or final variables are not
   finite, or that raised part-way with a state that was not finite, is run
-  again: `restore_latest` restores the latest checkpoint (waiting for one
+  again: `restore_saved` restores the checkpoint saved last (waiting for one
   being written), and the checked loop runs from its step to the loop's end
   on the same batches (a new iterator from `rewind`, which is used from then
   on), stopping at the first bad step with its usual result. A loop that
@@ -150,7 +150,7 @@ class RerunChecked:
       step: tf.Variable,
       rewind: Callable[[int], Any],
       saved_step: Callable[[], int | None],
-      restore_latest: Callable[[], Any],
+      restore_saved: Callable[[], int],
   ) -> None:
     """Initializes the `RerunChecked`.
 
@@ -160,15 +160,15 @@ class RerunChecked:
       step: the global step variable.
       rewind: `rewind(step)` returns a distributed iterator whose first batch
         is that of global step `step` (`train_input.training_iterator`).
-      saved_step: returns the step of the latest checkpoint, or None.
-      restore_latest: restores the latest checkpoint into the variables.
+      saved_step: returns the step of the checkpoint saved last, or None.
+      restore_saved: restores that checkpoint; returns its step.
     """
     self._unchecked = unchecked
     self._checked = checked
     self._step = step
     self._rewind = rewind
     self._saved_step = saved_step
-    self._restore_latest = restore_latest
+    self._restore_saved = restore_saved
     self._rewound: tuple[Any, Any] | None = None  # (an iterator, the rewound one used in its place)
 
   def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> loops.TrainLoopResult:
@@ -200,8 +200,7 @@ class RerunChecked:
       finite = False
     if finite:
       return result
-    self._restore_latest()
-    restored = int(self._step.numpy())
+    restored = self._restore_saved()
     self._rewound = (given, self._rewind(restored))
     result = self._checked()(self._rewound[1], end - restored, stop_signal)
     return dataclasses.replace(result, steps_run=restored + result.steps_run - (end - num_steps))
