@@ -16,7 +16,8 @@ global batch) and, in the `mlp` workload, accuracy metric, with variables made
 in `strategy.scope()` and input from `distribute_datasets_from_function`
 batched per replica. Workloads (`WORKLOADS`): `mlp`, the benchmark MLP
 (64 -> 256 -> 256 -> 10, global batch 256, accuracy); `small`, a step where
-per-step overhead shows (64 -> 128 -> 10, global batch 64, loss only).
+per-step overhead shows (64 -> 128 -> 10, global batch 64, loss only); `wide`, where memory
+is mostly the training state (64 -> 4096 -> 4096 -> 10 with Adam, global batch 16, loss only).
 `--steps_per_call` runs the contender's kind (trainer, loop, keras_fit) with
 that many steps per call instead of its own, `--global_batch_size` the workload
 with that global batch (and 64 batches of data); the row then names both.
@@ -30,7 +31,9 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -58,6 +61,7 @@ class Workload:
   hidden_units: tuple
   global_batch_size: int
   accuracy: bool
+  optimizer: str = "sgd"  # "sgd" (with momentum) or "adam"
 
   @property
   def num_examples(self):
@@ -68,6 +72,8 @@ class Workload:
 WORKLOADS = {
     "mlp": Workload(hidden_units=(256, 256), global_batch_size=256, accuracy=True),
     "small": Workload(hidden_units=(128,), global_batch_size=64, accuracy=False),
+    # 205 MB of variables and Adam slots, a small batch: what memory holds is mostly the training state.
+    "wide": Workload(hidden_units=(4096, 4096), global_batch_size=16, accuracy=False, optimizer="adam"),
 }
 
 # name -> (kind, steps per tf.function call); a kind ending in "_jit" compiles its step with XLA.
@@ -77,6 +83,7 @@ CONTENDERS = {
     "trainer_1000": ("trainer", 1000),
     "trainer_auto": ("trainer", "auto"),  # steps_per_loop="auto": chosen from the measured step time.
     "trainer_jit_100": ("trainer_jit", 100),
+    "trainer_dir_100": ("trainer_dir", 100),  # With a model_dir: its loops run unchecked once it holds a checkpoint.
     "loop_1": ("loop", 1),
     "loop_100": ("loop", 100),
     "orbit_100": ("orbit", 100),
@@ -142,8 +149,10 @@ def make_model(workload):
   return keras.Sequential(layers)
 
 
-def make_optimizer():
-  """Returns the benchmark optimizer: SGD with momentum."""
+def make_optimizer(name="sgd"):
+  """Returns the benchmark optimizer: SGD with momentum, or Adam (`name="adam"`, learning rate 1e-4)."""
+  if name == "adam":
+    return keras.optimizers.Adam(learning_rate=1e-4)
   return keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=0.9)
 
 
@@ -183,7 +192,7 @@ def make_replica_step(strategy, workload):
   """
   with strategy.scope():
     model = make_model(workload)
-    optimizer = make_optimizer()
+    optimizer = make_optimizer(workload.optimizer)
     optimizer.build(model.trainable_variables)  # Slots made in a tf.function fail under mirrored.
     accuracy = keras.metrics.SparseCategoricalAccuracy() if workload.accuracy else None
 
@@ -291,7 +300,7 @@ def warm_keras_fit(strategy, steps_per_call, warmup_steps, workload, jit_compile
   with strategy.scope():
     model = make_model(workload)
     model.compile(
-        optimizer=make_optimizer(),
+        optimizer=make_optimizer(workload.optimizer),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy()] if workload.accuracy else [],
         steps_per_execution=steps_per_call,
@@ -321,7 +330,7 @@ class _LossOnly(runner.tasks.Classification):
     return []
 
 
-def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=False):
+def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=False, model_dir=None):
   """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns it timed (see `timed`).
 
   `Trainer.train` takes a total step count, so each call continues the last.
@@ -329,16 +338,19 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=F
   trainer = runner.Trainer(
       strategy,
       model_fn=lambda: make_model(workload),
-      optimizer_fn=make_optimizer,
+      optimizer_fn=lambda: make_optimizer(workload.optimizer),
       task=runner.tasks.Classification(from_logits=True) if workload.accuracy else _LossOnly(from_logits=True),
       steps_per_loop=steps_per_call,
       jit_compile=jit_compile,
+      model_dir=model_dir,
   )
   examples = make_examples(workload).repeat()
 
   def train(num_steps):
     trainer.train(examples, global_batch_size=workload.global_batch_size, steps=trainer.global_step + num_steps)
 
+  if model_dir is not None:  # After the first call's checkpoint, the loops run unchecked: traced in the warm-up too.
+    train(steps_per_call)
   train(warmup_steps)
   return timed(train)
 
@@ -346,11 +358,19 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=F
 WARM_UPS = {
     "trainer": warm_trainer,
     "trainer_jit": functools.partial(warm_trainer, jit_compile=True),
+    "trainer_dir": lambda *args: warm_trainer(*args, model_dir=tempfile.mkdtemp(prefix=f"trainer_dir-{os.getpid()}-")),
     "loop": warm_loop,
     "orbit": warm_orbit,
     "keras_fit": warm_keras_fit,
     "keras_fit_jit": functools.partial(warm_keras_fit, jit_compile=True),
 }
+
+
+def remove_model_dirs():
+  """Removes the model_dirs this process made for "trainer_dir" contenders."""
+  for path in os.listdir(tempfile.gettempdir()):
+    if path.startswith(f"trainer_dir-{os.getpid()}-"):
+      shutil.rmtree(os.path.join(tempfile.gettempdir(), path), ignore_errors=True)
 
 
 def describe_error(error):
@@ -426,6 +446,7 @@ def main(argv=None):
   except ValueError as error:
     parser.error(str(error))
   print(json.dumps(row), flush=True)
+  remove_model_dirs()
   # Skip the interpreter's tear-down: deleting a live, autotuned dataset iterator can block for seconds.
   process_exit.exit_now(0)
 

@@ -33,6 +33,7 @@ REFERENCES = {
     "trainer_1000": "loop_100",
     "trainer_auto": "trainer_100",
     "trainer_jit_100": "trainer_100",  # XLA against the graph.
+    "trainer_dir_100": "loop_100",
     "loop_1": "loop_100",
     "orbit_100": "loop_100",
     "keras_fit_1": "loop_1",

@@ -215,6 +215,15 @@ class Checkpoints:
     self.saved_step = int(self._step.numpy())
     return self.saved_step
 
+  def restore_saved(self) -> int:
+    """Restores the checkpoint this object restored or saved last, once a write in flight is complete; its step.
+
+    Raises:
+      As `wait` and `restore`.
+    """
+    self.wait()
+    return self.restore(os.path.join(self.directory, f"ckpt-{self.saved_step}"))
+
   def save(self, step: int, *, in_background: bool = False) -> str:
     """Writes a checkpoint numbered `step`; returns its path (a deleted scratch path off the chief).
 

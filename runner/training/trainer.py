@@ -554,7 +554,7 @@ class Trainer:
     where the last one stopped (and skip rebuilding the input pipeline). A
     new iterator starts where an uninterrupted run would be at the current
     global step (see `train_input.training_iterator`), or, with `rewound_to`,
-    at that step (a loop run again with the checks, `unchecked_loops.RerunChecked`);
+    at that step (steps run again with the checks, `unchecked_loops.RerunChecked`);
     it is kept for the `train` calls after this. A new one (not rewound) notes
     what the data is in the checkpoints (`Checkpoints.swap_training_data`),
     and a resume on other data than the checkpoint's says so.
@@ -664,22 +664,27 @@ class Trainer:
   ) -> loops.TrainLoop | unchecked_loops.RerunChecked:
     """The inner loop for this batch size, label range and loop sizes (its parts made once and kept, with their traces).
 
-    Where one process runs every replica and a call runs many steps (not on
-    a TPU, whose compiled step checks nearly for free), loops run unchecked
-    and a loop that is not finite runs again from its start with the checks
-    (`unchecked_loops.RerunChecked`, its batches from `rewind`).
+    Where one process runs every replica, a call runs many steps (not on a
+    TPU, whose compiled step checks nearly for free) and there is a
+    `model_dir`, loops run unchecked once it holds a checkpoint, and the
+    steps of a loop that is not finite run again from that checkpoint with
+    the checks (`unchecked_loops.RerunChecked`, its batches from `rewind`).
     """
     if (
         steps_per_loop.looping
+        and self._checkpoints is not None
         and self._coordinator is None
         and description.is_single_worker(self._strategy)
         and not model_parts.is_tpu(self._strategy)
     ):
+      saves = self._checkpoints
       return unchecked_loops.RerunChecked(
           unchecked=self._unchecked_loop(global_batch_size, label_range),
           checked=functools.partial(self._checked_train_loop, global_batch_size, label_range, looping=True),
           step=self._parts.step,
           rewind=rewind,
+          saved_step=lambda: saves.saved_step,
+          restore_saved=saves.restore_saved,
       )
     return self._checked_train_loop(global_batch_size, label_range, looping=steps_per_loop.looping)
 
@@ -725,16 +730,13 @@ class Trainer:
     """
     key = ("unchecked", global_batch_size, label_range)
     if key not in self._train_loops:
-      snapshot = unchecked_loops.StateSnapshot(
-          self._strategy,
-          list(self._parts.model.variables)
-          + list(self._parts.keras_version.optimizer_variables(self._parts.optimizer))
-          + [self._parts.step],
+      state = list(self._parts.model.variables) + list(
+          self._parts.keras_version.optimizer_variables(self._parts.optimizer)
       )
       arguments = self._loop_arguments(global_batch_size, label_range)
       if _loss_fails_on_labels_out_of_range(self._task):
         arguments["valid_labels"] = None
-      self._train_loops[key] = unchecked_loops.UncheckedTrainLoop(snapshot=snapshot, **arguments)
+      self._train_loops[key] = unchecked_loops.UncheckedTrainLoop(state=state, **arguments)
     return self._train_loops[key]
 
   def _advance(self, step: int, train_results: Mapping[str, float]) -> None:

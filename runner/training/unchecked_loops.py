@@ -1,4 +1,4 @@
-"""Loops that run their steps unchecked, and run a loop again with the checks when its result is not finite.
+"""Loops that run their steps unchecked, and run steps again with the checks when a loop's result is not finite.
 
 A `loops.TrainLoop` checks every step (the batch's finiteness, the labels'
 range, the gradients' finiteness): on a small step over two CPU replicas
@@ -6,14 +6,16 @@ that is 4 to 5% of the step (docs/benchmarks.md#what-the-per-step-checks-cost).
 `UncheckedTrainLoop` adds to the hand-written step only its loss and a step
 count, summed per replica without a cross-replica reduction, and checks once
 per loop: the summed loss and every variable of the model and optimizer
-finite. `RerunChecked` calls it; when a loop is not finite (or raised part-way
-with a state that is not), it restores the variables to the loop's start from
-a copy taken in memory at each loop's start (`StateSnapshot`), and runs that
-loop again from the same batches with the checked `loops.TrainLoop`, which
-stops at the first bad step and names it as it always does.
+finite. `RerunChecked` calls it once a checkpoint exists to fall back to;
+when a loop is not finite (or raised part-way with a state that is not), it
+restores the checkpoint saved last and runs the steps from there to the
+loop's end again from the same batches with the checked `loops.TrainLoop`, which
+stops at the first bad step and names it as it always does. No copy of the
+variables is kept.
 """
 
 from collections.abc import Callable, Sequence
+import dataclasses
 import math
 from typing import Any
 
@@ -24,72 +26,30 @@ from runner.training import loops
 _VALUES = ("loss", "replicas", "label_range")  # Summed per replica over the loop's steps.
 
 
-class StateSnapshot:
-  """An in-memory copy of training variables: taken inside a loop's function, restored from the host.
-
-  Each variable gets a shadow variable of its shape and dtype, made in the
-  strategy's scope (so it lives on the same devices); `take` assigns the
-  variables to their shadows, `restore` the shadows back. It costs one copy
-  of the variables in memory, and one assignment per variable per loop.
-  """
-
-  def __init__(self, strategy: tf.distribute.Strategy, variables: Sequence[Any]) -> None:
-    """Initializes the `StateSnapshot`.
-
-    Args:
-      strategy: the `tf.distribute.Strategy` the variables were made under.
-      variables: the variables to copy (Keras or TensorFlow variables); one
-        that appears twice is copied once.
-    """
-    unique: dict[int, Any] = {}
-    for variable in variables:
-      unique.setdefault(id(variable), variable)
-    self.variables = list(unique.values())
-    with strategy.scope():
-      self._shadows = [
-          tf.Variable(tf.zeros(v.shape, tf.as_dtype(v.dtype)), trainable=False, name="loop_start_copy")
-          for v in self.variables
-      ]
-    self._restore = tf.function(self._assign_back)
-
-  def take(self) -> None:
-    """Copies the variables to their shadows (in a `tf.function`: as ops of that function)."""
-    for variable, shadow in zip(self.variables, self._shadows):
-      shadow.assign(tf.convert_to_tensor(variable))
-
-  def restore(self) -> None:
-    """Assigns the variables the values `take` copied last."""
-    self._restore()
-
-  def _assign_back(self) -> None:
-    for variable, shadow in zip(self.variables, self._shadows):
-      variable.assign(shadow.read_value())
-
-
 class UncheckedTrainLoop(loops.TrainLoop):
   """A looping `loops.TrainLoop` whose steps carry no per-step check; the loop tells whether it stayed finite.
 
   Each replica adds its share of the loss and 1 (and, with `valid_labels`,
   the log of whether its labels were in range) to a variable of its own
   (`ON_READ`, summed when read), so a step has no cross-replica reduction
-  beyond the optimizer's. The function first copies the state to `snapshot`,
-  runs `num_steps` steps (all of them: it does not stop at a bad one), and
-  advances the global step by the steps run. Its vector holds the sums, the
-  sum of every floating variable of `snapshot` (finite exactly when they all
-  are, see `loops.finite_sum`), the learning rate and the metrics.
+  beyond the optimizer's. The function runs `num_steps` steps (all of them:
+  it does not stop at a bad one), and advances the global step by the steps
+  run. Its vector holds the sums, the sum of every floating variable of
+  `state` (finite exactly when they all are, see `loops.finite_sum`), the
+  learning rate and the metrics.
   """
 
-  def __init__(self, *, snapshot: StateSnapshot, **arguments: Any) -> None:
+  def __init__(self, *, state: Sequence[Any], **arguments: Any) -> None:
     """Initializes the `UncheckedTrainLoop`.
 
     Args:
-      snapshot: the state copied at each loop's start and checked at its end.
+      state: the variables checked finite at each loop's end.
       **arguments: as for `loops.TrainLoop`, without `looping` (always on)
         and `multi_worker` (one worker). `valid_labels` is checked per step
         only when given: pass None where the task's loss fails by itself on
         a label out of range (an op error, or a NaN loss).
     """
-    self.snapshot = snapshot
+    self._state = state
     super().__init__(looping=True, multi_worker=False, **arguments)
     self._unchecked_update = loops.maybe_xla(self._apply_update, self._whole_step_xla)
     self.function = tf.function(self._unchecked_steps)
@@ -136,12 +96,11 @@ class UncheckedTrainLoop(loops.TrainLoop):
     return int(math.floor(float(sums[1]) / self._strategy.num_replicas_in_sync + 1e-6))
 
   def _sums_and_state_sum(self) -> tf.Tensor:
-    floating = [tf.convert_to_tensor(v) for v in self.snapshot.variables if tf.as_dtype(v.dtype).is_floating]
+    floating = [tf.convert_to_tensor(v) for v in self._state if tf.as_dtype(v.dtype).is_floating]
     return tf.concat([self._sums.read_value(), [loops.finite_sum(floating)]], axis=0)
 
   def _unchecked_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
     del stop  # One worker: its own signal is read between loops.
-    self.snapshot.take()
     for metric in self._metrics:
       metric.reset_state()
     self._sums.assign(tf.zeros_like(self._sums))
@@ -170,15 +129,17 @@ class UncheckedTrainLoop(loops.TrainLoop):
 
 
 class RerunChecked:
-  """The call contract of `loops.TrainLoop`: loops run unchecked; one that is not finite runs again, checked.
+  """The call contract of `loops.TrainLoop`: loops run unchecked; steps of one that is not finite run again, checked.
 
-  A loop whose summed loss or final variables are not finite, or that raised
-  part-way with a state that was not finite, is run again: the variables are
-  restored to the loop's start (`StateSnapshot`), and the checked loop runs
-  the same steps from the same batches (a new iterator from `rewind`, which
-  is used from then on), stopping at the first bad step with its usual
-  result. A loop that raised with a finite state raises as it did: the
-  global step counts the steps before the error, as a checked loop's would.
+  Loops run checked while `saved_step()` is None (no checkpoint to fall back
+  to). After that, a loop whose summed loss or final variables are not
+  finite, or that raised part-way with a state that was not finite, is run
+  again: `restore_saved` restores the checkpoint saved last (waiting for one
+  being written), and the checked loop runs from its step to the loop's end
+  on the same batches (a new iterator from `rewind`, which is used from then
+  on), stopping at the first bad step with its usual result. A loop that
+  raised with a finite state raises as it did: the global step counts the
+  steps before the error, as a checked loop's would.
   """
 
   def __init__(
@@ -188,24 +149,32 @@ class RerunChecked:
       checked: Callable[[], loops.TrainLoop],
       step: tf.Variable,
       rewind: Callable[[int], Any],
+      saved_step: Callable[[], int | None],
+      restore_saved: Callable[[], int],
   ) -> None:
     """Initializes the `RerunChecked`.
 
     Args:
-      unchecked: the loop that runs every call first.
-      checked: returns the checked loop (made on the first rerun).
+      unchecked: the loop that runs every call once a checkpoint exists.
+      checked: returns the checked loop.
       step: the global step variable.
       rewind: `rewind(step)` returns a distributed iterator whose first batch
         is that of global step `step` (`train_input.training_iterator`).
+      saved_step: returns the step of the checkpoint saved last, or None.
+      restore_saved: restores that checkpoint; returns its step.
     """
     self._unchecked = unchecked
     self._checked = checked
     self._step = step
     self._rewind = rewind
+    self._saved_step = saved_step
+    self._restore_saved = restore_saved
     self._rewound: tuple[Any, Any] | None = None  # (an iterator, the rewound one used in its place)
 
   def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> loops.TrainLoopResult:
     """Runs `num_steps` steps from `iterator`; returns a `loops.TrainLoopResult` (see the class doc).
+
+    Its `steps_run` counts from the global step before the call.
 
     Args:
       iterator: the distributed training iterator.
@@ -220,6 +189,9 @@ class RerunChecked:
     given = iterator
     if self._rewound is not None and self._rewound[0] is given:
       iterator = self._rewound[1]
+    if self._saved_step() is None:
+      return self._checked()(iterator, num_steps, stop_signal)
+    end = int(self._step.numpy()) + num_steps
     try:
       result, finite = self._unchecked.run(iterator, num_steps)
     except tf.errors.OpError:
@@ -228,11 +200,11 @@ class RerunChecked:
       finite = False
     if finite:
       return result
-    self._unchecked.snapshot.restore()
-    rewound = self._rewind(int(self._step.numpy()))
-    self._rewound = (given, rewound)
-    return self._checked()(rewound, num_steps, stop_signal)
+    restored = self._restore_saved()
+    self._rewound = (given, self._rewind(restored))
+    result = self._checked()(self._rewound[1], end - restored, stop_signal)
+    return dataclasses.replace(result, steps_run=restored + result.steps_run - (end - num_steps))
 
   def trace(self, iterator: Any) -> bool:
-    """Traces the unchecked loop's function (see `loops.TrainLoop.trace`); returns whether it was traced now."""
-    return self._unchecked.trace(iterator)
+    """Traces the loop's function that the next call runs (see `loops.TrainLoop.trace`); whether it was traced now."""
+    return (self._checked() if self._saved_step() is None else self._unchecked).trace(iterator)

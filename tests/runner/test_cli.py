@@ -12,12 +12,15 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import portpicker
 import pytest
 
 from runner import exit_codes
+from runner.outputs import checkpoints
 from runner.outputs import tensorflow_logs
 from testlib import paths
+from testlib import process_testlib
 
 REPO = paths.REPO
 DIGITS = os.path.join(REPO, "configs", "digits.py")
@@ -47,6 +50,11 @@ def cli_runs(tmp_path_factory):
 
       def data(config, split):
         return runner.data.InMemory(np.full((64, 16), np.nan, np.float32), np.zeros(64, np.int32))
+
+      def overflow_at_step_7(config, split):  # A finite target whose squared error overflows: the loss is inf.
+        targets = np.zeros((64, 1), np.float32)
+        targets[52] = 3e38  # In the batch of step 7 at a global batch of 8.
+        return runner.data.InMemory(np.ones((64, 16), np.float32), targets)
       """))
   (tmp / "owndata.py").write_text(textwrap.dedent("""
       import numpy as np
@@ -149,6 +157,15 @@ def cli_runs(tmp_path_factory):
       "--config.data.name=nans:data",
       "--config.trainer.train_steps=10",
       "--config.trainer.steps_per_loop=5",
+  ]
+  cases["diverges_after_checkpoint"] = [  # Checked steps 1-4, ckpt-4, unchecked 5-8 rerun checked from ckpt-4.
+      f"--config={SYNTHETIC}:regression",
+      "--mode=train",
+      "--config.data.name=nans:overflow_at_step_7",
+      "--config.data.global_batch_size=8",
+      "--config.trainer.train_steps=12",
+      "--config.trainer.steps_per_loop=4",
+      "--config.trainer.checkpoint_every=4",
   ]
   # TensorFlow's log level as a user leaves it (unset: start-up chatter hidden) or sets it (0: everything).
   cases["quiet"] = [
@@ -465,6 +482,17 @@ def test_non_finite_features_are_one_error_line_with_status_2_and_no_workdir(cli
   ]
   assert "Traceback" not in stderr
   assert not workdir.exists()  # The run created it and wrote no checkpoint: it is gone.
+
+
+def test_a_loop_that_diverges_after_a_checkpoint_exits_3_naming_its_first_bad_step(cli_runs):
+  returncode, _, stderr, workdir = cli_runs["diverges_after_checkpoint"]
+  assert returncode == exit_codes.NON_FINITE, stderr[-3000:]
+  (line,) = _error_lines(stderr)
+  assert line.startswith(
+      "error: Training stopped at step 7: the loss became inf; the batch's features and labels"
+  ), line
+  assert checkpoints.latest_step(str(workdir)) == 4
+  assert all(np.all(np.isfinite(value)) for value in process_testlib.final_checkpoint_values(workdir).values())
 
 
 @pytest.mark.parametrize(

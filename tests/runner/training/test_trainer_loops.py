@@ -37,10 +37,13 @@ def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
   trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=7)  # Loops of 3, 3 and 1 steps.
   assert trainer.global_step == 7
   assert task.traces == 1
+  # With the checkpoint of step 7 the loops run unchecked (runner.training.unchecked_loops): one more trace.
   trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=9)  # A new iterator.
   assert trainer.global_step == 9
-  assert task.traces == 1
-  assert [row["step"] for row in _rows(tmp_path, "train")] == [3, 6, 7, 9]
+  assert task.traces == 2
+  trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=11)
+  assert task.traces == 2
+  assert [row["step"] for row in _rows(tmp_path, "train")] == [3, 6, 7, 9, 11]
 
 
 def test_steps_per_loop_one_traces_no_loop_and_many_steps_trace_one():

@@ -1,8 +1,9 @@
-"""Loops of many steps run unchecked; a loop that is not finite runs again from its start with the checks.
+"""Loops of many steps run unchecked once a checkpoint exists; a loop that is not finite reruns checked from it.
 
 Each bad run is trained twice: with one step per call (a checked step, no loop) and with 4 steps per
-loop (unchecked, rerun checked): the error, its message and the step reached must be the same, and
-the latest checkpoint must hold the finite variables of the loop's start.
+loop (checked until the first checkpoint, then unchecked, rerun checked from the latest checkpoint):
+the error, its message, the step reached and the state must be the same, and the latest checkpoint
+must hold finite variables.
 """
 
 import keras
@@ -79,12 +80,12 @@ CASES = {
 }
 
 
-def _failed_run(strategy, case, steps_per_loop, model_dir):
-  """Trains `case` with `steps_per_loop`; returns (the error, the Trainer)."""
-  make_data, error_type, message = CASES[case]
-  data, options = make_data()
+def _failed_run(strategy, case, steps_per_loop, model_dir, checkpoint_every=STEPS_PER_LOOP, make_data=None):
+  """Trains `case` (its data from `make_data`, if given) with `steps_per_loop`; returns (the error, the Trainer)."""
+  default_data, error_type, message = CASES[case]
+  data, options = (make_data or default_data)()
   trainer = trainer_testlib.make_trainer(
-      strategy, model_dir=model_dir, steps_per_loop=steps_per_loop, checkpoint_every=STEPS_PER_LOOP, **options
+      strategy, model_dir=model_dir, steps_per_loop=steps_per_loop, checkpoint_every=checkpoint_every, **options
   )
   with pytest.raises(error_type, match=message) as raised:
     trainer.train(data, global_batch_size=8, steps=40)
@@ -126,6 +127,28 @@ def test_an_unchecked_loop_stops_at_the_first_bad_step_with_the_checked_message(
     np.testing.assert_allclose(restored_value, reference_value, rtol=1e-5)
 
 
+def test_a_bad_loop_reruns_checked_from_a_checkpoint_before_its_start(tmp_path):
+  def nan_features_at_step_14():
+    features, labels = trainer_testlib.classification_arrays(128)
+    features[108] = np.nan  # In the batch of step 14: the fourth loop; the latest checkpoint is at step 8.
+    return tf.data.Dataset.from_tensor_slices((features, labels)), {}
+
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  runs = {}
+  for name, steps_per_loop in (("checked", 1), ("unchecked", STEPS_PER_LOOP)):
+    runs[name] = _failed_run(
+        strategy, "nan_features", steps_per_loop, str(tmp_path / name), 8, make_data=nan_features_at_step_14
+    )
+  assert str(runs["unchecked"][0]) == str(runs["checked"][0])
+  assert "in the batch of step 14;" in str(runs["unchecked"][0])
+  assert runs["unchecked"][1].global_step == runs["checked"][1].global_step
+  for unchecked_value, checked_value in zip(_state(runs["unchecked"][1]), _state(runs["checked"][1]), strict=True):
+    np.testing.assert_allclose(unchecked_value, checked_value, rtol=1e-5)
+  assert tf.train.latest_checkpoint(str(tmp_path / "unchecked" / "checkpoints")).endswith("ckpt-8")
+  restored = trainer_testlib.make_trainer(strategy, model_dir=str(tmp_path / "unchecked"))
+  assert restored.global_step == 8 and all(np.all(np.isfinite(value)) for value in _state(restored))
+
+
 class _NanOnceAtCall(runner.tasks.Classification):
   """Classification whose loss is NaN at its `bad_call`-th call only: a fault the checked rerun does not meet."""
 
@@ -145,14 +168,19 @@ class _NanOnceAtCall(runner.tasks.Classification):
 def test_a_loop_whose_rerun_is_finite_continues_on_the_same_batches(tmp_path):
   strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
   data = trainer_testlib.classification_data(64)
+  # Without a model_dir there is no checkpoint to rerun from: every step is checked, and the fault stops training.
+  without_dir = trainer_testlib.make_trainer(strategy, task=_NanOnceAtCall(bad_call=6), steps_per_loop=STEPS_PER_LOOP)
+  with pytest.raises(FloatingPointError, match=r"^Training stopped at step 6: the loss became nan"):
+    without_dir.train(data, global_batch_size=8, steps=12)
   flaky_task = _NanOnceAtCall(bad_call=6)
-  flaky = trainer_testlib.make_trainer(strategy, task=flaky_task, steps_per_loop=STEPS_PER_LOOP)
+  options = dict(steps_per_loop=STEPS_PER_LOOP, checkpoint_every=STEPS_PER_LOOP)
+  flaky = trainer_testlib.make_trainer(strategy, task=flaky_task, model_dir=str(tmp_path / "flaky"), **options)
   flaky_results = flaky.train(data, global_batch_size=8, steps=12)
-  clean = trainer_testlib.make_trainer(strategy, steps_per_loop=STEPS_PER_LOOP)
+  clean = trainer_testlib.make_trainer(strategy, model_dir=str(tmp_path / "clean"), **options)
   clean_results = clean.train(data, global_batch_size=8, steps=12)
   assert flaky_results == pytest.approx(clean_results, rel=1e-6)
   assert flaky.global_step == 12
-  assert int(flaky_task.calls.numpy()) == 12 + STEPS_PER_LOOP  # The loop of steps 5 to 8 ran twice.
+  assert int(flaky_task.calls.numpy()) == 12 + STEPS_PER_LOOP  # The loop of steps 5 to 8 ran again from ckpt-4.
   for flaky_value, clean_value in zip(_state(flaky), _state(clean), strict=True):
     np.testing.assert_allclose(flaky_value, clean_value, rtol=1e-6)
   # A later train call continues the rewound input: again the clean run's batches.
