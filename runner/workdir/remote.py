@@ -8,6 +8,7 @@ workdir's files are laid out so that none of these is needed there
 """
 
 import os
+import re
 
 from strategies.errors import ConfigError
 
@@ -32,7 +33,8 @@ def user_path(workdir: str | None) -> str | None:
   None stays None (a new temporary directory). Imports no TensorFlow.
 
   Raises:
-    ConfigError: an empty path.
+    ConfigError: an empty path, one that starts or ends with white space, a
+      `~user` of no such user, or a URL with one slash (`gs:/bucket`).
   """
   if workdir is None:
     return None
@@ -41,4 +43,16 @@ def user_path(workdir: str | None) -> str | None:
         f"The workdir is empty (--workdir={workdir!r}); give a directory, or leave --workdir out for a new "
         "temporary one."
     )
-  return workdir if is_remote(workdir) else os.path.expanduser(workdir)
+  if workdir != workdir.strip():
+    raise ConfigError(
+        f"The workdir {workdir!r} starts or ends with white space, which would become part of a folder's name; "
+        f"give {workdir.strip()!r}."
+    )
+  if is_remote(workdir):
+    return workdir
+  expanded = os.path.expanduser(workdir)
+  if expanded.startswith("~"):
+    raise ConfigError(f"The workdir {workdir!r} names the home folder of a user this machine does not have.")
+  if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:/(?!/)", workdir):
+    raise ConfigError(f"The workdir {workdir!r} looks like a URL with one slash; a URL is SCHEME://..., e.g. gs://.")
+  return expanded

@@ -633,6 +633,21 @@ _ANSWERS_WITHOUT_TENSORFLOW = {
         2,
         "error: The workdir is empty (--workdir=''); give a directory, or leave --workdir out for a new temporary one.",
     ),
+    "workdir_space": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir= {tmp}/run"],
+        2,
+        "error: The workdir ' {tmp}/run' starts or ends with white space",
+    ),
+    "workdir_unknown_user": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir=~nosuchuser/run"],
+        2,
+        "error: The workdir '~nosuchuser/run' names the home folder of a user this machine does not have.",
+    ),
+    "workdir_one_slash_url": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir=gs:/bucket/run"],
+        2,
+        "error: The workdir 'gs:/bucket/run' looks like a URL with one slash",
+    ),
     "two_modes": (
         ["-m", "runner", f"--config={DIGITS}", "--workdir={tmp}/run", "--mode=eval", "--config.mode=train"],
         2,
