@@ -419,6 +419,10 @@ _FUNCTIONS = textwrap.dedent("""
     def without_split(config):
       return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.zeros(64, np.int32)))
 
+    def eval_of_other_shape(config, split):
+      x = np.ones((64, 16 if split == "train" else 8), np.float32)
+      return tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int32)))
+
     def task_without_config():
       raise AssertionError("never called")
     """)
@@ -438,6 +442,10 @@ _DOES_NOT_FIT = {
         r"The dataset 'fits:without_split' has the parameters \(config\), but it is called as "
         r"without_split\(config\.data, split\) with split 'train' or 'eval' \(too many positional arguments\)",
     ),
+    "eval_data_of_other_shape": (
+        ["--config.data.name=fits:eval_of_other_shape", "--mode=train_and_eval"],
+        r"The evaluation data's features have shape \(8,\) per example",
+    ),
     "task_without_config": (
         ["--config.task.name=fits:task_without_config"],
         r"The task 'fits:task_without_config' has the parameters \(\), but it is called as "
@@ -456,8 +464,9 @@ def test_a_function_that_does_not_fit_is_one_error_line_through_the_cli(tmp_path
   env = paths.subprocess_environment()
   env["PYTHONPATH"] += os.pathsep + str(tmp_path)
   run = subprocess.run(
-      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train"]
-      + ["--config.trainer.train_steps=2", *overrides],
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"]
+      + ["--config.trainer.train_steps=2", *overrides]
+      + ([] if any(override.startswith("--mode=") for override in overrides) else ["--mode=train"]),
       env=env,
       capture_output=True,
       text=True,
