@@ -12,6 +12,7 @@ from runner.training import keras_versions
 from runner.training import options as trainer_options
 from runner.training import parameter_server_loops
 from runner.training import scoped_settings
+from strategies.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,10 @@ def make(
     keras_version = keras_versions.of_model_and_optimizer(model, optimizer)
     if precision == "mixed_float16":
       optimizer = keras_version.loss_scale_optimizer(optimizer)
-    metrics = list(task.metrics())
+    metrics = task.metrics()
+    if keras_versions.is_metric(metrics) or not isinstance(metrics, (list, tuple)):
+      raise ConfigError(f"Task.metrics() must return a list of Keras metrics, got {metrics!r}; e.g. [metric].")
+    metrics = list(metrics)
     step = tf.Variable(
         0, dtype=tf.int64, trainable=False, name="global_step", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
     )

@@ -75,11 +75,19 @@ class _MetricNamedLoss(runner.tasks.Classification):
     return [keras.metrics.SparseCategoricalAccuracy(name="loss")]
 
 
+class _OneMetricNotAList(runner.tasks.Classification):
+
+  def metrics(self):
+    return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+
+
 def test_bad_strategy_and_metric_names(one_device):
   with pytest.raises(ConfigError, match=r"strategy must be a tf\.distribute\.Strategy .*got str"):
     trainer_testlib.make_trainer("mirrored")
   with pytest.raises(ConfigError, match=r"Metric name 'loss' is reserved"):
     trainer_testlib.make_trainer(one_device, task=_MetricNamedLoss())
+  with pytest.raises(ConfigError, match=r"Task\.metrics\(\) must return a list of Keras metrics, got <Sparse"):
+    trainer_testlib.make_trainer(one_device, task=_OneMetricNotAList())
 
 
 def test_a_global_batch_the_replicas_do_not_divide_fails_before_tracing(cpu_devices):
