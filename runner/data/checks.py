@@ -170,6 +170,11 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
           f"{where}'s features{path} have shape {_shape(spec.shape)} per example (element spec "
           f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}."
       )
+    if (spec.dtype == tf.string) != (want.dtype == tf.string):
+      raise DataError(
+          f"{where}'s features{path} are {spec.dtype.name}, but the model's input takes {want.dtype.name}. Convert "
+          "them in the dataset (e.g. tf.strings.to_number), or give the model an input of that dtype."
+      )
     varying = [i for i, (got, need) in enumerate(zip(spec.shape, want.shape)) if got is None and need is not None]
     if varying:
       raise DataError(

@@ -423,6 +423,14 @@ _FUNCTIONS = textwrap.dedent("""
       x = np.ones((64, 16 if split == "train" else 8), np.float32)
       return tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int32)))
 
+    def declared_input(config):
+      features = keras.Input((16,))
+      return keras.Model(features, keras.layers.Dense(10)(features))
+
+    def string_features(config, split):
+      x = tf.strings.as_string(np.ones((64, 16), np.float32))
+      return tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int32)))
+
     def task_without_config():
       raise AssertionError("never called")
     """)
@@ -445,6 +453,10 @@ _DOES_NOT_FIT = {
     "eval_data_of_other_shape": (
         ["--config.data.name=fits:eval_of_other_shape", "--mode=train_and_eval"],
         r"The evaluation data's features have shape \(8,\) per example",
+    ),
+    "string_features": (
+        ["--config.model.name=fits:declared_input", "--config.data.name=fits:string_features"],
+        r"The training data's features are string, but the model's input takes float32\. Convert them",
     ),
     "task_without_config": (
         ["--config.task.name=fits:task_without_config"],
