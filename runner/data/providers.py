@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from runner.data import record_positions
 from runner.interfaces import DatasetProvider
+from runner.workdir import remote
 from strategies.errors import ConfigError
 
 # Epochs and positions of an endless stream are numbered up to this bound, never reached in practice.
@@ -441,14 +442,20 @@ class TFRecordFiles(DatasetProvider):
         choice to `config.data.sharding` under `runner.run`, else 'auto'.
 
     Raises:
-      ConfigError: no file matches `file_pattern`, or `sharding` is not one
-        of `SHARDING`.
+      ConfigError: no file matches `file_pattern`, it matches a local folder,
+        or `sharding` is not one of `SHARDING`.
       TypeError: `parse_fn` is not callable.
     """
     patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
     self.files = sorted({f for pattern in patterns for f in tf.io.gfile.glob(pattern)})
     if not self.files:
       raise ConfigError(f"No TFRecord file matches {file_pattern!r}.")
+    directories = [f for f in self.files if not remote.is_remote(f) and os.path.isdir(f)]  # A stat each, local only.
+    if directories:
+      raise ConfigError(
+          f"{file_pattern!r} matches the folder {directories[0]!r}, not a TFRecord file; name the files, e.g. "
+          f"{os.path.join(directories[0], '*.tfrecord')!r}."
+      )
     if not callable(parse_fn):
       raise TypeError(f"TFRecordFiles needs a parse function, got {parse_fn!r}.")
     self.sharding = sharding

@@ -297,6 +297,9 @@ def test_a_bad_sharding_is_a_config_error_naming_the_valid_ones(tmp_path):
 def test_tfrecord_files_need_a_matching_file(tmp_path):
   with pytest.raises(ConfigError, match=r"No TFRecord file matches '.*nothing-\*.tfrecord'"):
     data.TFRecordFiles(str(tmp_path / "nothing-*.tfrecord"), _parse)
+  (tmp_path / "shards").mkdir()
+  with pytest.raises(ConfigError, match=r"'.*/sh\*' matches the folder '.*/shards', not a TFRecord file; name the"):
+    data.TFRecordFiles(str(tmp_path / "sh*"), _parse)
 
 
 def test_builtin_datasets_split_once_and_keep_eval_in_order():
