@@ -306,8 +306,6 @@ class Trainer:
       raise data_checks.no_evaluation_examples_error()
     provider = data_lib.as_provider(data)
     label_range = self._prepare_for(data, provider, "training")
-    if eval_data is not None:  # Before any step: evaluation data that does not fit fails with nothing trained.
-      self._prepare_for(eval_data, data_lib.as_provider(eval_data), "evaluation")
     if self._global_step >= steps:
       return self._nothing_to_train(steps)
     with self._user_errors(provider, label_range, steps=steps, global_batch_size=global_batch_size):

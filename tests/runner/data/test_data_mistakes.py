@@ -419,10 +419,6 @@ _FUNCTIONS = textwrap.dedent("""
     def without_split(config):
       return tf.data.Dataset.from_tensor_slices((np.ones((64, 16), np.float32), np.zeros(64, np.int32)))
 
-    def eval_of_other_shape(config, split):
-      x = np.ones((64, 16 if split == "train" else 8), np.float32)
-      return tf.data.Dataset.from_tensor_slices((x, np.zeros(64, np.int32)))
-
     def declared_input(config):
       features = keras.Input((16,))
       return keras.Model(features, keras.layers.Dense(10)(features))
@@ -450,10 +446,6 @@ _DOES_NOT_FIT = {
         r"The dataset 'fits:without_split' has the parameters \(config\), but it is called as "
         r"without_split\(config\.data, split\) with split 'train' or 'eval' \(too many positional arguments\)",
     ),
-    "eval_data_of_other_shape": (
-        ["--config.data.name=fits:eval_of_other_shape", "--mode=train_and_eval"],
-        r"The evaluation data's features have shape \(8,\) per example",
-    ),
     "string_features": (
         ["--config.model.name=fits:declared_input", "--config.data.name=fits:string_features"],
         r"The training data's features are string, but the model's input takes float32\. Convert them",
@@ -476,9 +468,8 @@ def test_a_function_that_does_not_fit_is_one_error_line_through_the_cli(tmp_path
   env = paths.subprocess_environment()
   env["PYTHONPATH"] += os.pathsep + str(tmp_path)
   run = subprocess.run(
-      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"]
-      + ["--config.trainer.train_steps=2", *overrides]
-      + ([] if any(override.startswith("--mode=") for override in overrides) else ["--mode=train"]),
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}", "--mode=train"]
+      + ["--config.trainer.train_steps=2", *overrides],
       env=env,
       capture_output=True,
       text=True,
