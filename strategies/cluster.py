@@ -30,7 +30,7 @@ from strategies.errors import ConfigError
 if TYPE_CHECKING:  # Building a resolver imports TensorFlow; finding the cluster does not.
   import tensorflow as tf
 
-__all__ = ["ALONE", "Cluster", "SOURCES", "find", "from_json", "from_worker_hosts"]
+__all__ = ["ALONE", "Cluster", "SOURCES", "find", "from_json", "from_worker_hosts", "names_an_evaluator"]
 
 SOURCES = ("auto", "tf_config", "slurm")
 # Job names of the engines -> ours.
@@ -86,6 +86,19 @@ def find(
         f"{found.source if found is not ALONE else 'nowhere (this process alone)'}, which names its own; remove num_ps."
     )
   return found
+
+
+def names_an_evaluator(environ: Mapping[str, str] | None = None) -> bool:
+  """Whether TF_CONFIG (else CLUSTER_SPEC) names this task the evaluator; `find` reads and checks the rest."""
+  environ = os.environ if environ is None else environ
+  variable = next((name for name in ("TF_CONFIG", "CLUSTER_SPEC") if environ.get(name)), None)
+  if variable is None:
+    return False
+  try:
+    task_type = json.loads(environ[variable])["task"]["type"]
+  except (ValueError, KeyError, TypeError):
+    return False
+  return {**_JOB_NAMES, **VERTEX_POOLS}.get(task_type) == EVALUATOR if isinstance(task_type, str) else False
 
 
 def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:

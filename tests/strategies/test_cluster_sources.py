@@ -227,7 +227,8 @@ def test_a_strategy_given_its_cluster_twice_is_refused():
         ("parameter_server", "worker", roles.SERVE),
         ("parameter_server", "ps", roles.SERVE),
         ("parameter_server", "evaluator", roles.EVALUATE),
-        ("mirrored", "evaluator", roles.EVALUATE),  # A one-process strategy's evaluator is the evaluator.
+        ("mirrored", "worker", roles.TRAIN),  # A one-process strategy reads no cluster...
+        ("mirrored", "evaluator", roles.EVALUATE),  # ...but its evaluator is the evaluator.
     ],
 )
 def test_each_task_role_is_decided_before_any_server(monkeypatch, strategy, task, role):
@@ -263,18 +264,6 @@ _HALF_SET = {
         {"TF_CONFIG": json.dumps({"cluster": {"evaluator": ["e:1"]}, "task": {"type": "evaluator", "index": 0}})},
         "multi_worker_mirrored",
         r"error: TF_CONFIG names this task the evaluator, but its cluster has no chief or worker for it to follow",
-    ),
-    "cluster_under_one_process": (
-        {"TF_CONFIG": _with_task(TFJOB, "worker")},
-        "auto",
-        r"error: TF_CONFIG names a cluster of 3 training tasks \(cluster from TF_CONFIG: 1 chief, 2 workers; this task "
-        r"is worker:0 at .*\), but config.strategy.name='auto' trains one process alone, so each task would train by "
-        r"itself: set config.strategy.name='multi_worker_mirrored'",
-    ),
-    "malformed_under_one_process": (
-        {"TF_CONFIG": '{"cluster": {"worker": ["localhost:1"]'},
-        "one_device",
-        r"error: TF_CONFIG='\{\"cluster\": \{\"worker\": \[\"localhost:1\"\]' is not valid",
     ),
 }
 
