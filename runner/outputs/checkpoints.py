@@ -385,6 +385,8 @@ class Checkpoints:
     before = [(v, v.numpy()) for v in variables]
     try:
       self._restored.restore(path).assert_existing_objects_matched().expect_partial()
+      self.training_data.assign("")  # Stays so for a checkpoint written before it was kept.
+      tf.train.Checkpoint(training_data=self.training_data).read(path).expect_partial()  # Deleted meanwhile: gone.
     except Exception as error:  # noqa: BLE001  # Corrupt files fail in many ways; sorted below.
       self._put_back(before)
       damage = _damage(path)
@@ -396,8 +398,6 @@ class Checkpoints:
           f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
           f"Use a new model_dir, or the model, optimizer and precision that wrote it."
       ) from None
-    self.training_data.assign("")  # Stays so for a checkpoint written before it was kept.
-    tf.train.Checkpoint(training_data=self.training_data).read(path).expect_partial()
 
   def swap_training_data(self, description: str) -> str:
     """Keeps `description` for the checkpoints saved from now; returns what the run trained on until now.
