@@ -23,7 +23,7 @@ _PUBLIC = {
     "describe": "strategies.description",
     "flags": "strategies.flags",
     "names": "strategies.factory",
-    "virtual_cpus": "strategies.virtual_devices",
+    "virtual_cpus": "strategies.local",
 }
 __all__ = sorted(_PUBLIC)
 

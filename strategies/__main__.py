@@ -35,18 +35,15 @@ def report(config: dict[str, Any]) -> None:
   # TensorFlow loads here, once the flags hold.
   import tensorflow as tf  # noqa: PLC0415
 
-  from strategies import auto  # noqa: PLC0415
   from strategies import factory  # noqa: PLC0415
 
   if config["virtual_cpus"] is not None:
     factory.split_cpus(config["virtual_cpus"])
-  print("Physical devices:")
-  for device in tf.config.list_physical_devices():
-    print(f"  {device.name}")
-  print("Logical devices:")
-  for device in tf.config.list_logical_devices():
-    print(f"  {device.name}")
-  choice = auto.choose()
+  for kind, devices in (("Physical", tf.config.list_physical_devices()), ("Logical", tf.config.list_logical_devices())):
+    print(f"{kind} devices:")
+    for device in devices:
+      print(f"  {device.name}")
+  choice = factory.choose()
   print(f"auto would choose: {choice.name} ({choice.reason})")
   if config["name"] != "auto":
     print(f"--strategy={config['name']}: {strategies.describe(strategies.create(config))}")

@@ -2,10 +2,10 @@
 
 import tensorflow as tf
 
-from strategies import devices
-from strategies.local import DefaultStrategy
+from strategies import local
 
 _KINDS = (
+    (local.DefaultStrategy, "default"),
     (tf.distribute.TPUStrategy, "tpu"),
     (tf.distribute.MultiWorkerMirroredStrategy, "multi_worker_mirrored"),
     (tf.distribute.experimental.ParameterServerStrategy, "parameter_server"),
@@ -16,12 +16,7 @@ _KINDS = (
 
 def kind(strategy: tf.distribute.Strategy) -> str:
   """Returns the `strategies.names()` name of `strategy`'s class, or its class name."""
-  if isinstance(strategy, DefaultStrategy):
-    return "default"
-  for cls, name in _KINDS:
-    if isinstance(strategy, cls):
-      return name
-  return type(strategy).__name__
+  return next((name for cls, name in _KINDS if isinstance(strategy, cls)), type(strategy).__name__)
 
 
 def is_single_worker(strategy: tf.distribute.Strategy) -> bool:
@@ -45,12 +40,10 @@ def describe(strategy: tf.distribute.Strategy) -> str:
     if strategy.cluster_resolver is None:  # TensorFlow's own class does not keep it.
       return "parameter_server"
     jobs = strategy.cluster_resolver.cluster_spec().as_dict()
-    return (
-        f"parameter_server: {_count(len(jobs.get('worker', ())), 'worker')}, "
-        f"{_count(len(jobs.get('ps', ())), 'parameter server')}"
-    )
+    workers, ps = len(jobs.get("worker", ())), len(jobs.get("ps", ()))
+    return f"parameter_server: {_count(workers, 'worker')}, {_count(ps, 'parameter server')}"
   replicas = _count(strategy.num_replicas_in_sync, "replica")
-  worker_devices = strategy.extended.worker_devices
+  devices = ", ".join(local.short_name(d) or d for d in strategy.extended.worker_devices)
   if name == "tpu":
     tpu = getattr(strategy, "tpu", None)
     return f"tpu: {replicas}" + (f" on tpu={tpu!r}" if tpu else "")
@@ -61,9 +54,9 @@ def describe(strategy: tf.distribute.Strategy) -> str:
     if workers > 1:
       return (
           f"multi_worker_mirrored: {replicas} on {workers} workers; this is "
-          f"{resolver.task_type}:{resolver.task_id} on {', '.join(worker_devices)}"
+          f"{resolver.task_type}:{resolver.task_id} on {', '.join(strategy.extended.worker_devices)}"
       )
-  return f"{name}: {replicas} on {', '.join(devices.short_name(d) for d in worker_devices)}"
+  return f"{name}: {replicas} on {devices}"
 
 
 def _count(n: int, noun: str) -> str:

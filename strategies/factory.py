@@ -1,35 +1,57 @@
-"""Building a strategy from its config: `create` and `names`."""
+"""Building a strategy from its config: `create`, `names`, and what `auto` picks on this machine."""
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import logging
 import tensorflow as tf
 
-from strategies import auto
+from strategies import local
 from strategies import schema
+from strategies import tpu
 from strategies.errors import ConfigError
-from strategies.local import DefaultStrategy
-from strategies.local import MirroredStrategy
-from strategies.local import OneDeviceStrategy
 from strategies.multi_worker import MultiWorkerMirroredStrategy
 from strategies.parameter_server import ParameterServerStrategy
-from strategies.tpu import TPUStrategy
-from strategies.virtual_devices import virtual_cpus
 
 WRAPPERS = {
-    "default": DefaultStrategy,
-    "one_device": OneDeviceStrategy,
-    "mirrored": MirroredStrategy,
+    "default": local.DefaultStrategy,
+    "one_device": local.OneDeviceStrategy,
+    "mirrored": local.MirroredStrategy,
     "multi_worker_mirrored": MultiWorkerMirroredStrategy,
     "parameter_server": ParameterServerStrategy,
-    "tpu": TPUStrategy,
+    "tpu": tpu.TPUStrategy,
 }
+
+
+class Choice(NamedTuple):
+  """The strategy `auto` picks: a name from `strategies.names()` and why."""
+
+  name: str
+  reason: str
 
 
 def names() -> list[str]:
   """Returns the strategy names `config.strategy.name` accepts, 'auto' first."""
   return list(schema.NAMES)
+
+
+def choose() -> Choice:
+  """Returns what `auto` picks for this process, decided without waiting on the network.
+
+  A reachable TPU (TPU_NAME set, or this machine is a TPU VM) gives `tpu`;
+  more than one GPU gives `mirrored` over them; one GPU gives `one_device` on
+  it; on a CPU-only host, more than one logical CPU (`virtual_cpus`) gives
+  `mirrored` over them, else `one_device` on '/cpu:0'.
+  """
+  reachable = tpu.reachable_tpu()
+  if reachable:
+    return Choice("tpu", f"a TPU is reachable ({reachable!r})")
+  gpus, cpus = len(local.logical_devices("GPU")), len(local.logical_devices("CPU"))
+  if gpus:
+    return Choice("mirrored", f"no TPU, {gpus} GPUs") if gpus > 1 else Choice("one_device", "no TPU, one GPU")
+  if cpus > 1:
+    return Choice("mirrored", f"no TPU or GPU, {cpus} logical CPUs")
+  return Choice("one_device", "no TPU or GPU, one CPU")
 
 
 def split_cpus(n: int) -> None:
@@ -40,7 +62,7 @@ def split_cpus(n: int) -> None:
       its devices with another number of logical CPUs.
   """
   try:
-    virtual_cpus(n)
+    local.virtual_cpus(n)
   except (ValueError, RuntimeError) as e:
     raise ConfigError(f"virtual_cpus={n!r}: {e}") from None
 
@@ -68,8 +90,7 @@ def create(config: Mapping[str, Any] | None = None) -> tf.distribute.Strategy:
     split_cpus(fields["virtual_cpus"])
   name = fields["name"]
   if name == "auto":
-    choice = auto.choose()
+    choice = choose()
     logging.info("Strategy auto chose %s: %s.", choice.name, choice.reason)
     name = choice.name
-  arguments = {field: fields[field] for field in schema.FIELDS_USED[name] if field != "virtual_cpus"}
-  return WRAPPERS[name](**arguments)
+  return WRAPPERS[name](**{field: fields[field] for field in schema.FIELDS_USED[name] if field != "virtual_cpus"})

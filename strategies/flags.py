@@ -11,15 +11,15 @@
 Then `--strategy=mirrored --virtual_cpus=2`, `--strategy=tpu --tpu=local`,
 `--strategy=multi_worker_mirrored --worker_hosts=h1:2222,h2:2222 --task_index=0`
 and so on work, with the same names, defaults and checks as `config.strategy`
-(`--strategy` is `config.strategy.name`). Bad combinations fail when the flags
-are parsed. With `parse_flags` as absl's flags parser, a bad flag is one
-line `error: ...` on stderr and exit status 2 (absl's own parser prints
-"FATAL Flags parsing error" and exits 1), and `--help` exits 0 (absl: 1).
-Defining, parsing and checking the flags imports no TensorFlow; building the
-strategy does.
+(`--strategy` is `config.strategy.name`, every other flag has its field's name).
+Bad combinations fail when the flags are parsed. With `parse_flags` as absl's
+flags parser, a bad flag is one line `error: ...` on stderr and exit status 2
+(absl's own parser prints "FATAL Flags parsing error" and exits 1), and
+`--help` exits 0 (absl: 1). Defining, parsing and checking the flags imports
+no TensorFlow; building the strategy does.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 import sys
 from typing import Any, TYPE_CHECKING
 
@@ -32,53 +32,41 @@ from strategies.errors import print_error_line
 if TYPE_CHECKING:  # Only the type checker: building a strategy imports TensorFlow, parsing flags does not.
   import tensorflow as tf
 
-# Config field -> (flag name, absl DEFINE function, help).
-_FLAGS: dict[str, tuple[str, Callable[..., Any], str]] = {
-    "name": ("strategy", flags.DEFINE_string, f"Strategy: one of {', '.join(schema.NAMES)}."),
-    "device": ("device", flags.DEFINE_string, "one_device: the device, e.g. /gpu:0 (default: first GPU, else /cpu:0)."),
-    "devices": ("devices", flags.DEFINE_list, "mirrored: comma-separated devices (default: all GPUs, else all CPUs)."),
-    "virtual_cpus": ("virtual_cpus", flags.DEFINE_integer, "Split the CPU into this many logical devices first."),
-    "cross_device_ops": (
-        "cross_device_ops",
-        flags.DEFINE_string,
-        "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
-    ),
-    "num_packs": ("num_packs", flags.DEFINE_integer, "mirrored: gradient packs for nccl / hierarchical_copy."),
-    "communication": ("communication", flags.DEFINE_string, "multi_worker_mirrored: auto, ring or nccl."),
-    "timeout_seconds": (
-        "timeout_seconds",
-        flags.DEFINE_float,
-        "multi_worker_mirrored, parameter_server: the longest wait for the other tasks at start-up (default 300 s).",
-    ),
-    "cluster": (
-        "cluster",
-        flags.DEFINE_string,
-        "multi_worker_mirrored, parameter_server: where the cluster comes from: auto (TF_CONFIG, else CLUSTER_SPEC, "
-        "else a SLURM step of more than one task, else this process alone), tf_config or slurm.",
-    ),
-    "num_ps": ("num_ps", flags.DEFINE_integer, "parameter_server under SLURM: how many tasks after the chief are ps."),
-    "worker_hosts": (
-        "worker_hosts",
-        flags.DEFINE_list,
-        "multi_worker_mirrored: every worker's host:port, comma-separated (instead of TF_CONFIG).",
-    ),
-    "task_index": ("task_index", flags.DEFINE_integer, "multi_worker_mirrored: this worker's index in --worker_hosts."),
-    "min_shard_bytes": (
-        "min_shard_bytes",
-        flags.DEFINE_integer,
-        "parameter_server: smallest variable shard in bytes (default 256 KiB).",
-    ),
-    "tpu": ("tpu", flags.DEFINE_string, "tpu: '' (TPU_NAME or this TPU VM), local, a TPU name, or grpc://host:port."),
-    "zone": ("zone", flags.DEFINE_string, "tpu: the Cloud TPU's zone (for a TPU name)."),
-    "project": ("project", flags.DEFINE_string, "tpu: the Cloud TPU's project (for a TPU name)."),
-    "computation_shape": (
-        "computation_shape",
-        flags.DEFINE_list,
-        "tpu: cores per replica along each mesh axis, e.g. 1,1,1,2 (model parallelism).",
-    ),
-    "num_replicas": ("num_replicas", flags.DEFINE_integer, "tpu: number of replicas (with --computation_shape)."),
-    "spmd_xla_partitioning": ("spmd_xla_partitioning", flags.DEFINE_bool, "tpu: experimental_spmd_xla_partitioning."),
+_HELP = {
+    "name": f"Strategy: one of {', '.join(schema.NAMES)}.",
+    "device": "one_device: the device, e.g. /gpu:0 (default: first GPU, else /cpu:0).",
+    "devices": "mirrored: comma-separated devices (default: all GPUs, else all CPUs).",
+    "virtual_cpus": "Split the CPU into this many logical devices first.",
+    "cross_device_ops": "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
+    "num_packs": "mirrored: gradient packs for nccl / hierarchical_copy.",
+    "communication": "multi_worker_mirrored: auto, ring or nccl.",
+    "timeout_seconds": "multi_worker_mirrored, parameter_server: the longest wait for the other tasks at start-up "
+    "(default 300 s).",
+    "cluster": "multi_worker_mirrored, parameter_server: where the cluster comes from: auto (TF_CONFIG, else "
+    "CLUSTER_SPEC, else a SLURM step of more than one task, else this process alone), tf_config or slurm.",
+    "num_ps": "parameter_server under SLURM: how many tasks after the chief are ps.",
+    "worker_hosts": "multi_worker_mirrored: every worker's host:port, comma-separated (instead of TF_CONFIG).",
+    "task_index": "multi_worker_mirrored: this worker's index in --worker_hosts.",
+    "min_shard_bytes": "parameter_server: smallest variable shard in bytes (default 256 KiB).",
+    "tpu": "tpu: '' (TPU_NAME or this TPU VM), local, a TPU name, or grpc://host:port.",
+    "zone": "tpu: the Cloud TPU's zone (for a TPU name).",
+    "project": "tpu: the Cloud TPU's project (for a TPU name).",
+    "computation_shape": "tpu: cores per replica along each mesh axis, e.g. 1,1,1,2 (model parallelism).",
+    "num_replicas": "tpu: number of replicas (with --computation_shape).",
+    "spmd_xla_partitioning": "tpu: experimental_spmd_xla_partitioning.",
 }
+_DEFINE = {
+    str: flags.DEFINE_string,
+    tuple: flags.DEFINE_list,
+    int: flags.DEFINE_integer,
+    float: flags.DEFINE_float,
+    bool: flags.DEFINE_bool,
+}
+_HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "h", "?")
+
+
+def _flag(field: str) -> str:
+  return "strategy" if field == "name" else field
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -87,15 +75,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   Args:
     flag_values: the absl FlagValues to define them in.
   """
-  if _FLAGS["name"][0] in flag_values:
+  if "strategy" in flag_values:
     return
-  for field, (flag, define, help_text) in _FLAGS.items():
-    define(flag, schema.DEFAULTS[field], help_text, flag_values=flag_values)
+  for field, (default, field_type) in schema.FIELDS.items():
+    _DEFINE[field_type](_flag(field), default, _HELP[field], flag_values=flag_values)
   # One validator on --strategy that reads every flag, so absl's message stays short.
-  flags.register_validator(_FLAGS["name"][0], lambda _: _check(flag_values), flag_values=flag_values)
-
-
-_HELP_FLAGS = ("help", "helpshort", "helpfull", "helpxml", "h", "?")
+  flags.register_validator("strategy", lambda _: _check(flag_values), flag_values=flag_values)
 
 
 def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
@@ -122,15 +107,12 @@ def config_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict[str, 
   Raises:
     ConfigError: --computation_shape is not a list of ints.
   """
-  fields = {field: flag_values[flag].value for field, (flag, _, _) in _FLAGS.items()}
-  if fields["computation_shape"] is not None:
-    try:
-      fields["computation_shape"] = [int(n) for n in fields["computation_shape"]]
-    except ValueError:
-      raise ConfigError(
-          f"--computation_shape={','.join(fields['computation_shape'])} must be comma-separated ints "
-          "such as 1,1,1,2."
-      ) from None
+  fields = {field: flag_values[_flag(field)].value for field in schema.FIELDS}
+  shape = fields["computation_shape"]
+  if shape is not None:
+    if not all(n.strip().isdigit() for n in shape):
+      raise ConfigError(f"--computation_shape={','.join(shape)} must be comma-separated ints such as 1,1,1,2.")
+    fields["computation_shape"] = [int(n) for n in shape]
   return fields
 
 

@@ -1,15 +1,20 @@
-"""Strategies on this machine's devices: default, one device, mirrored."""
+"""Strategies on this machine's devices (default, one device, mirrored), the devices they check, `virtual_cpus`."""
 
+import concurrent.futures
+import functools
 import itertools
 
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib  # noqa: TID251
 
 from strategies import checks
-from strategies import devices as local_devices
 from strategies.errors import ConfigError
 
-CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
+CROSS_DEVICE_OPS = {
+    "auto": None,
+    "nccl": tf.distribute.NcclAllReduce,
+    "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce,
+    "reduce_to_one": tf.distribute.ReductionToOneDevice,
+}
 
 # Collective group keys start at 1 in every MirroredStrategy, and the runtime
 # remembers each key's group size, so a second strategy over other devices in
@@ -18,14 +23,103 @@ CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
 _COLLECTIVE_KEY_BASES = itertools.count(start=100_000, step=100_000)
 
 
+def virtual_cpus(n: int) -> list[tf.config.LogicalDevice]:
+  """Splits the first physical CPU into `n` logical CPU devices.
+
+  Several replicas on one CPU come from this: after `virtual_cpus(4)`,
+  `tf.distribute.MirroredStrategy()` has four replicas `/cpu:0` .. `/cpu:3`.
+  Calling it again with the same `n` is a no-op, so a test process and the code
+  it runs may both ask for the split they need.
+
+  Args:
+    n: the number of logical CPUs, an int >= 1.
+
+  Returns:
+    The logical CPU devices, a list of `tf.config.LogicalDevice`.
+
+  Raises:
+    ValueError: `n` is not a positive int.
+    RuntimeError: TensorFlow already initialized its devices with another
+      number of logical CPUs (this must run before any TensorFlow op, strategy
+      or device listing).
+  """
+  if not checks.is_int(n) or n < 1:
+    raise ValueError(f"virtual_cpus needs a positive int number of logical CPUs, got {n!r}.")
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  try:
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+  except RuntimeError:
+    existing = tf.config.list_logical_devices("CPU")
+    if len(existing) != n:
+      raise RuntimeError(
+          f"virtual_cpus({n}) came too late: TensorFlow already initialized its devices "
+          f"with {len(existing)} logical CPU(s). Call strategies.virtual_cpus (or set "
+          f"config.strategy.virtual_cpus / --virtual_cpus) before any TensorFlow op, "
+          f"strategy or device listing runs in this process."
+      ) from None
+    return existing
+  return tf.config.list_logical_devices("CPU")
+
+
+def logical_devices(device_type: str | None = None) -> list[str]:
+  """Returns the names of the local logical devices, e.g. '/device:CPU:0'."""
+  return [d.name for d in tf.config.list_logical_devices(device_type)]
+
+
+def short_name(device: str) -> str | None:
+  """Returns 'CPU:0' for a local device name ('/cpu:0', 'GPU:1', '/device:CPU:0', ...), None for a remote one."""
+  spec = tf.DeviceSpec.from_string(device)
+  if spec.job not in (None, "localhost") or spec.device_type is None:
+    return None
+  return f"{spec.device_type.upper()}:{spec.device_index or 0}"
+
+
+def existing_device(name: str, what: str = "device") -> str:
+  """Returns the logical device named `name` ('/cpu:1', 'GPU:0', '/device:CPU:0', ...).
+
+  Raises:
+    ConfigError: no local logical device has that type and index; the message
+      lists the devices that exist.
+  """
+  if not isinstance(name, str) or not name:
+    raise ConfigError(f"{what} must be a device name such as '/cpu:0' or '/gpu:0', got {name!r}.")
+  try:
+    key = short_name(name)
+  except ValueError:
+    key = None
+  available = logical_devices()
+  for device in available:
+    if key is not None and short_name(device) == key:
+      return device
+  raise ConfigError(
+      f"{what}={name!r} does not exist in this process. Devices TensorFlow sees: "
+      f"{', '.join(available)}. (More CPUs come from virtual_cpus.)"
+  )
+
+
+def accelerators_or_cpus() -> list[str]:
+  """Returns all logical GPUs, or all logical CPUs when there is no GPU."""
+  return logical_devices("GPU") or logical_devices("CPU")
+
+
+@functools.cache
+def default_strategy() -> tf.distribute.Strategy:
+  """TensorFlow's default strategy, one per process: what `tf.distribute.get_strategy()` gives outside every scope.
+
+  Strategy scopes belong to a thread, so a new thread is outside all of them.
+  """
+  with concurrent.futures.ThreadPoolExecutor(1) as thread:
+    return thread.submit(tf.distribute.get_strategy).result()
+
+
 class _IsTheDefaultStrategy(type):
-  """Makes `isinstance(s, DefaultStrategy)` true for TensorFlow's default strategy."""
+  """Makes `isinstance(s, DefaultStrategy)` true for TensorFlow's default strategy (its class is private)."""
 
   def __instancecheck__(cls, instance: object) -> bool:
-    return type(instance) is distribute_lib._DefaultDistributionStrategy  # noqa: SLF001
+    return instance is default_strategy()
 
 
-class DefaultStrategy(distribute_lib._DefaultDistributionStrategy, metaclass=_IsTheDefaultStrategy):  # noqa: SLF001
+class DefaultStrategy(tf.distribute.Strategy, metaclass=_IsTheDefaultStrategy):
   """TensorFlow's default strategy: no distribution, one replica, the current device.
 
   TensorFlow keeps exactly one default strategy per process, so
@@ -60,9 +154,7 @@ class OneDeviceStrategy(tf.distribute.OneDeviceStrategy):
     Raises:
       ConfigError: the device does not exist in this process.
     """
-    if device is None:
-      device = local_devices.accelerators_or_cpus()[0]
-    super().__init__(local_devices.existing_device(device))
+    super().__init__(existing_device(accelerators_or_cpus()[0] if device is None else device))
 
 
 class MirroredStrategy(tf.distribute.MirroredStrategy):
@@ -85,39 +177,28 @@ class MirroredStrategy(tf.distribute.MirroredStrategy):
         choice is unknown or does not fit the devices.
     """
     if devices is None:
-      devices = local_devices.accelerators_or_cpus()
+      devices = accelerators_or_cpus()
     else:
-      devices = [
-          local_devices.existing_device(d, "devices[]")
-          for d in checks.strings(devices, "devices", ["/cpu:0", "/cpu:1"])
-      ]
+      devices = [existing_device(d, "devices[]") for d in checks.strings(devices, "devices", ["/cpu:0", "/cpu:1"])]
       repeated = sorted({d for d in devices if devices.count(d) > 1})
       if repeated:
         raise ConfigError(f"devices lists {', '.join(repeated)} more than once; each device holds one replica.")
-    all_reduce = _cross_device_ops(cross_device_ops, num_packs, devices)
-    self._collective_key_base = next(_COLLECTIVE_KEY_BASES)  # Read by TensorFlow's MirroredExtended.
-    super().__init__(devices=devices, cross_device_ops=all_reduce)
-
-
-def _cross_device_ops(name: str, num_packs: int, devices: list[str]) -> tf.distribute.CrossDeviceOps | None:
-  """Returns the tf.distribute.CrossDeviceOps for `name`, None for 'auto'."""
-  checks.one_of(name, CROSS_DEVICE_OPS, "cross_device_ops")
-  checks.positive_int(num_packs, "num_packs")
-  if num_packs != 1 and name not in ("nccl", "hierarchical_copy"):
-    raise ConfigError(
-        f"num_packs={num_packs} is used only by cross_device_ops 'nccl' or 'hierarchical_copy', "
-        f"not {name!r}; leave num_packs at 1 or pick one of those."
-    )
-  if name == "nccl":
-    not_gpus = [d for d in devices if tf.DeviceSpec.from_string(d).device_type.upper() != "GPU"]
-    if not_gpus:
+    checks.one_of(cross_device_ops, tuple(CROSS_DEVICE_OPS), "cross_device_ops")
+    checks.positive_int(num_packs, "num_packs")
+    packs = cross_device_ops in ("nccl", "hierarchical_copy")
+    if num_packs != 1 and not packs:
+      raise ConfigError(
+          f"num_packs={num_packs} is used only by cross_device_ops 'nccl' or 'hierarchical_copy', "
+          f"not {cross_device_ops!r}; leave num_packs at 1 or pick one of those."
+      )
+    not_gpus = [d for d in devices if not (short_name(d) or "").startswith("GPU")]
+    if cross_device_ops == "nccl" and not_gpus:
       raise ConfigError(
           f"cross_device_ops='nccl' all-reduces across GPUs, but {', '.join(not_gpus)} is not a GPU; "
           "use 'auto', 'hierarchical_copy' or 'reduce_to_one'."
       )
-    return tf.distribute.NcclAllReduce(num_packs=num_packs)
-  if name == "hierarchical_copy":
-    return tf.distribute.HierarchicalCopyAllReduce(num_packs=num_packs)
-  if name == "reduce_to_one":
-    return tf.distribute.ReductionToOneDevice()
-  return None
+    all_reduce = CROSS_DEVICE_OPS[cross_device_ops]
+    self._collective_key_base = next(_COLLECTIVE_KEY_BASES)  # Read by TensorFlow's MirroredExtended.
+    super().__init__(
+        devices=devices, cross_device_ops=all_reduce and (all_reduce(num_packs=num_packs) if packs else all_reduce())
+    )

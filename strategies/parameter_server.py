@@ -13,7 +13,7 @@ from strategies.errors import ConfigError
 DEFAULT_MIN_SHARD_BYTES = 256 << 10
 
 
-class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy):
+class ParameterServerStrategy(sharded_variables.KerasShardedVariables):
   """`tf.distribute.experimental.ParameterServerStrategy` with variables sharded over the ps tasks.
 
   Create it on the coordinator (the `chief` task); workers and parameter

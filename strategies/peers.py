@@ -11,12 +11,13 @@ waits in three steps instead:
    work, and past `timeout_seconds` it names the peers that never came;
 2. TensorFlow's start-up, with the coordination service's registration
    barrier timing out after `timeout_seconds` (the peers are up by now, so
-   this takes a moment);
+   this takes a moment; `tensorflow_workarounds.configure_coordination_service`);
 3. the SIGTERM disposition from before is put back, taking it from
    TensorFlow's notifier, so a later SIGTERM is not swallowed either.
 """
 
 from collections.abc import Callable, Iterator
+import itertools
 import os
 import re
 import signal
@@ -29,16 +30,13 @@ from typing import TypeVar
 
 from absl import logging
 import tensorflow as tf
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # noqa: TID251
-from tensorflow.python.distribute import multi_worker_util  # noqa: TID251
-from tensorflow.python.eager import context  # noqa: TID251
 
+from strategies import tensorflow_workarounds
 from strategies.errors import ClusterError
 
 DEFAULT_TIMEOUT_SECONDS = 300.0
 _POLL_SECONDS = 0.5
 _PROBE_SECONDS = 2.0
-_COORDINATED_JOBS = ("chief", "worker")
 _TASK_NAME = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 # The errors of a collective or of the coordination service when a peer is gone or too slow.
 PEER_ERRORS: tuple[type[tf.errors.OpError], ...] = (
@@ -75,19 +73,18 @@ def join(
     KeyboardInterrupt: Ctrl-C while waiting. SIGTERM while waiting ends the
       process with status 143 and one line on stderr.
   """
-  previous = signal.getsignal(signal.SIGTERM) if _on_main_thread() else None
+  previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
   if previous is not None:
     signal.signal(signal.SIGTERM, _terminate_while_waiting)
-  me = f"{task_type}:{task_id}"
   try:
     rendezvous(cluster_spec, task_type, task_id, timeout_seconds)
-    _configure_coordination(cluster_spec, timeout_seconds)
+    tensorflow_workarounds.configure_coordination_service(cluster_spec, timeout_seconds)
     try:
       return build()
     except PEER_ERRORS:
       raise ClusterError(
-          f"{me}: the other tasks were up, but did not all join TensorFlow's cluster within {timeout_seconds:g} "
-          f"s. {describe_missing(cluster_spec, task_type, task_id)}"
+          f"{task_type}:{task_id}: the other tasks were up, but did not all join TensorFlow's cluster within "
+          f"{timeout_seconds:g} s. {describe_missing(cluster_spec, task_type, task_id)}"
       ) from None
   finally:
     if previous is not None:
@@ -98,11 +95,12 @@ def rendezvous(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int,
   """Listens on this task's port until every peer's port accepts a connection, or raises ClusterError."""
   me = f"{task_type}:{task_id}"
   address = cluster_spec.task_address(task_type, task_id)
-  waiting = [(f"{job}:{index}", peer) for job, index, peer in _peers(cluster_spec, task_type, task_id)]
+  host, _, port = address.rpartition(":")
+  waiting = list(_peers(cluster_spec, task_type, task_id))
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-      listener.bind((_listening_host(address), int(address.rpartition(":")[2])))
+    try:  # Loopback for a loopback address (a one-machine job), else every interface.
+      listener.bind(("127.0.0.1" if host.strip("[]") == "localhost" or host.startswith("127.") else "", int(port)))
     except OSError as e:
       raise ClusterError(
           f"{me} cannot listen at {address}: {e.strerror or e}. Another process holds the port; "
@@ -111,9 +109,12 @@ def rendezvous(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int,
     listener.listen(64)
     listener.setblocking(False)
     deadline = time.monotonic() + timeout_seconds
-    announced = False
-    while True:
-      _drain(listener)
+    for attempt in itertools.count():
+      while True:  # Accept and close the peers' probes, so the backlog never fills.
+        try:
+          listener.accept()[0].close()
+        except (BlockingIOError, InterruptedError):
+          break
       waiting = [(name, peer) for name, peer in waiting if not listening(peer)]
       if not waiting:
         return
@@ -123,26 +124,9 @@ def rendezvous(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int,
             f"{', '.join(f'{name} ({peer})' for name, peer in waiting)}. Start every task (the same command with "
             "its own TF_CONFIG or task_index), or raise config.strategy.timeout_seconds."
         )
-      if not announced:
+      if attempt == 0:
         logging.info("%s: waiting for %s (at most %g s).", me, ", ".join(name for name, _ in waiting), timeout_seconds)
-        announced = True
       time.sleep(_POLL_SECONDS)
-
-
-def _listening_host(address: str) -> str:
-  """The interface the rendezvous listens on: loopback for a loopback address (a one-machine job), else all."""
-  host = address.rpartition(":")[0].strip("[]")
-  return "127.0.0.1" if host == "localhost" or host.startswith("127.") else ""
-
-
-def _drain(listener: socket.socket) -> None:
-  """Accepts and closes the peers' probes, so the backlog never fills."""
-  while True:
-    try:
-      connection, _ = listener.accept()
-    except (BlockingIOError, InterruptedError):
-      return
-    connection.close()
 
 
 def lost(
@@ -182,9 +166,7 @@ def lost(
 def describe_missing(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int) -> str:
   """One sentence naming the peers that accept no connection on their port (a quick TCP probe)."""
   missing = [
-      f"{job}:{index} ({address})"
-      for job, index, address in _peers(cluster_spec, task_type, task_id)
-      if not listening(address)
+      f"{name} ({address})" for name, address in _peers(cluster_spec, task_type, task_id) if not listening(address)
   ]
   if missing:
     return f"Nothing listens at {', '.join(missing)}."
@@ -194,11 +176,12 @@ def describe_missing(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id
   )
 
 
-def _peers(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int) -> Iterator[tuple[str, int, str]]:
+def _peers(cluster_spec: tf.train.ClusterSpec, task_type: str, task_id: int) -> Iterator[tuple[str, str]]:
+  """('job:index', 'host:port') of every task but this one."""
   for job in cluster_spec.jobs:
     for index, address in enumerate(cluster_spec.job_tasks(job)):
       if (job, index) != (task_type, task_id):
-        yield job, index, address
+        yield f"{job}:{index}", address
 
 
 def listening(address: str) -> bool:
@@ -211,29 +194,6 @@ def listening(address: str) -> bool:
     return False
 
 
-def _configure_coordination(cluster_spec: tf.train.ClusterSpec, timeout_seconds: float) -> None:
-  """TensorFlow's coordination-service setup, plus a registration barrier with a deadline.
-
-  Left alone if the process configured one already (the strategy then uses
-  that one, as TensorFlow does).
-  """
-  if context.context().coordination_service is not None:
-    return
-  jobs = [
-      coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
-      for job in _COORDINATED_JOBS
-      if job in cluster_spec.jobs
-  ]
-  context.context().configure_coordination_service(
-      service_type="standalone",
-      service_leader=multi_worker_util.coordination_leader(cluster_spec),
-      coordinated_jobs=jobs,
-      cluster_register_timeout_in_ms=int(timeout_seconds * 1000),
-  )
-  # configure_coordination_service has no argument for the barrier that makes the timeout hold for every task.
-  context.context().coordination_service.cluster_register_with_barrier = True
-
-
 def _terminate_while_waiting(signum: int, frame: types.FrameType | None) -> None:
   """SIGTERM while joining: say so and exit with 128 + SIGTERM at once (nothing was written yet)."""
   del frame
@@ -241,7 +201,3 @@ def _terminate_while_waiting(signum: int, frame: types.FrameType | None) -> None
       "error: SIGTERM while waiting for the other tasks to join; stopped before any work.", file=sys.stderr, flush=True
   )
   os._exit(128 + signum)
-
-
-def _on_main_thread() -> bool:
-  return threading.current_thread() is threading.main_thread()

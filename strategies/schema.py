@@ -10,44 +10,30 @@ from strategies import checks
 from strategies import cluster
 from strategies.errors import ConfigError
 
-# Field -> default. A field counts as set when its value differs from this.
-DEFAULTS = {
-    "name": "auto",
-    "device": None,
-    "devices": None,
-    "virtual_cpus": None,
-    "cross_device_ops": "auto",
-    "num_packs": 1,
-    "communication": "auto",
-    "timeout_seconds": 300.0,
-    "cluster": "auto",
-    "num_ps": None,
-    "worker_hosts": None,
-    "task_index": None,
-    "min_shard_bytes": None,
-    "tpu": "",
-    "zone": None,
-    "project": None,
-    "computation_shape": None,
-    "num_replicas": None,
-    "spmd_xla_partitioning": False,
+# Field -> (default, type). A field counts as set when its value differs from its default; the fields whose
+# default is None, and timeout_seconds, may be set to None.
+FIELDS: dict[str, tuple[Any, type]] = {
+    "name": ("auto", str),
+    "device": (None, str),
+    "devices": (None, tuple),
+    "virtual_cpus": (None, int),
+    "cross_device_ops": ("auto", str),
+    "num_packs": (1, int),
+    "communication": ("auto", str),
+    "timeout_seconds": (300.0, float),
+    "cluster": ("auto", str),
+    "num_ps": (None, int),
+    "worker_hosts": (None, tuple),
+    "task_index": (None, int),
+    "min_shard_bytes": (None, int),
+    "tpu": ("", str),
+    "zone": (None, str),
+    "project": (None, str),
+    "computation_shape": (None, tuple),
+    "num_replicas": (None, int),
+    "spmd_xla_partitioning": (False, bool),
 }
-
-# The type of each field that may be None, so config overrides can set it (and set it to None).
-_PLACEHOLDER_TYPES = {
-    "device": str,
-    "devices": tuple,
-    "virtual_cpus": int,
-    "timeout_seconds": float,
-    "worker_hosts": tuple,
-    "task_index": int,
-    "num_ps": int,
-    "min_shard_bytes": int,
-    "zone": str,
-    "project": str,
-    "computation_shape": tuple,
-    "num_replicas": int,
-}
+DEFAULTS = {field: default for field, (default, _) in FIELDS.items()}
 
 # Strategy name -> the fields it reads besides `name`.
 FIELDS_USED = {
@@ -66,10 +52,9 @@ NAMES = tuple(FIELDS_USED)
 def default_config() -> ml_collections.ConfigDict:
   """Returns the `config.strategy` ConfigDict: every field at its default."""
   config = ml_collections.ConfigDict()
-  for field, default in DEFAULTS.items():
-    if default is None or field in _PLACEHOLDER_TYPES:
-      default = config_dict.FieldReference(default, field_type=_PLACEHOLDER_TYPES[field])
-    setattr(config, field, default)
+  for field, (default, field_type) in FIELDS.items():
+    nullable = default is None or field == "timeout_seconds"
+    setattr(config, field, config_dict.FieldReference(default, field_type=field_type) if nullable else default)
   return config
 
 
@@ -81,24 +66,21 @@ def resolve(config: collections.abc.Mapping[str, Any] | ml_collections.ConfigDic
       a plain mapping with some of its fields, or None for all defaults.
 
   Returns:
-    A dict with every field of `DEFAULTS`.
+    A dict with every field of `FIELDS`.
 
   Raises:
     ConfigError: an unknown field or strategy name, or a field set that the
       chosen strategy does not use.
   """
-  if config is None:
-    config = {}
-  elif hasattr(config, "to_dict"):
-    config = config.to_dict()
+  config = {} if config is None else config.to_dict() if hasattr(config, "to_dict") else config
   if not isinstance(config, collections.abc.Mapping):
     raise ConfigError(f"The strategy config must be a ConfigDict or a mapping, got {type(config).__name__}.")
-  for field in config:
-    if field not in DEFAULTS:
-      raise ConfigError(
-          f"config.strategy has no field {field!r}.{checks.did_you_mean(field, DEFAULTS)} "
-          f"Fields: {', '.join(DEFAULTS)}."
-      )
+  unknown = [field for field in config if field not in FIELDS]
+  if unknown:
+    raise ConfigError(
+        f"config.strategy has no field {unknown[0]!r}.{checks.did_you_mean(unknown[0], FIELDS)} "
+        f"Fields: {', '.join(FIELDS)}."
+    )
   fields = {**DEFAULTS, **config}
   name = checks.one_of(fields["name"], NAMES, "config.strategy.name")
   checks.one_of(fields["cluster"], cluster.SOURCES, "config.strategy.cluster")

@@ -9,8 +9,8 @@ without TensorFlow, `scontrol` or `nvidia-smi`:
   under `runner.launch --workers=N`). With `num_ps` parameter servers, rank 0
   is 'chief:0', ranks 1..num_ps are 'ps:0'.. and the rest 'worker:0'...
 * Hosts: the step's node list (`SLURM_STEP_NODELIST`, a hostlist such as
-  `node[01-03,07],gpu-a1`, expanded here) and its tasks per node
-  (`SLURM_STEP_TASKS_PER_NODE`, such as `2(x3),1`), the tasks laid out in
+  `node[01-03,07],gpu-a1`, expanded here in SLURM's order) and its tasks per
+  node (`SLURM_STEP_TASKS_PER_NODE`, such as `2(x3),1`), the tasks laid out in
   blocks (SLURM's default): the first node holds the first ranks.
 * Ports: the i-th task of a node listens on the i-th port of a block that
   every task of the step computes alike. Where SLURM reserved ports for the
@@ -28,9 +28,13 @@ without TensorFlow, `scontrol` or `nvidia-smi`:
   uses the one GPU of its local rank (`SLURM_LOCALID`): `Cluster.gpu_index`.
   A task that sees one GPU (SLURM bound one per task, e.g. `--gpus-per-task=1`)
   or runs alone on its node uses what it sees; a CPU-only node has no GPU.
+
+TensorFlow's `SlurmClusterResolver(port_base=..., gpus_per_node=..., auto_set_gpu=False)` is not used: it
+orders the nodes by name as strings (node10 before node9, so a task gets another node's address), fails on a
+CPU-only node (`gpus_per_node=0`), reads only `os.environ`'s step variables and names no variable in its errors.
 """
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 import itertools
 import re
 
@@ -45,15 +49,12 @@ STEP_SLOTS = 4
 NUM_BLOCKS = (DERIVED_PORTS_HIGH - DERIVED_PORTS_LOW) // DERIVED_BLOCK_SIZE
 JOBS_APART = NUM_BLOCKS // STEP_SLOTS
 _NO_GPU = ("", "-1", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU.
-_NUMBERS = re.compile(r"\d+(-\d+)?$")
+_RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_HOSTLIST_ITEM = r"(?:[^\[\],]|\[[\d,-]+\])+"  # A hostlist item: names, and numbers in brackets.
 _NODE_LISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-# What every task of a step needs, each one of a group: the step, its task count, node list and tasks per node.
-_STEP_VARIABLES = (
-    ("SLURM_STEP_ID",),
-    ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
-    _NODE_LISTS,
-    ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
-)
+_NUM_TASKS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+_TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+_SRUN = "start every task with srun, e.g. `srun python -m runner ...` (in an sbatch script too)"
 
 
 def is_multi_task_step(environ: Mapping[str, str]) -> bool:
@@ -69,9 +70,9 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
   rank = environ.get("SLURM_PROCID")
   if rank is None:
     return False
-  if "SLURM_STEP_ID" not in environ and rank == "0" and environ.get("SLURM_JOB_ID") and _set(environ, _NODE_LISTS):
+  if "SLURM_STEP_ID" not in environ and rank == "0" and environ.get("SLURM_JOB_ID") and _first(environ, _NODE_LISTS)[0]:
     return False  # A batch script.
-  tasks = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or ""
+  tasks = _first(environ, _NUM_TASKS)[1]
   return rank != "0" or not tasks.isdigit() or int(tasks) > 1
 
 
@@ -96,47 +97,65 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
   checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
   if "SLURM_PROCID" not in environ:
     raise ConfigError(
-        "config.strategy.cluster='slurm' but this process is not a task of a SLURM job step (SLURM_PROCID is not "
-        "set); start every task with srun, e.g. `srun python -m runner ...` (in an sbatch script too), or use "
-        "cluster='auto'."
+        f"config.strategy.cluster='slurm' but this process is not a task of a SLURM job step (SLURM_PROCID is not "
+        f"set); {_SRUN}, or use cluster='auto'."
     )
-  job_id = () if environ.get("SLURM_STEP_RESV_PORTS") else (("SLURM_JOB_ID",),)  # For the ports, unless reserved.
+  needed = [("SLURM_STEP_ID",), _NUM_TASKS, _NODE_LISTS, _TASKS_PER_NODE]
+  needed += [] if environ.get("SLURM_STEP_RESV_PORTS") else [("SLURM_JOB_ID",)]  # For the ports, unless reserved.
   missing = [
       group[0] + (f" (or {' or '.join(group[1:])})" if group[1:] else "")
-      for group in (*_STEP_VARIABLES, *job_id)
-      if not _set(environ, group)
+      for group in needed
+      if not _first(environ, group)[0]
   ]
   if missing:
     listed = ", ".join(missing[:-1]) + (" and " if missing[:-1] else "") + missing[-1]
     raise ConfigError(
         f"This process is not a task of a SLURM job step (a half-set SLURM environment): SLURM_PROCID="
-        f"{environ['SLURM_PROCID']} is set but {listed} {'is' if len(missing) == 1 else 'are'} not; start every task "
-        f"with srun, e.g. `srun python -m runner ...` (in an sbatch script too), or unset SLURM_PROCID to train alone."
+        f"{environ['SLURM_PROCID']} is set but {listed} {'is' if len(missing) == 1 else 'are'} not; {_SRUN}, or "
+        "unset SLURM_PROCID to train alone."
     )
-  num_tasks = _count(environ, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), minimum=1)
-  rank = _count(environ, ("SLURM_PROCID",), minimum=0)
+  num_tasks, rank = _count(environ, _NUM_TASKS, minimum=1), _count(environ, ("SLURM_PROCID",), minimum=0)
   if rank >= num_tasks:
     raise ConfigError(f"SLURM_PROCID={rank} is outside the step's {num_tasks} tasks (valid: 0 to {num_tasks - 1}).")
   nodes_variable, nodes_text = _first(environ, _NODE_LISTS)
   hosts = expand_hostlist(nodes_text, nodes_variable)
-  per_node_variable, per_node_text = _first(environ, ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
-  tasks_per_node = expand_tasks_per_node(per_node_text, per_node_variable)
-  if len(tasks_per_node) != len(hosts) or sum(tasks_per_node) != num_tasks:
+  per_node_variable, per_node_text = _first(environ, _TASKS_PER_NODE)
+  per_node = expand_tasks_per_node(per_node_text, per_node_variable)
+  if len(per_node) != len(hosts) or sum(per_node) != num_tasks:
     raise ConfigError(
-        f"{per_node_variable}={per_node_text!r} ({sum(tasks_per_node)} tasks on {len(tasks_per_node)} nodes) does "
-        f"not match {nodes_variable}={nodes_text!r} ({len(hosts)} nodes) and {num_tasks} tasks."
+        f"{per_node_variable}={per_node_text!r} ({sum(per_node)} tasks on {len(per_node)} nodes) does not match "
+        f"{nodes_variable}={nodes_text!r} ({len(hosts)} nodes) and {num_tasks} tasks."
     )
-  node, local_rank = _place(environ, rank, tasks_per_node)
-  ports, ports_detail = _ports(environ, max(tasks_per_node))
-  addresses = tuple(f"{host}:{ports[local]}" for host, count in zip(hosts, tasks_per_node) for local in range(count))
-  jobs, task_type, task_id = _roles(addresses, rank, num_ps)
+  # The tasks in blocks: node n holds ranks first[n] to first[n + 1] - 1.
+  first = list(itertools.accumulate([0, *per_node]))
+  node = next(n for n in range(len(per_node)) if rank < first[n + 1])
+  for variable, expected in (("SLURM_NODEID", node), ("SLURM_LOCALID", rank - first[node])):
+    if variable in environ and _count(environ, (variable,), minimum=0) != expected:
+      raise ConfigError(
+          f"task {rank} has {variable}={environ[variable]}, but with the tasks in blocks ({len(per_node)} nodes, "
+          f"{','.join(map(str, per_node))} tasks) it would be {expected}; start the step with the default "
+          f"distribution (srun --distribution=block)."
+      )
+  ports, ports_detail = _ports(environ, max(per_node))
+  addresses = tuple(f"{host}:{ports[local]}" for host, count in zip(hosts, per_node) for local in range(count))
+  if num_ps is None:
+    jobs, task_type, task_id = {"worker": addresses}, "worker", rank
+  elif len(addresses) < num_ps + 2:
+    raise ConfigError(
+        f"config.strategy.num_ps={num_ps} needs at least {num_ps + 2} SLURM tasks (1 chief, {num_ps} ps, at least "
+        f"1 worker), but the step has {len(addresses)}; start more tasks (srun -n {num_ps + 2}) or lower num_ps."
+    )
+  else:
+    jobs = {"chief": addresses[:1], "ps": addresses[1 : num_ps + 1], "worker": addresses[num_ps + 1 :]}
+    roles = [("chief", 0)] + [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(len(addresses))]
+    task_type, task_id = roles[rank]
   return cluster_view.Cluster(
       source="SLURM",
       jobs=jobs,
       task_type=task_type,
       task_id=task_id,
       detail=f"job {environ.get('SLURM_JOB_ID', '?')}, step {environ['SLURM_STEP_ID']}, {ports_detail}",
-      gpu_index=_gpu_index(environ, local_rank, tasks_per_node[node], hosts[node]),
+      gpu_index=_gpu_index(environ, rank - first[node], per_node[node], hosts[node]),
   )
 
 
@@ -150,10 +169,35 @@ def expand_hostlist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str
     ConfigError: naming `variable`, for an empty list, unbalanced brackets,
       or a range that is not 'a', 'a-b' with a <= b.
   """
-  hosts = [host for item in _top_level_items(text, variable) for host in _expand_item(item, text, variable)]
+  hosts = []
+  try:
+    for item in re.findall(_HOSTLIST_ITEM, text) if re.fullmatch(f"{_HOSTLIST_ITEM}(,{_HOSTLIST_ITEM})*", text) else ():
+      parts = re.split(r"\[([^\]]*)\]", item)  # Literal text at even positions, bracket contents at odd ones.
+      choices = [[part] if i % 2 == 0 else _numbers(part) for i, part in enumerate(parts)]
+      hosts += ["".join(combination) for combination in itertools.product(*choices)]
+  except ValueError:  # A range that is not 'a' or 'a-b' with a <= b.
+    hosts = []
   if not hosts:
-    raise ConfigError(f"{variable}={text!r} names no node; SLURM writes a hostlist such as 'node[01-03],gpu1'.")
+    raise ConfigError(
+        f"{variable}={text!r} is not a SLURM hostlist: names with ranges of numbers in brackets, 'a' or 'a-b' "
+        "with a <= b, such as 'node[01-03,07],gpu-a1'."
+    )
   return hosts
+
+
+def _numbers(ranges: str) -> list[str]:
+  """The numbers of ranges such as '08-10,12', zero-padded as each range's first number.
+
+  Raises:
+    ValueError: a range is not 'a' or 'a-b' with a <= b.
+  """
+  numbers = []
+  for item in ranges.split(","):
+    low, _, high = item.partition("-")
+    if int(high or low) < int(low):
+      raise ValueError(f"{item!r} ends before it starts")
+    numbers += [str(n).zfill(len(low)) for n in range(int(low), int(high or low) + 1)]
+  return numbers
 
 
 def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> list[int]:
@@ -174,52 +218,9 @@ def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
   return counts
 
 
-def _top_level_items(text: str, variable: str) -> Iterator[str]:
-  """Yields the comma-separated items of a hostlist, the commas inside brackets left in their item."""
-  depth, start = 0, 0
-  for i, char in enumerate(text + ","):
-    depth += {"[": 1, "]": -1}.get(char, 0)
-    if depth not in (0, 1):
-      raise ConfigError(f"{variable}={text!r} has unbalanced brackets; SLURM writes e.g. 'node[01-03,07]'.")
-    if char == "," and depth == 0:
-      if text[start:i].strip():
-        yield text[start:i].strip()
-      start = i + 1
-  if depth:
-    raise ConfigError(f"{variable}={text!r} has unbalanced brackets; SLURM writes e.g. 'node[01-03,07]'.")
-
-
-def _expand_item(item: str, text: str, variable: str) -> list[str]:
-  """The host names of one hostlist item such as 'node[01-03,07]' (every combination of its bracket groups)."""
-  parts = re.split(r"\[([^\]]*)\]", item)  # Literal text at even positions, bracket contents at odd ones.
-  choices = [[part] if i % 2 == 0 else _expand_ranges(part, text, variable) for i, part in enumerate(parts)]
-  return ["".join(combination) for combination in itertools.product(*choices)]
-
-
-def _expand_ranges(ranges: str, text: str, variable: str) -> list[str]:
-  numbers = []
-  for item in ranges.split(","):
-    if not _NUMBERS.match(item):
-      raise ConfigError(f"{variable}={text!r} has a range {item!r} that is not 'n' or 'a-b'.")
-    first, _, last = item.partition("-")
-    last = last or first
-    if int(last) < int(first):
-      raise ConfigError(f"{variable}={text!r} has a range {item!r} that ends before it starts.")
-    numbers += [str(n).zfill(len(first)) for n in range(int(first), int(last) + 1)]
-  return numbers
-
-
-def _set(environ: Mapping[str, str], variables: tuple[str, ...]) -> bool:
-  """Whether any of `variables` is set to a non-empty value."""
-  return any(environ.get(variable) for variable in variables)
-
-
 def _first(environ: Mapping[str, str], variables: tuple[str, ...]) -> tuple[str, str]:
-  """The first of `variables` that is set, and its value."""
-  for variable in variables:
-    if environ.get(variable):
-      return variable, environ[variable]
-  raise ConfigError(f"SLURM did not set {' or '.join(variables)}; is this a task started by srun?")
+  """The first of `variables` that is set (not empty), and its value; ('', '') when none is."""
+  return next(((variable, environ[variable]) for variable in variables if environ.get(variable)), ("", ""))
 
 
 def _count(environ: Mapping[str, str], variables: tuple[str, ...], *, minimum: int) -> int:
@@ -229,77 +230,41 @@ def _count(environ: Mapping[str, str], variables: tuple[str, ...], *, minimum: i
   return int(text)
 
 
-def _place(environ: Mapping[str, str], rank: int, tasks_per_node: list[int]) -> tuple[int, int]:
-  """(node index, local rank) of task `rank` in the block layout; checked against SLURM_NODEID and SLURM_LOCALID."""
-  first_ranks = list(itertools.accumulate([0, *tasks_per_node]))
-  node = next(n for n in range(len(tasks_per_node)) if rank < first_ranks[n + 1])
-  local_rank = rank - first_ranks[node]
-  for variable, expected in (("SLURM_NODEID", node), ("SLURM_LOCALID", local_rank)):
-    if variable in environ:
-      given = _count(environ, (variable,), minimum=0)
-      if given != expected:
-        raise ConfigError(
-            f"task {rank} has {variable}={given}, but with the tasks in blocks ({len(tasks_per_node)} nodes, "
-            f"{','.join(map(str, tasks_per_node))} tasks) it would be {expected}; start the step with the default "
-            f"distribution (srun --distribution=block)."
-        )
-  return node, local_rank
-
-
 def _ports(environ: Mapping[str, str], tasks_on_a_node: int) -> tuple[list[int], str]:
   """The ports of a node's tasks (the i-th local task takes the i-th), and words on where they came from."""
   reserved = environ.get("SLURM_STEP_RESV_PORTS")
   if reserved:
-    ports: list[int] = []
-    for item in reserved.split(","):
-      if not _NUMBERS.match(item):
-        raise ConfigError(f"SLURM_STEP_RESV_PORTS={reserved!r} is not a list of ports such as '12000-12003'.")
-      low, _, high = item.partition("-")
-      ports += range(int(low), int(high or low) + 1)
+    try:
+      ports = [int(port) for port in _numbers(reserved)] if _RANGES.fullmatch(reserved) else []
+    except ValueError:
+      ports = []
+    if not ports:
+      raise ConfigError(f"SLURM_STEP_RESV_PORTS={reserved!r} is not a list of ports such as '12000-12003'.")
     if len(ports) < tasks_on_a_node:
       raise ConfigError(
           f"SLURM_STEP_RESV_PORTS={reserved!r} reserves {len(ports)} ports, but a node runs {tasks_on_a_node} tasks "
           f"of this step; reserve one port per task of a node: srun --resv-ports={tasks_on_a_node}."
       )
     return ports, f"ports reserved by SLURM ({reserved})"
-  job_id = _count(environ, ("SLURM_JOB_ID",), minimum=0)
-  step_id = _count(environ, ("SLURM_STEP_ID",), minimum=0)
   if tasks_on_a_node > DERIVED_BLOCK_SIZE:
     raise ConfigError(
         f"{tasks_on_a_node} tasks on one node, but without ports reserved by SLURM a step has "
         f"{DERIVED_BLOCK_SIZE} ports per node; reserve them: srun --resv-ports={tasks_on_a_node} (slurm.conf "
         f"needs MpiParams=ports=LOW-HIGH)."
     )
-  block = (STEP_SLOTS * job_id + step_id % STEP_SLOTS) % NUM_BLOCKS
-  first = DERIVED_PORTS_LOW + DERIVED_BLOCK_SIZE * block
+  job_id, step_id = (_count(environ, (variable,), minimum=0) for variable in ("SLURM_JOB_ID", "SLURM_STEP_ID"))
+  first = DERIVED_PORTS_LOW + DERIVED_BLOCK_SIZE * ((STEP_SLOTS * job_id + step_id % STEP_SLOTS) % NUM_BLOCKS)
   return list(range(first, first + DERIVED_BLOCK_SIZE)), f"ports {first}-{first + tasks_on_a_node - 1} from the job id"
-
-
-def _roles(addresses: tuple[str, ...], rank: int, num_ps: int | None) -> tuple[dict[str, tuple[str, ...]], str, int]:
-  """The jobs of the step's task addresses (in rank order), and task `rank`'s type and index."""
-  if num_ps is None:
-    return {"worker": addresses}, "worker", rank
-  if len(addresses) < num_ps + 2:
-    raise ConfigError(
-        f"config.strategy.num_ps={num_ps} needs at least {num_ps + 2} SLURM tasks (1 chief, {num_ps} ps, at least "
-        f"1 worker), but the step has {len(addresses)}; start more tasks (srun -n {num_ps + 2}) or lower num_ps."
-    )
-  jobs = {"chief": addresses[:1], "ps": addresses[1 : num_ps + 1], "worker": addresses[num_ps + 1 :]}
-  if rank == 0:
-    return jobs, "chief", 0
-  if rank <= num_ps:
-    return jobs, "ps", rank - 1
-  return jobs, "worker", rank - num_ps - 1
 
 
 def _gpu_index(environ: Mapping[str, str], local_rank: int, tasks_on_node: int, host: str) -> int | None:
   """The one GPU this task uses among those it sees, or None: all it sees (none, one, or it is alone on its node)."""
   visible = environ.get("CUDA_VISIBLE_DEVICES")
+  variable, text = _first(environ, ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"))
   if visible is not None:
     gpus = 0 if visible.strip() in _NO_GPU else len(visible.split(","))
     seen_from = f"CUDA_VISIBLE_DEVICES={visible!r}"
-  elif environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS"):
-    variable, text = _first(environ, ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"))
+  elif text:
     gpus, seen_from = len(text.split(",")), f"{variable}={text!r}"
   elif environ.get("SLURM_GPUS_ON_NODE"):
     gpus, seen_from = _count(environ, ("SLURM_GPUS_ON_NODE",), minimum=0), "SLURM_GPUS_ON_NODE"

@@ -7,4 +7,66 @@ TensorFlow behaviour it works around and the version it was checked against (`CH
 that behaviour changes.
 """
 
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.eager import context  # noqa: TID251
+
 CHECKED_WITH = "tensorflow 2.21.0"
+
+# --- strategies ---
+
+
+def configure_coordination_service(cluster_spec: tf.train.ClusterSpec, timeout_seconds: float) -> None:
+  """Configures TensorFlow's coordination service as MultiWorkerMirroredStrategy would, plus a registration deadline.
+
+  Works around: `tf.distribute.MultiWorkerMirroredStrategy` starts the coordination service with no
+  deadline for the tasks to register, and TensorFlow has no public API to set one. The eager context's
+  `configure_coordination_service` (`tensorflow.python.eager.context`) takes
+  `cluster_register_timeout_in_ms`, and the config it keeps (`coordination_service`, a
+  `CoordinationServiceConfig` proto) takes `cluster_register_with_barrier`, which makes that deadline
+  hold for every task, and the coordinated jobs (chief and worker, as the strategy names them). Left
+  alone if the process configured a service already (the strategy then uses that one, as TensorFlow
+  does). Checked with `CHECKED_WITH`.
+  """
+  if context.context().coordination_service is not None:
+    return
+  leader = "chief" if "chief" in cluster_spec.jobs else "worker"
+  context.context().configure_coordination_service(
+      service_type="standalone",
+      service_leader=f"/job:{leader}/replica:0/task:0",
+      cluster_register_timeout_in_ms=int(timeout_seconds * 1000),
+  )
+  config = context.context().coordination_service
+  config.cluster_register_with_barrier = True
+  for job in ("chief", "worker"):
+    if job in cluster_spec.jobs:
+      config.coordinated_job_list.add(name=job, num_tasks=cluster_spec.num_tasks(job))
+
+
+class WholeShardedVariable(tf.__internal__.distribute.ShardedVariable):
+  """A `ShardedVariable` saved and restored as one whole tensor.
+
+  Works around: TensorFlow saves each shard of a `ShardedVariable` as a slice of the whole, and a
+  Keras 3 variable asks its value for its tensors through the private checkpoint protocol
+  (`_serialize_to_tensors`, `_restore_from_tensors`), which TensorFlow's class does not implement.
+  This class gives the concatenated value under the key an unsharded variable uses, so a checkpoint
+  has the same names and shapes with or without sharding, and restores into any number of shards.
+  Checked with `CHECKED_WITH`.
+  """
+
+  def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+    return {"VARIABLE_VALUE": tf.convert_to_tensor(self)}
+
+  def _restore_from_tensors(self, restored_tensors: dict[str, tf.Tensor]) -> Any:
+    return self.assign(restored_tensors["VARIABLE_VALUE"])
+
+
+def called_function_graph(graph: tf.Graph, name: str) -> tf.Graph | None:
+  """Returns the graph of the function `name` that an op of `graph` calls, or None when it has none.
+
+  Works around: a `tf.Graph` has no public lookup of the functions its ops call (an XLA cluster, a loop's
+  body and condition, a branch); the private `Graph._get_function(name)` finds them. Checked with
+  `CHECKED_WITH`.
+  """
+  return getattr(graph._get_function(name), "graph", None)  # noqa: SLF001

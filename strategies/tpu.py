@@ -13,13 +13,12 @@ variables, /dev/accel* or /dev/vfio/* device files and an installed libtpu);
 a remote TPU is contacted only when the strategy is created for it.
 
 The logic that needs no TPU is in plain functions and classes, testable
-anywhere: `resolve_name` and `resolver_form` (which name form, and whether
-it connects), `TPUSystems` (each TPU system initialized once per process)
-and `device_assignment` (a `computation_shape` checked against a topology).
+anywhere: `resolve_name` and `name_form` (which name form: 'local', 'address'
+or 'name'), `TPUSystems` (each TPU system initialized once per process) and
+`device_assignment` (a `computation_shape` checked against a topology).
 """
 
 from collections.abc import Callable, Sequence
-import dataclasses
 import glob
 import importlib.util
 import math
@@ -49,14 +48,6 @@ HOW_TO_NAME_A_TPU = (
 )
 
 
-def tpu_from_environment() -> str | None:
-  """Returns the TPU named by TPU_NAME or KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS, or None."""
-  for variable in TPU_ENVIRONMENT_VARIABLES:
-    if os.environ.get(variable):
-      return os.environ[variable]
-  return None
-
-
 def local_tpu_present() -> bool:
   """Returns whether this machine is a TPU VM: TPU device files and libtpu are there."""
   has_devices = any(glob.glob(pattern) for pattern in LOCAL_TPU_DEVICE_FILES)
@@ -65,28 +56,12 @@ def local_tpu_present() -> bool:
 
 
 def reachable_tpu() -> str | None:
-  """Returns the TPU that `tpu=''` would use ('local' or the environment's), or None; never blocks."""
-  from_environment = tpu_from_environment()
-  if from_environment:
-    return from_environment
-  return "local" if local_tpu_present() else None
+  """Returns the TPU that `tpu=''` would use (TPU_NAME's, KUBE_GOOGLE_CLOUD_TPU_ENDPOINTS's or 'local'), or None.
 
-
-@dataclasses.dataclass(frozen=True)
-class ResolverForm:
-  """How `TPUClusterResolver` reaches a named TPU.
-
-  Attributes:
-    kind: 'local' (this TPU VM's chips), 'name' (a Cloud TPU looked up
-      through the Cloud TPU API) or 'address' (a grpc://host:port worker).
-    connects: whether this process connects to a remote TPU cluster
-      (`tf.config.experimental_connect_to_cluster`) before initializing it.
-    uses_zone_and_project: whether `zone` and `project` mean anything for it.
+  Never blocks: it reads the environment and the device files only.
   """
-
-  kind: str
-  connects: bool
-  uses_zone_and_project: bool
+  named = [os.environ[variable] for variable in TPU_ENVIRONMENT_VARIABLES if os.environ.get(variable)]
+  return named[0] if named else "local" if local_tpu_present() else None
 
 
 def resolve_name(tpu: str | None) -> str:
@@ -95,13 +70,9 @@ def resolve_name(tpu: str | None) -> str:
   Raises:
     ConfigError: `tpu` is not a string, or it is '' and no TPU is reachable.
   """
-  if tpu is None:
-    tpu = ""
-  if not isinstance(tpu, str):
+  if not isinstance(tpu, (str, type(None))):
     raise ConfigError(f"tpu must be a string ('', 'local', a TPU name or grpc://host:port), got {tpu!r}.")
-  if tpu:
-    return tpu
-  found = reachable_tpu()
+  found = tpu or reachable_tpu()
   if found is None:
     raise ConfigError(
         "strategy 'tpu' with tpu='' found no TPU: TPU_NAME is not set and this machine has no "
@@ -110,13 +81,14 @@ def resolve_name(tpu: str | None) -> str:
   return found
 
 
-def resolver_form(tpu: str) -> ResolverForm:
-  """Returns the `ResolverForm` of a resolved TPU name (see `resolve_name`): 'local', a grpc:// address, or a name."""
-  if tpu == "local":
-    return ResolverForm(kind="local", connects=False, uses_zone_and_project=False)
-  if tpu.startswith("grpc://"):
-    return ResolverForm(kind="address", connects=True, uses_zone_and_project=False)
-  return ResolverForm(kind="name", connects=True, uses_zone_and_project=True)
+def name_form(tpu: str) -> str:
+  """Returns how `TPUClusterResolver` reaches a resolved TPU name (see `resolve_name`).
+
+  'local' (this TPU VM's chips, no connection), 'address' (a grpc://host:port
+  worker) or 'name' (a Cloud TPU looked up through the Cloud TPU API, the only
+  form that uses a zone and a project).
+  """
+  return "local" if tpu == "local" else "address" if tpu.startswith("grpc://") else "name"
 
 
 class TPUSystems:
@@ -165,7 +137,7 @@ class TPUSystems:
 def _connect_and_initialize(
     tpu: str, resolver: tf.distribute.cluster_resolver.TPUClusterResolver
 ) -> tf.tpu.experimental.Topology:
-  if resolver_form(tpu).connects:
+  if name_form(tpu) != "local":
     tf.config.experimental_connect_to_cluster(resolver)
   return tf.tpu.experimental.initialize_tpu_system(resolver)
 
@@ -203,77 +175,64 @@ class TPUStrategy(tf.distribute.TPUStrategy):
       ConfigError: no TPU is reachable under that name (within seconds), the
         name cannot be resolved, or the shape does not fit the TPU.
     """
-    if computation_shape is not None:
-      computation_shape = _checked_shape(computation_shape)
+    shape = computation_shape
+    if shape is not None and (
+        not isinstance(shape, (list, tuple)) or not shape or not all(checks.is_int(n) and n >= 1 for n in shape)
+    ):
+      raise ConfigError(
+          f"computation_shape must be a list of positive ints, one per TPU mesh axis, such as [1, 1, 1, 2]; "
+          f"got {shape!r}."
+      )
     checks.positive_int(num_replicas, "num_replicas", optional=True)
     checks.boolean(spmd_xla_partitioning, "spmd_xla_partitioning")
     tpu = resolve_name(tpu)
     _check_reachable(tpu, zone, project)
-    resolver = _resolver(tpu, zone, project)
+    try:
+      resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
+    except Exception as e:  # the Cloud TPU client raises many kinds.
+      raise ConfigError(f"Could not resolve tpu={tpu!r}: {type(e).__name__}: {e}. {HOW_TO_NAME_A_TPU}") from e
     topology = SYSTEMS.topology(tpu, resolver)
     assignment = None
-    if computation_shape is not None or num_replicas is not None:
-      assignment = device_assignment(topology, computation_shape, num_replicas)
+    if shape is not None or num_replicas is not None:
+      assignment = device_assignment(topology, shape, num_replicas)
     super().__init__(
         resolver, experimental_device_assignment=assignment, experimental_spmd_xla_partitioning=spmd_xla_partitioning
     )
     self.tpu = tpu
 
 
-def _checked_shape(computation_shape: Any) -> list[int]:
-  """Returns `computation_shape` as a list of positive ints, or raises ConfigError."""
-  if (
-      not isinstance(computation_shape, (list, tuple))
-      or not computation_shape
-      or not all(checks.is_int(n) and n >= 1 for n in computation_shape)
-  ):
-    raise ConfigError(
-        f"computation_shape must be a list of positive ints, one per TPU mesh axis, such as "
-        f"[1, 1, 1, 2]; got {computation_shape!r}."
-    )
-  return list(computation_shape)
-
-
 def _check_reachable(tpu: str, zone: str | None, project: str | None) -> None:
   """Raises ConfigError unless the cheap local checks say TPU `tpu` (a resolved name) can be reached."""
-  form = resolver_form(tpu)
-  if (zone or project) and not form.uses_zone_and_project:
+  form = name_form(tpu)
+  if (zone or project) and form != "name":
     raise ConfigError(
         f"zone and project look up a Cloud TPU by name; tpu={tpu!r} does not use them. Remove them, "
         "or name the TPU instead."
     )
-  if form.kind == "local":
-    if not local_tpu_present():
+  if form == "local" and not local_tpu_present():
+    raise ConfigError(
+        f"tpu='local' but this machine is not a TPU VM (no {' or '.join(LOCAL_TPU_DEVICE_FILES)} "
+        f"device files with libtpu installed). {HOW_TO_NAME_A_TPU}"
+    )
+  if form == "address":
+    try:
+      host, port = urllib.parse.urlsplit(tpu).hostname, urllib.parse.urlsplit(tpu).port
+    except ValueError:
+      host = port = None
+    if not host or not port:
+      raise ConfigError(f"tpu={tpu!r} is not a grpc://host:port address such as grpc://10.0.0.2:8470.")
+    try:
+      socket.create_connection((host, port), timeout=GRPC_CONNECT_TIMEOUT_SECONDS).close()
+    except OSError as e:
       raise ConfigError(
-          f"tpu='local' but this machine is not a TPU VM (no {' or '.join(LOCAL_TPU_DEVICE_FILES)} "
-          f"device files with libtpu installed). {HOW_TO_NAME_A_TPU}"
-      )
-  elif form.kind == "address":
-    _check_listening(tpu)
-  elif not _on_google_cloud() and not (zone and project):
+          f"No TPU is reachable at tpu={tpu!r}: {e.strerror or e} (waited at most "
+          f"{GRPC_CONNECT_TIMEOUT_SECONDS} s). {HOW_TO_NAME_A_TPU}"
+      ) from None
+  if form == "name" and not (zone and project) and not _on_google_cloud():
     raise ConfigError(
         f"tpu={tpu!r} is a Cloud TPU name, and this machine is not on Google Cloud, so zone and project "
         f"must be given (--config.strategy.zone, --config.strategy.project) to look it up. {HOW_TO_NAME_A_TPU}"
     )
-
-
-def _check_listening(address: str) -> None:
-  """Raises ConfigError unless something accepts TCP connections at grpc://host:port."""
-  parsed = urllib.parse.urlsplit(address)
-  try:
-    host, port = parsed.hostname, parsed.port
-  except ValueError:
-    host = port = None
-  if not host or not port:
-    raise ConfigError(f"tpu={address!r} is not a grpc://host:port address such as grpc://10.0.0.2:8470.")
-  try:
-    with socket.create_connection((host, port), timeout=GRPC_CONNECT_TIMEOUT_SECONDS):
-      pass
-  except OSError as e:
-    raise ConfigError(
-        f"No TPU is reachable at tpu={address!r}: {e.strerror or e} (waited at most "
-        f"{GRPC_CONNECT_TIMEOUT_SECONDS} s). {HOW_TO_NAME_A_TPU}"
-    ) from None
 
 
 def _on_google_cloud() -> bool:
@@ -285,13 +244,6 @@ def _on_google_cloud() -> bool:
       return "Google" in f.read()
   except OSError:
     return False
-
-
-def _resolver(tpu: str, zone: str | None, project: str | None) -> tf.distribute.cluster_resolver.TPUClusterResolver:
-  try:
-    return tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
-  except Exception as e:  # the Cloud TPU client raises many kinds.
-    raise ConfigError(f"Could not resolve tpu={tpu!r}: {type(e).__name__}: {e}. {HOW_TO_NAME_A_TPU}") from e
 
 
 def device_assignment(

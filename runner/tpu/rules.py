@@ -26,6 +26,7 @@ from typing import Any
 import tensorflow as tf
 
 from runner.data import checks as data_checks
+from strategies import tensorflow_workarounds
 
 # Dtypes a TPU computes in and takes from the host (int64 and uint64 emulated with 32-bit words).
 TPU_DTYPES = (
@@ -170,31 +171,26 @@ def walk(traced: Iterable[tuple[Any, Sequence[Any]]]) -> Iterator[Any]:
   def ops_of(graph: Any, ops: Sequence[Any]) -> Iterator[Any]:
     for op in ops:
       yield op
-      for name in _called_functions(op):
-        function = graph._get_function(name)  # noqa: SLF001  # No public lookup.
-        body = getattr(function, "graph", None)
-        if body is not None and name not in seen:
-          seen.add(name)
-          yield from ops_of(body, body.get_operations())
+      for value in op.node_def.attr.values():  # The functions `op` calls.
+        for name in [value.func.name] if value.HasField("func") else [f.name for f in value.list.func]:
+          body = tensorflow_workarounds.called_function_graph(graph, name)
+          if body is not None and name not in seen:
+            seen.add(name)
+            yield from ops_of(body, body.get_operations())
 
   for graph, ops in traced:
     yield from ops_of(graph, ops)
 
 
-def _called_functions(op: Any) -> Iterator[str]:
-  """The names of the functions `op` calls (a call, an XLA cluster, a loop body or condition, a branch)."""
-  for value in op.node_def.attr.values():
-    if value.HasField("func"):
-      yield value.func.name
-    elif value.HasField("list"):
-      yield from (f.name for f in value.list.func)
-
-
 def _layers_by_name(model: Any) -> dict[str, Any]:
-  """{name: layer} for the model and every layer inside it."""
-  flatten = getattr(model, "_flatten_layers", None)  # Keras's own walk over nested layers and models.
-  layers = list(flatten(include_self=True)) if flatten else [model, *getattr(model, "layers", ())]
-  return {layer.name: layer for layer in layers}
+  """{name: layer} for the model and the layers of its (nested) models; a layer's own sublayers go by its name."""
+  layers, todo = {}, [model]
+  while todo:
+    layer = todo.pop()
+    if layer.name not in layers:
+      layers[layer.name] = layer
+      todo.extend(getattr(layer, "layers", ()))
+  return layers
 
 
 def _location(op: Any, layers: Mapping[str, Any]) -> str:

@@ -31,15 +31,3 @@ def test_gradients_of_a_sharded_variable_equal_those_of_the_whole(lookup):
   np.testing.assert_allclose(tf.convert_to_tensor(got[0]), tf.convert_to_tensor(expected[0]), rtol=1e-6)
   np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)
   assert sharded_variables.shards(plain) == [plain] and len(sharded_variables.shards(sharded)) == 3
-
-
-def test_a_sharded_variable_is_saved_whole_and_restored_into_any_sharding():
-  sharded = _sharded()
-  assert sorted(sharded._serialize_to_tensors()) == ["VARIABLE_VALUE"]  # noqa: SLF001
-  np.testing.assert_array_equal(sharded._serialize_to_tensors()["VARIABLE_VALUE"], VALUE)  # noqa: SLF001
-  other = sharded_variables.ShardedVariable(
-      [tf.Variable(np.zeros((5, 3), np.float32)), tf.Variable(np.zeros((5, 3), np.float32))]
-  )
-  other._restore_from_tensors({"VARIABLE_VALUE": tf.constant(VALUE)})  # noqa: SLF001
-  np.testing.assert_array_equal(other.variables[0].numpy(), VALUE[:5])
-  np.testing.assert_array_equal(tf.convert_to_tensor(other), VALUE)

@@ -64,21 +64,12 @@ def test_hostlists_expand_in_order_with_their_zero_padding(text, hosts):
   assert slurm.expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("", "names no node"),
-        ("node[01-03", "unbalanced brackets"),
-        ("node01]", "unbalanced brackets"),
-        ("node[[1]]", "unbalanced brackets"),
-        ("node[a-c]", "range 'a-c' that is not 'n' or 'a-b'"),
-        ("node[5-3]", "range '5-3' that ends before it starts"),
-    ],
-)
-def test_a_bad_hostlist_is_one_config_error_naming_the_variable(text, message):
-  with pytest.raises(ConfigError, match=r"SLURM_STEP_NODELIST=") as error:
+@pytest.mark.parametrize("text", ["", "node[01-03", "node01]", "node[[1]]", "node[a-c]", "node[5-3]", "n[1-2-3]"])
+def test_a_bad_hostlist_is_one_config_error_naming_the_variable(text):
+  with pytest.raises(
+      ConfigError, match=r"SLURM_STEP_NODELIST=.* is not a SLURM hostlist: .* 'node\[01-03,07\],gpu-a1'"
+  ):
     slurm.expand_hostlist(text, "SLURM_STEP_NODELIST")
-  assert message in str(error.value)
 
 
 def test_tasks_per_node_expand_slurms_repeat_counts():

@@ -33,26 +33,17 @@ def no_tpu_environment(monkeypatch):
   return monkeypatch
 
 
-@pytest.mark.parametrize(
-    "name, kind, connects, zone_and_project",
-    [
-        ("local", "local", False, False),
-        ("my-tpu", "name", True, True),
-        ("grpc://10.0.0.2:8470", "address", True, False),
-    ],
-)
-def test_resolver_form_of_each_name_form(name, kind, connects, zone_and_project):
-  assert tpu_lib.resolver_form(name) == tpu_lib.ResolverForm(
-      kind=kind, connects=connects, uses_zone_and_project=zone_and_project
-  )
+@pytest.mark.parametrize("name, form", [("local", "local"), ("my-tpu", "name"), ("grpc://10.0.0.2:8470", "address")])
+def test_name_form_of_each_name_form(name, form):
+  assert tpu_lib.name_form(name) == form
 
 
 def test_an_empty_name_is_the_environments_tpu(no_tpu_environment):
   no_tpu_environment.setenv("TPU_NAME", "grpc://10.0.0.2:8470")
   assert tpu_lib.resolve_name("") == tpu_lib.resolve_name(None) == "grpc://10.0.0.2:8470"
-  assert tpu_lib.resolver_form(tpu_lib.resolve_name("")).kind == "address"
+  assert tpu_lib.name_form(tpu_lib.resolve_name("")) == "address"
   no_tpu_environment.setenv("TPU_NAME", "my-tpu")
-  assert tpu_lib.resolver_form(tpu_lib.resolve_name("")).kind == "name"
+  assert tpu_lib.name_form(tpu_lib.resolve_name("")) == "name"
   assert tpu_lib.resolve_name("local") == "local"  # a given name is kept as it is
 
 
