@@ -39,6 +39,11 @@ VERTEX_POOLS = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": 
 _TF_CONFIG_EXAMPLE = '{"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", "index": 0}}'
 
 
+def _json_variable(environ: Mapping[str, str]) -> str | None:
+  """TF_CONFIG if set, else CLUSTER_SPEC (Vertex AI) if set, else None."""
+  return next((name for name in ("TF_CONFIG", "CLUSTER_SPEC") if environ.get(name)), None)
+
+
 def find(
     source: str = "auto",
     *,
@@ -66,20 +71,15 @@ def find(
   environ = os.environ if environ is None else environ
   checks.one_of(source, SOURCES, "config.strategy.cluster")
   checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
-  found = None
-  if source in ("auto", "tf_config"):
-    variable = next((name for name in ("TF_CONFIG", "CLUSTER_SPEC") if environ.get(name)), None)
-    if variable is not None:
-      found = from_json(environ[variable], variable)
-    elif source == "tf_config":
-      raise ConfigError(
-          f"config.strategy.cluster='tf_config' but neither TF_CONFIG nor CLUSTER_SPEC (Vertex AI) is set; set "
-          f"TF_CONFIG on every task, e.g. {_TF_CONFIG_EXAMPLE}, or use cluster='auto' or 'slurm'."
-      )
-    elif not slurm.is_multi_task_step(environ):
-      found = ALONE
-  if found is None:
+  variable = _json_variable(environ) if source != "slurm" else None
+  if variable is None and source == "tf_config":
+    raise ConfigError(
+        f"config.strategy.cluster='tf_config' but neither TF_CONFIG nor CLUSTER_SPEC (Vertex AI) is set; set "
+        f"TF_CONFIG on every task, e.g. {_TF_CONFIG_EXAMPLE}, or use cluster='auto' or 'slurm'."
+    )
+  if variable is None and (source == "slurm" or slurm.is_multi_task_step(environ)):
     return slurm.cluster(environ, num_ps=(num_ps or 1) if parameter_server else None)
+  found = ALONE if variable is None else from_json(environ[variable], variable)
   if num_ps is not None:
     raise ConfigError(
         f"config.strategy.num_ps={num_ps} sets the ps tasks of a SLURM step, but the cluster comes from "
@@ -91,14 +91,12 @@ def find(
 def names_an_evaluator(environ: Mapping[str, str] | None = None) -> bool:
   """Whether TF_CONFIG (else CLUSTER_SPEC) names this task the evaluator; `find` reads and checks the rest."""
   environ = os.environ if environ is None else environ
-  variable = next((name for name in ("TF_CONFIG", "CLUSTER_SPEC") if environ.get(name)), None)
-  if variable is None:
-    return False
+  variable = _json_variable(environ)
   try:
-    task_type = json.loads(environ[variable])["task"]["type"]
+    task_type = json.loads(environ[variable])["task"]["type"] if variable else None
   except (ValueError, KeyError, TypeError):
     return False
-  return {**_JOB_NAMES, **VERTEX_POOLS}.get(task_type) == EVALUATOR if isinstance(task_type, str) else False
+  return isinstance(task_type, str) and {**_JOB_NAMES, **VERTEX_POOLS}.get(task_type) == EVALUATOR
 
 
 def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
@@ -134,8 +132,7 @@ def from_json(text: str, variable: str = "TF_CONFIG") -> Cluster:
     if not isinstance(tasks, list) or not all(isinstance(address, str) and address for address in tasks):
       raise ConfigError(f"{variable}'s job {job!r} must be a list of 'host:port' strings, got {tasks!r}.")
     jobs[names[job]] = tuple(tasks)
-  task_type, task_id = str(task.get("type")), task.get("index", 0)
-  task_type = names.get(task_type, task_type)
+  task_type, task_id = names.get(str(task.get("type")), str(task.get("type"))), task.get("index", 0)
   if not any(jobs.get(job) for job in TRAINING_JOBS):
     if task_type == EVALUATOR:
       raise ConfigError(
@@ -169,8 +166,7 @@ def from_worker_hosts(worker_hosts: Any, task_index: Any) -> "tf.distribute.clus
     raise ConfigError(f"task_index={task_index} needs worker_hosts, every worker's host:port, e.g. {example}.")
   hosts = checks.strings(worker_hosts, "worker_hosts", example)
   for host in hosts:
-    _, _, port = host.rpartition(":")
-    if not port.isdigit():
+    if not host.rpartition(":")[2].isdigit():
       raise ConfigError(f"worker_hosts entry {host!r} is not 'host:port', e.g. 'localhost:12345'.")
   if task_index is None:
     raise ConfigError(f"worker_hosts needs task_index, this worker's position in it: 0 to {len(hosts) - 1}.")

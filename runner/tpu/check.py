@@ -58,7 +58,6 @@ class TPUCheckResult:
   """The verdict of `check_tpu`.
 
   Attributes:
-    passed: whether everything a CPU can prove held.
     problem: None, or the first op, shape or dtype a TPU would reject and
       where it came from (a layer of the model, or a part of a dataset
       element), with the fix.
@@ -71,13 +70,17 @@ class TPUCheckResult:
       step (0 when it failed before).
   """
 
-  passed: bool
   problem: str | None
   num_replicas: int
   devices: tuple[str, ...]
   steps_per_loop: int
-  train_steps: int
-  eval_examples: int
+  train_steps: int = 0
+  eval_examples: int = 0
+
+  @property
+  def passed(self) -> bool:
+    """Whether everything a CPU can prove held (no `problem`)."""
+    return self.problem is None
 
   @property
   def summary(self) -> str:
@@ -162,7 +165,7 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
   devices = _logical_cpus(max(n for n in range(1, MAX_LOGICAL_CPUS + 1) if num_replicas % n == 0))
   config = _as_on_tpu(config)
   verdict = functools.partial(
-      _verdict, num_replicas=num_replicas, devices=tuple(devices), steps_per_loop=config.trainer.steps_per_loop
+      TPUCheckResult, num_replicas=num_replicas, devices=tuple(devices), steps_per_loop=config.trainer.steps_per_loop
   )
   for field in ("global_batch_size", "eval_global_batch_size"):
     size = config.data[field]
@@ -229,26 +232,6 @@ class _WithoutAutotune(interfaces.DatasetProvider):
       self, input_context: tf.distribute.InputContext, batch_size: int, start: int
   ) -> tf.data.Dataset:
     return self._provider.get_repeated_batches(input_context, batch_size, start).with_options(self._options)
-
-
-def _verdict(
-    problem: str | None,
-    *,
-    num_replicas: int,
-    devices: tuple[str, ...],
-    steps_per_loop: int,
-    train_steps: int = 0,
-    eval_examples: int = 0,
-) -> TPUCheckResult:
-  return TPUCheckResult(
-      passed=problem is None,
-      problem=problem,
-      num_replicas=num_replicas,
-      devices=devices,
-      steps_per_loop=steps_per_loop,
-      train_steps=train_steps,
-      eval_examples=eval_examples,
-  )
 
 
 def _logical_cpus(n: int) -> list[str]:
