@@ -11,11 +11,7 @@ from strategies import cluster_view
 from strategies import peers
 from strategies.errors import ConfigError
 
-COMMUNICATIONS = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-}
+COMMUNICATIONS = ("auto", "ring", "nccl")  # tf.distribute.experimental.CommunicationImplementation's, lower case.
 
 
 class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
@@ -69,7 +65,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         cluster sources at once, a TF_CONFIG, CLUSTER_SPEC or SLURM step that
         is not valid, or 'nccl' on a machine without GPUs.
     """
-    implementation = COMMUNICATIONS[checks.one_of(communication, tuple(COMMUNICATIONS), "communication")]
+    checks.one_of(communication, COMMUNICATIONS, "communication")
     if communication == "nccl" and not tf.config.list_physical_devices("GPU"):
       raise ConfigError("communication='nccl' needs GPUs and this machine has none; use 'auto' or 'ring'.")
     checks.positive_number(timeout_seconds, "timeout_seconds", optional=True)
@@ -94,6 +90,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         )
       cluster_view.use_own_gpu(found)
       cluster_resolver = found.resolver()
+    implementation = tf.distribute.experimental.CommunicationImplementation[communication.upper()]
     options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
     build = functools.partial(super().__init__, cluster_resolver=cluster_resolver, communication_options=options)
     cluster_spec = cluster_resolver.cluster_spec()
