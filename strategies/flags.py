@@ -19,7 +19,7 @@ flags parser, a bad flag is one line `error: ...` on stderr and exit status 2
 no TensorFlow; building the strategy does.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import sys
 from typing import Any, TYPE_CHECKING
 
@@ -55,7 +55,7 @@ _HELP = {
     "num_replicas": "tpu: number of replicas (with --computation_shape).",
     "spmd_xla_partitioning": "tpu: experimental_spmd_xla_partitioning.",
 }
-_DEFINE = {
+_DEFINE: dict[type, Callable[..., Any]] = {
     str: flags.DEFINE_string,
     tuple: flags.DEFINE_list,
     int: flags.DEFINE_integer,
