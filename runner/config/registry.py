@@ -35,10 +35,15 @@ _VALID = (
 )
 
 
-def _tasks() -> Any:
-  from runner import tasks  # noqa: PLC0415  (only when a task is made: it imports TensorFlow)
+def _task(class_name: str) -> Callable[[Any], Any]:
+  """Returns the function of a built-in task: the class of `runner.tasks` made with the section's own fields."""
 
-  return tasks
+  def make(config: Any) -> Any:
+    from runner import tasks  # noqa: PLC0415  (only when a task is made: it imports TensorFlow)
+
+    return getattr(tasks, class_name)(**{field: value for field, value in config.items() if field != "name"})
+
+  return make
 
 
 # Kind -> name -> (function, its own config fields with their defaults, None or its check of a section, which runs
@@ -47,12 +52,8 @@ BUILTINS: dict[str, Mapping[str, tuple[Callable[..., Any], dict[str, Any], Calla
     "model": builtin_models.BUILTINS,
     "dataset": builtin_datasets.BUILTINS,
     "task": {
-        "classification": (
-            lambda config: _tasks().Classification(from_logits=config.from_logits),
-            {"from_logits": True},
-            None,
-        ),
-        "regression": (lambda config: _tasks().Regression(), {}, None),
+        "classification": (_task("Classification"), {"from_logits": True}, None),
+        "regression": (_task("Regression"), {}, None),
     },
 }
 # Kind -> the arguments its function is called with.
@@ -93,12 +94,9 @@ def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
             f"{where}: the default of {field!r} is None, whose type the config cannot know; for an optional "
             f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple)."
         )
-      if isinstance(default, config_dict.FieldReference):
-        shown = f"a reference to {default.get()!r} of type {default.get_type().__name__}"
-        fits = default.get() is None and default.get_type() in _TYPES
-      else:
-        shown, fits = f"{default!r} ({type(default).__name__})", isinstance(default, _TYPES)
-      if not fits:
+      ref = isinstance(default, config_dict.FieldReference)
+      if not (default.get() is None and default.get_type() in _TYPES if ref else isinstance(default, _TYPES)):
+        shown = f"{default!r} ({type(default).__name__})"
         raise ConfigError(f"{where}: the default of {field!r} is {shown}; a default is {_VALID}.")
     try:
       setattr(fn, _ATTRIBUTE, dict(fields))

@@ -439,7 +439,7 @@ def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tu
   are parsed by config_flags' parsers, those of one field together, so a
   tuple field may be given once per element, as on the command line.
   """
-  by_field: dict[str, list[str]] = {}
+  by_field: dict[str, tuple[ml_collections.ConfigDict, str, list[str]]] = {}
   for item in items:
     field_path, equals, value = item.partition("=") if isinstance(item, str) else (item[0], "=", item[1])
     override = item if isinstance(item, str) else f"{field_path}={value!r}"
@@ -447,7 +447,7 @@ def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tu
     if not equals and holder.get_type(field) is not bool:
       raise ConfigError(f"Override {override!r} has no value; write {field_path}=VALUE.")
     if isinstance(item, str) and value not in NONE_VALUES:
-      by_field.setdefault(field_path, []).append(item)
+      by_field.setdefault(field_path, (holder, field, []))[2].append(item)
       continue
     by_field.pop(field_path, None)
     value = None if isinstance(item, str) else value
@@ -455,17 +455,15 @@ def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tu
       holder[field] = value
     except TypeError:
       raise _wrong_type(f"Override {override!r}: config.{field_path}", holder.get_type(field), repr(value)) from None
-  for field_path, given in by_field.items():
+  for field_path, (holder, field, given) in by_field.items():
     argv = ["runner"] + [f"--config.{override}" for override in given]
     flag_values = flags.FlagValues()
     try:
       config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, sys_argv=argv)
       flag_values(argv)
     except (flags.Error, TypeError, ValueError):
-      holder, field = _field(config, field_path, given[-1])
-      raise _wrong_type(
-          f"Override {given[-1]!r}: config.{field_path}", holder.get_type(field), repr(given[-1].partition("=")[2])
-      ) from None
+      shown = repr(given[-1].partition("=")[2])
+      raise _wrong_type(f"Override {given[-1]!r}: config.{field_path}", holder.get_type(field), shown) from None
 
 
 def _field(config: ml_collections.ConfigDict, field_path: str, override: str) -> tuple[ml_collections.ConfigDict, str]:
@@ -480,11 +478,10 @@ def _field(config: ml_collections.ConfigDict, field_path: str, override: str) ->
   for i, part in enumerate(parts):
     if part not in holder:
       raise ConfigError(f"Override {override!r}: {_no_field(where, part, holder)}")
-    is_section = isinstance(holder[part], ml_collections.ConfigDict)
-    if i < len(parts) - 1 and not is_section:
-      raise ConfigError(f"Override {override!r}: {where}.{part} is a value, not a section.")
-    if i == len(parts) - 1 and is_section:
-      raise ConfigError(f"Override {override!r}: {where}.{part} is a section; override its fields one by one.")
-    if i < len(parts) - 1:
+    last = i == len(parts) - 1
+    if isinstance(holder[part], ml_collections.ConfigDict) == last:
+      what = "a section; override its fields one by one" if last else "a value, not a section"
+      raise ConfigError(f"Override {override!r}: {where}.{part} is {what}.")
+    if not last:
       holder, where = holder[part], f"{where}.{part}"
   return holder, parts[-1]
