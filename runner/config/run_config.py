@@ -38,7 +38,6 @@ MODES = ("train", "eval", "train_and_eval", "export", "continuous_eval")
 NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
 NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
 NONE_VALUES = ("None", "none", "null")
-MODULE_NAME = "runner_config_file"
 _TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
 
 
@@ -100,14 +99,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
 
 def _common_config() -> ml_collections.ConfigDict:
   """Returns the schema without the own fields of the named dataset, model and task."""
-  config = ml_collections.ConfigDict()
-  config.mode = "train_and_eval"
-  config.strategy = strategy_schema.default_config()
+  config = ml_collections.ConfigDict({"mode": "train_and_eval", "strategy": strategy_schema.default_config()})
   for section, fields in SCHEMA.items():
-    config[section] = {
-        field: config_dict.placeholder(default) if isinstance(default, type) else default
-        for field, (default, _) in fields.items()
-    }
+    config[section] = {f: config_dict.placeholder(d) if isinstance(d, type) else d for f, (d, _) in fields.items()}
   return config
 
 
@@ -176,16 +170,11 @@ def _with_own_fields(
   name = given.get("name", section.name)
   if not isinstance(name, str) or not name:
     raise ConfigError(f"{where}.name must be a non-empty string, got {name!r}.")
-  declared = registry.own_fields(kind, name)
-  fields = (
-      declared
-      if declared is not None
-      else {  # Declaring none, it has the fields given, a None typed if known.
-          f: config_dict.placeholder(given.get_type(f)) if hasattr(given, "get_type") else given[f]
-          for f in given
-          if f not in section
-      }
-  )
+  fields = registry.own_fields(kind, name)
+  declared = fields is not None
+  if fields is None:  # Declaring none, it has the fields given (a None of a known type typed, for the overrides).
+    typed = hasattr(given, "get_type")
+    fields = {f: config_dict.placeholder(given.get_type(f)) if typed else given[f] for f in given if f not in section}
   common = sorted(set(fields) & set(section))
   if common:
     raise ConfigError(
@@ -194,7 +183,7 @@ def _with_own_fields(
     )
   for field, default in fields.items():
     section[field] = default
-  replaced = _defaults(kind, previous) if declared is not None and previous not in (None, name) else {}
+  replaced = _defaults(kind, previous) if declared and previous not in (None, name) else {}
   others = [item for other in registry.names(kind) for item in _defaults(kind, other).items()]
   kept = {}
   for field, value in given.items():
@@ -277,8 +266,7 @@ def validate(config: Any) -> ml_collections.ConfigDict:
     found = registry.builtin(kind, config[section].name)
     if found and found[2]:
       found[2](config[section])
-  if config.data.eval_global_batch_size is None:
-    config.data.eval_global_batch_size = config.data.global_batch_size
+  config.data.eval_global_batch_size = config.data.eval_global_batch_size or config.data.global_batch_size
   trainer, optimizer = config.trainer, config.optimizer
   for field in ("eval_every", "checkpoint_every"):
     if trainer[field] is not None and trainer.steps_per_loop and trainer[field] % trainer.steps_per_loop:
@@ -337,7 +325,7 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
   scheme, separator, rest = path.rpartition("://")  # 'FILE.py[:ARG]', FILE maybe a URL ('gs://b/run.py:tpu').
   file_path, _, argument = rest.partition(":")
   file_path = f"{scheme}{separator}{file_path}"
-  module = types.ModuleType(MODULE_NAME)
+  module = types.ModuleType("runner_config_file")
   module.__file__ = file_path
   with _failures_named(file_path, ""):
     exec(compile(_source(file_path, path), file_path, "exec"), vars(module))
@@ -355,13 +343,13 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
   if isinstance(overrides, str):
     raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")
   items = list(overrides.items() if hasattr(overrides, "items") else overrides)
-  names = [item for item in items if _path_of(item) in NAME_FIELDS]
+  names = [item for item in items if (item.partition("=")[0] if isinstance(item, str) else item[0]) in NAME_FIELDS]
   previous_names = {section: config[section].name for section in NAMED_SECTIONS}
   config.lock()  # New names first, so that the other overrides may set the new dataset's, model's or task's fields.
   _apply_overrides(config, names)
   config = _complete(config, previous_names)
   config.lock()
-  _apply_overrides(config, [item for item in items if _path_of(item) not in NAME_FIELDS])
+  _apply_overrides(config, [item for item in items if item not in names])
   return validate(config)
 
 
@@ -425,11 +413,6 @@ def _failures_named(file_path: str, during: str) -> Iterator[None]:
       ) from e
     message = e.msg if isinstance(e, SyntaxError) else str(e) or "(no message)"
     raise ConfigError(f"Config file {file_path!r}{where}{during}: {type(e).__name__}: {message}") from e
-
-
-def _path_of(item: str | tuple[str, Any]) -> str:
-  """Returns the field path of an override, a 'path=value' string or a (path, value) pair."""
-  return item.partition("=")[0] if isinstance(item, str) else item[0]
 
 
 def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tuple[str, Any]]) -> None:
