@@ -181,18 +181,12 @@ def own_fields(kind: str, name: str) -> dict[str, Any] | None:
   """Returns {field: default} of the own config fields of `name`, or None for a function that declares none.
 
   A built-in's fields; for an import path, the fields its function declares
-  with `config_fields` (importing its module). Each call returns new
-  placeholders: a ConfigDict that holds one writes through it, so configs must
-  not share them.
+  with `config_fields` (importing its module). An optional field's default is
+  a placeholder: a ConfigDict must hold a new one of its type, not this one
+  (a ConfigDict writes through the reference it holds).
 
   Raises:
     ConfigError: as `resolve`.
   """
   found = builtin(kind, name)
-  fields = found[1] if found else getattr(resolve(kind, name), _ATTRIBUTE, None)
-  if fields is None:
-    return None
-  return {
-      f: config_dict.placeholder(d.get_type()) if isinstance(d, config_dict.FieldReference) else d
-      for f, d in fields.items()
-  }
+  return found[1] if found else getattr(resolve(kind, name), _ATTRIBUTE, None)

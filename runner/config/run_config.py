@@ -181,8 +181,10 @@ def _with_own_fields(
         f"The {kind} {name!r} declares the field(s) {', '.join(common)}, which {where} has for every {kind}; "
         f"give its own fields other names."
     )
-  for field, default in fields.items():
-    section[field] = default
+  for field, default in fields.items():  # A new placeholder for each config: a ConfigDict writes through it.
+    section[field] = (
+        config_dict.placeholder(default.get_type()) if isinstance(default, config_dict.FieldReference) else default
+    )
   replaced = _defaults(kind, previous) if declared and previous not in (None, name) else {}
   others = [item for other in registry.names(kind) for item in _defaults(kind, other).items()]
   kept = {}
