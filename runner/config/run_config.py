@@ -79,18 +79,18 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "weight_decay": (0.0, _must(lambda value: value >= 0, ">= 0")),
         "clipnorm": (float, _must(lambda value: value is None or value > 0, "> 0 or None")),
     },
-    "trainer": {
+    "trainer": {  # The Trainer's options of the same names (runner.training.options), and the run's steps.
         "train_steps": (1000, _POSITIVE),  # The global step to train to.
-        "steps_per_loop": (int, _OPTIONAL),  # None: auto, see runner.training.steps_per_loop.
-        "eval_every": (int, _OPTIONAL),  # A multiple of steps_per_loop; None: at the end.
+        "steps_per_loop": (int, _OPTIONAL),  # Steps per tf.function call; None: auto (runner.training.steps_per_loop).
+        "eval_every": (int, _OPTIONAL),  # Evaluate every this many steps (a multiple of steps_per_loop), or at the end.
         "eval_steps": (int, _OPTIONAL),  # Batches per evaluation; None: the whole eval split.
-        "checkpoint_every": (int, _OPTIONAL),  # A multiple of steps_per_loop; None: at the end.
-        "max_to_keep": (3, _POSITIVE),
-        "async_checkpoints": (True, None),  # checkpoint_every's saves written in the background (runner.Trainer).
-        "jit_compile": (False, None),
-        "precision": ("float32", _among(scoped_settings.PRECISIONS)),
-        "seed": (0, None),
-        "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): see runner.outputs.profiling.
+        "checkpoint_every": (int, _OPTIONAL),  # Also checkpoint every this many steps (a multiple of steps_per_loop).
+        "max_to_keep": (3, _POSITIVE),  # Checkpoints kept.
+        "async_checkpoints": (True, None),  # checkpoint_every's saves written in the background.
+        "jit_compile": (False, None),  # Compile each replica's step with XLA.
+        "precision": ("float32", _among(scoped_settings.PRECISIONS)),  # float32, mixed_bfloat16 or mixed_float16.
+        "seed": (0, None),  # Fixes the initial weights.
+        "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): a profiler trace of those steps.
         # Mode continuous_eval ends after this long with no new checkpoint.
         "eval_timeout_seconds": (3600.0, _must(lambda value: 0 < value < math.inf, "a positive number")),
     },
