@@ -13,7 +13,7 @@ if typing.TYPE_CHECKING:  # The type checker sees the public names with their ty
   from runner import data as data
   from runner import interfaces as interfaces
   from runner import tasks as tasks
-  from runner.config.declared_fields import config_fields as config_fields
+  from runner.config.registry import config_fields as config_fields
   from runner.config.run_config import load_config as load_config
   from runner.from_config import run as run
   from runner.from_config import RunResult as RunResult
@@ -32,7 +32,7 @@ _PUBLIC = {
     "TPUCheckResult": "runner.tpu.check",
     "Trainer": "runner.training.trainer",
     "check_tpu": "runner.tpu.check",
-    "config_fields": "runner.config.declared_fields",
+    "config_fields": "runner.config.registry",
     "load_config": "runner.config.run_config",
     "run": "runner.from_config",
     "RunResult": "runner.from_config",

@@ -107,7 +107,6 @@ class Task(abc.ABC):
         outputs cannot (e.g. several for a loss that takes one); the message
         names them and starts otherwise, as it is not about the data.
     """
-    del labels_spec, outputs_spec
     return None
 
 

@@ -15,24 +15,9 @@ from strategies import checks
 from strategies.errors import ConfigError
 
 # Activation names that every Keras 3 accepts: `check_mlp` takes them without importing Keras.
-KERAS_ACTIVATIONS = (
-    "elu",
-    "exponential",
-    "gelu",
-    "hard_sigmoid",
-    "leaky_relu",
-    "linear",
-    "log_softmax",
-    "mish",
-    "relu",
-    "relu6",
-    "selu",
-    "sigmoid",
-    "silu",
-    "softmax",
-    "softplus",
-    "softsign",
-    "tanh",
+KERAS_ACTIVATIONS = frozenset(
+    "elu exponential gelu hard_sigmoid leaky_relu linear log_softmax mish relu relu6 selu sigmoid silu softmax "
+    "softplus softsign tanh".split()
 )
 
 
@@ -43,15 +28,28 @@ def mlp(config: Any) -> Any:
     config: `config.model` with `hidden_units` (a tuple of layer widths),
       `activation`, `dropout` (a rate in [0, 1)) and `num_outputs`.
   """
+  return _layers(config, config.hidden_units, "mlp")
+
+
+def linear(config: Any) -> Any:
+  """A linear model (logistic regression for classification).
+
+  Args:
+    config: `config.model` with `num_outputs`.
+  """
+  return _layers(config, (), "linear")
+
+
+def _layers(config: Any, hidden_units: tuple[int, ...], name: str) -> Any:
   import keras  # noqa: PLC0415
 
   layers = [keras.layers.Flatten()]
-  for units in config.hidden_units:
+  for units in hidden_units:
     layers.append(keras.layers.Dense(units, activation=config.activation))
     if config.dropout:
       layers.append(keras.layers.Dropout(config.dropout))
   layers.append(keras.layers.Dense(config.num_outputs, dtype="float32"))
-  return keras.Sequential(layers, name="mlp")
+  return keras.Sequential(layers, name=name)
 
 
 def check_mlp(config: Any) -> None:
@@ -72,19 +70,6 @@ def check_mlp(config: Any) -> None:
         f"config.model.activation={config.activation!r} is not a Keras activation; "
         "use a name such as 'relu', 'gelu', 'tanh' or 'silu'."
     ) from None
-
-
-def linear(config: Any) -> Any:
-  """A linear model (logistic regression for classification).
-
-  Args:
-    config: `config.model` with `num_outputs`.
-  """
-  import keras  # noqa: PLC0415
-
-  return keras.Sequential(
-      [keras.layers.Flatten(), keras.layers.Dense(config.num_outputs, dtype="float32")], name="linear"
-  )
 
 
 def check_linear(config: Any) -> None:

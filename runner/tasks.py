@@ -90,11 +90,8 @@ class Regression(Task):
     if not (labels_spec.dtype.is_floating or labels_spec.dtype.is_integer):
       raise ConfigError(f"labels are {labels_spec.dtype.name}, but task Regression takes real-valued targets.")
     per_example = outputs_spec.shape[1:]
-    if (
-        labels_spec.shape.is_fully_defined()
-        and per_example.is_fully_defined()
-        and (labels_spec.shape.num_elements() != per_example.num_elements())
-    ):
+    counts = (labels_spec.shape.num_elements(), per_example.num_elements())  # None: not fully defined.
+    if None not in counts and counts[0] != counts[1]:
       raise ConfigError(
           f"labels have shape {tuple(labels_spec.shape.as_list())} per example, but task Regression needs as many "
           f"values as the model's outputs per example, {tuple(per_example.as_list())}."

@@ -1,50 +1,16 @@
 """The optimizer and learning-rate schedule named in `config.optimizer`.
 
-`check` imports no TensorFlow; making the optimizer or schedule imports Keras.
+Its names import no TensorFlow (`runner.config.run_config` checks the config with them); making the optimizer or
+schedule imports Keras.
 """
 
 from typing import Any
 
 import ml_collections
 
-from strategies import checks
-from strategies.errors import ConfigError
-
 # Name -> the class in keras.optimizers (and tf_keras.optimizers).
-OPTIMIZERS = {
-    "sgd": "SGD",
-    "adam": "Adam",
-    "adamw": "AdamW",
-}
+OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 SCHEDULES = ("constant", "cosine", "warmup_cosine")
-
-
-def check(config: ml_collections.ConfigDict, train_steps: int) -> None:
-  """Raises ConfigError for an optimizer config that cannot work.
-
-  Args:
-    config: `config.optimizer`.
-    train_steps: `config.trainer.train_steps`, the length of the schedules.
-  """
-  checks.one_of(config.name, tuple(OPTIMIZERS), "config.optimizer.name")
-  checks.one_of(config.schedule, SCHEDULES, "config.optimizer.schedule")
-  if not config.learning_rate > 0:
-    raise ConfigError(f"config.optimizer.learning_rate must be > 0, got {config.learning_rate!r}.")
-  if config.weight_decay < 0:
-    raise ConfigError(f"config.optimizer.weight_decay must be >= 0, got {config.weight_decay!r}.")
-  if config.clipnorm is not None and not config.clipnorm > 0:
-    raise ConfigError(f"config.optimizer.clipnorm must be > 0 or None, got {config.clipnorm!r}.")
-  if config.schedule == "warmup_cosine":
-    if not 0 < config.warmup_steps < train_steps:
-      raise ConfigError(
-          f"Schedule 'warmup_cosine' needs 0 < config.optimizer.warmup_steps < "
-          f"config.trainer.train_steps={train_steps}, got warmup_steps={config.warmup_steps}."
-      )
-  elif config.warmup_steps:
-    raise ConfigError(
-        f"config.optimizer.warmup_steps={config.warmup_steps} is used only by schedule 'warmup_cosine', "
-        f"not by {config.schedule!r}. Set schedule='warmup_cosine' or warmup_steps=0."
-    )
 
 
 def learning_rate(config: ml_collections.ConfigDict, train_steps: int, keras_module: Any = None) -> Any:
@@ -55,7 +21,7 @@ def learning_rate(config: ml_collections.ConfigDict, train_steps: int, keras_mod
   `warmup_steps`, then decays to 0 at `train_steps`.
 
   Args:
-    config: `config.optimizer`, checked by `check`.
+    config: `config.optimizer`, checked by `runner.config.run_config.validate`.
     train_steps: the total number of training steps.
     keras_module: `keras` (Keras 3, the default) or `tf_keras` (Keras 2).
   """
@@ -80,7 +46,7 @@ def create(config: ml_collections.ConfigDict, train_steps: int, keras_module: An
   cross-replica reduction.
 
   Args:
-    config: `config.optimizer`, checked by `check`.
+    config: `config.optimizer`, checked by `runner.config.run_config.validate`.
     train_steps: the total number of training steps, the length of the schedule.
     keras_module: `keras` (Keras 3, the default) or `tf_keras` (Keras 2): the
       Keras of the model the optimizer trains.

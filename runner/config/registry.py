@@ -1,98 +1,133 @@
-"""Names in the config to functions: built-in names and `package.module:function` paths.
+"""Names in the config to functions, and the config fields those functions declare (`runner.config_fields`).
 
 A config names its model, dataset and task as a built-in name (`'mlp'`,
 `'digits'`, `'classification'`, ...) or as an import path
 `'package.module:function'`. A built-in comes with its own config fields and
 their defaults; an imported function has the fields it declares with
-`runner.config_fields` (`runner.config.declared_fields`), or, declaring none, whatever
-fields its config section has. A model function is called as
-`fn(config.model)` and returns a Keras model; a dataset function as
-`fn(config.data, split)`, split 'train' or 'eval', and returns an unbatched
-`tf.data.Dataset` or a `runner.data.DatasetProvider`; a task function as
-`fn(config.task)` and returns a `runner.Task` (docs/config.md).
+`runner.config_fields`, or, declaring none, whatever fields its config section
+has. A model function is called as `fn(config.model)` and returns a Keras
+model; a dataset function as `fn(config.data, split)`, split 'train' or
+'eval', and returns an unbatched `tf.data.Dataset` or a
+`runner.data.DatasetProvider`; a task function as `fn(config.task)` and
+returns a `runner.Task` (docs/config.md).
+
+Imports no TensorFlow, so a module may declare its fields before it does.
 """
 
 from collections.abc import Callable, Mapping
-import dataclasses
 import importlib
 import inspect
-from typing import Any
+from typing import Any, TypeVar
+
+from ml_collections import config_dict
 
 from runner import models as builtin_models
-from runner.config import declared_fields
 from runner.data import builtin_datasets
 from strategies.checks import did_you_mean
 from strategies.errors import ConfigError
 
-
-@dataclasses.dataclass(frozen=True)
-class Builtin:
-  """A built-in model, dataset or task.
-
-  Attributes:
-    fn: the function, called like an imported one.
-    fields: its own config fields and their defaults.
-    check: `check(section)` raises ConfigError for values that cannot work;
-      it runs before any TensorFlow device work.
-  """
-
-  fn: Callable
-  fields: Mapping[str, Any]
-  check: Callable = lambda section: None
+_ATTRIBUTE = "_tf_runner_config_fields"
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+_TYPES = (bool, int, float, str, tuple)
+_VALID = (
+    "a bool, int, float, str or tuple, or ml_collections.config_dict.placeholder(TYPE) "
+    "(TYPE one of those) for an optional field that is None until set"
+)
 
 
-def _classification(config: Any) -> Any:
-  from runner import tasks  # noqa: PLC0415
+def _task(class_name: str) -> Callable[[Any], Any]:
+  """Returns the function of a built-in task: the class of `runner.tasks` made with the section's own fields."""
 
-  return tasks.Classification(from_logits=config.from_logits)
+  def make(config: Any) -> Any:
+    from runner import tasks  # noqa: PLC0415  (only when a task is made: it imports TensorFlow)
 
+    return getattr(tasks, class_name)(**{field: value for field, value in config.items() if field != "name"})
 
-def _regression(config: Any) -> Any:
-  del config  # Regression has no fields.
-  from runner import tasks  # noqa: PLC0415
-
-  return tasks.Regression()
+  return make
 
 
-_BUILTINS = {
-    "model": {name: Builtin(*entry) for name, entry in builtin_models.BUILTINS.items()},
-    "dataset": {name: Builtin(*entry) for name, entry in builtin_datasets.BUILTINS.items()},
+# Kind -> name -> (function, its own config fields with their defaults, None or its check of a section, which runs
+# before any TensorFlow device work).
+BUILTINS: dict[str, Mapping[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None] | None]]] = {
+    "model": builtin_models.BUILTINS,
+    "dataset": builtin_datasets.BUILTINS,
     "task": {
-        "classification": Builtin(_classification, {"from_logits": True}),
-        "regression": Builtin(_regression, {}),
+        "classification": (_task("Classification"), {"from_logits": True}, None),
+        "regression": (_task("Regression"), {}, None),
     },
 }
+# Kind -> the arguments its function is called with.
+_CALLED_WITH = {"model": ("config.model",), "dataset": ("config.data", "split"), "task": ("config.task",)}
 
 
-def builtins(kind: str) -> dict[str, Builtin]:
-  """Returns {name: Builtin} of `kind` ('model', 'dataset' or 'task')."""
-  return dict(_BUILTINS[kind])
+def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
+  """Returns a decorator that declares a function's own config fields and their defaults.
+
+  Those fields then behave like a built-in's own fields: they are in the
+  completed config with their defaults, overridable, type-checked, and a field
+  the function does not declare is an error with a did-you-mean.
+
+  Args:
+    **fields: field name -> default. A default is a bool, int, float, str or
+      tuple, and fixes the field's type; an optional field that is None by
+      default is `ml_collections.config_dict.placeholder(TYPE)`. 'name' is
+      not a field name (it names the function).
+
+  Returns:
+    A decorator that records the fields in an attribute of the function and
+    returns the function itself, not a wrapper.
+
+  Raises:
+    ConfigError (from the decorator): a field named 'name'; a default that is
+      not one of those values, such as None (whose type the config cannot
+      know), a list or a dict; or an object that cannot hold an attribute,
+      such as a builtin.
+  """
+
+  def declare(fn: _Fn) -> _Fn:
+    where = f"@runner.config_fields on {getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+    if "name" in fields:
+      raise ConfigError(f"{where}: 'name' is the field that names the function; give the field another name.")
+    for field, default in fields.items():
+      if default is None:
+        raise ConfigError(
+            f"{where}: the default of {field!r} is None, whose type the config cannot know; for an optional "
+            f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple)."
+        )
+      ref = isinstance(default, config_dict.FieldReference)
+      if not (default.get() is None and default.get_type() in _TYPES if ref else isinstance(default, _TYPES)):
+        shown = f"{default!r} ({type(default).__name__})"
+        raise ConfigError(f"{where}: the default of {field!r} is {shown}; a default is {_VALID}.")
+    try:
+      setattr(fn, _ATTRIBUTE, dict(fields))
+    except AttributeError:
+      raise ConfigError(
+          f"{where}: a {type(fn).__name__} cannot carry the fields; decorate a Python function (def)."
+      ) from None
+    return fn
+
+  return declare
 
 
 def names(kind: str) -> list[str]:
-  """Returns the built-in names of `kind`, sorted."""
-  return sorted(_BUILTINS[kind])
+  """Returns the built-in names of `kind` ('model', 'dataset' or 'task'), sorted."""
+  return sorted(BUILTINS[kind])
 
 
-def is_import_path(name: str) -> bool:
-  """Returns whether `name` has the form 'package.module:function'."""
-  return ":" in name
-
-
-def builtin(kind: str, name: str) -> Builtin | None:
-  """Returns the built-in `name` of `kind`, or None for an import path.
+def builtin(kind: str, name: str) -> tuple[Callable[..., Any], dict[str, Any], Callable[..., None] | None] | None:
+  """Returns the built-in `name` of `kind` as (function, fields, check), or None for an import path.
 
   Raises:
-    ConfigError: `name` is neither a built-in nor an import path.
+    ConfigError: `name` is neither a built-in nor an import path 'package.module:function'.
   """
-  if is_import_path(name):
+  if ":" in name:
     return None
-  if name not in _BUILTINS[kind]:
+  if name not in BUILTINS[kind]:
     raise ConfigError(
-        f"Unknown {kind} {name!r}.{did_you_mean(name, _BUILTINS[kind])} Built-in {kind}s: "
+        f"Unknown {kind} {name!r}.{did_you_mean(name, BUILTINS[kind])} Built-in {kind}s: "
         f"{', '.join(names(kind))}; or give an import path 'package.module:function'."
     )
-  return _BUILTINS[kind][name]
+  return BUILTINS[kind][name]
 
 
 def resolve(kind: str, name: str) -> Callable[..., Any]:
@@ -109,7 +144,7 @@ def resolve(kind: str, name: str) -> Callable[..., Any]:
   """
   found = builtin(kind, name)
   if found is not None:
-    return found.fn
+    return found[0]
   module_name, _, attribute = name.partition(":")
   if not module_name or not attribute:
     raise ConfigError(f"The {kind} {name!r} is not an import path of the form 'package.module:function'.")
@@ -124,52 +159,34 @@ def resolve(kind: str, name: str) -> Callable[..., Any]:
   if fn is None:
     public = [a for a in dir(module) if not a.startswith("_")]
     raise ConfigError(
-        f"The {kind} {name!r}: module {module_name!r} has no attribute {attribute!r}."
-        f"{did_you_mean(attribute, public)}"
+        f"The {kind} {name!r}: module {module_name!r} has no attribute {attribute!r}.{did_you_mean(attribute, public)}"
     )
   if not callable(fn):
     raise ConfigError(f"The {kind} {name!r} is a {type(fn).__name__}, not a function.")
-  _check_call(kind, name, fn)
-  return fn
-
-
-_CALLED_WITH = {
-    "model": ("config.model",),
-    "dataset": ("config.data", "split"),
-    "task": ("config.task",),
-}
-
-
-def _check_call(kind: str, name: str, fn: Callable[..., Any]) -> None:
-  """Raises ConfigError when `fn` cannot be called as a function of `kind` is (its parameters named).
-
-  A callable whose signature Python cannot tell (some builtins) is not checked.
-  """
-  try:
-    signature = inspect.signature(fn)
-  except (TypeError, ValueError):
-    return
   arguments = _CALLED_WITH[kind]
   try:
-    signature.bind(*arguments)
+    inspect.signature(fn).bind(*arguments)
+  except ValueError:  # A callable whose signature Python cannot tell (some builtins) is not checked.
+    pass
   except TypeError as e:
     split = " with split 'train' or 'eval'" if "split" in arguments else ""
     raise ConfigError(
-        f"The {kind} {name!r} has the parameters {signature}, but it is called as "
+        f"The {kind} {name!r} has the parameters {inspect.signature(fn)}, but it is called as "
         f"{getattr(fn, '__name__', 'fn')}({', '.join(arguments)}){split} ({e}); give it those parameters."
     ) from None
+  return fn
 
 
-def own_fields(kind: str, name: str) -> Mapping[str, Any] | None:
+def own_fields(kind: str, name: str) -> dict[str, Any] | None:
   """Returns {field: default} of the own config fields of `name`, or None for a function that declares none.
 
   A built-in's fields; for an import path, the fields its function declares
-  with `runner.config_fields` (importing its module).
+  with `config_fields` (importing its module). An optional field's default is
+  a placeholder: a ConfigDict must hold a new one of its type, not this one
+  (a ConfigDict writes through the reference it holds).
 
   Raises:
     ConfigError: as `resolve`.
   """
   found = builtin(kind, name)
-  if found is not None:
-    return dict(found.fields)
-  return declared_fields.declared(resolve(kind, name))
+  return found[1] if found else getattr(resolve(kind, name), _ATTRIBUTE, None)

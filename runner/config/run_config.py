@@ -1,17 +1,20 @@
 """The run config: its schema, loading it from a file with overrides, and checking it.
 
-`default_config()` is the schema: every field with its default. `load_config`
-loads a config file the way the CLI does (`FILE.py[:ARG]` plus
+`SCHEMA` (with `default_config()`) is the schema: every field with its
+default and its check. `load_config` loads a config file the way the CLI does
+(`FILE.py[:ARG]`, FILE local or a URL of a TensorFlow filesystem, plus
 `section.field=value` overrides, parsed by ml-collections `config_flags`) and
 `validate` completes and checks a config, before any TensorFlow device work.
 Every bad input raises ConfigError, naming what was wrong and what is valid.
 """
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 import contextlib
-import importlib.util
+import math
 import os
+import reprlib
 import traceback
+import types
 from typing import Any
 
 from absl import flags
@@ -20,11 +23,11 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from runner import sharding_policies
-from runner.config import config_file
 from runner.config import optimizers
 from runner.config import registry
 from runner.outputs import profiling
 from runner.training import scoped_settings
+from runner.workdir import remote
 from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
@@ -33,50 +36,72 @@ MODES = ("train", "eval", "train_and_eval", "export", "continuous_eval")
 # The sections that name a model, dataset or task; besides their common fields
 # they hold that model's, dataset's or task's own fields.
 NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
+NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
 NONE_VALUES = ("None", "none", "null")
+_TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
+
+
+def _must(holds: Callable[[Any], bool], valid: str) -> Callable[[Any, str], None]:
+  """Returns a check that raises ConfigError '{what} must be {valid}, got {value!r}.' where `holds(value)` is false."""
+
+  def check(value: Any, what: str) -> None:
+    if not holds(value):
+      raise ConfigError(f"{what} must be {valid}, got {value!r}.")
+
+  return check
+
+
+def _among(valid: tuple[str, ...]) -> Callable[[Any, str], Any]:
+  """Returns a check that raises ConfigError (naming the valid values and the closest) for a value not in `valid`."""
+  return lambda value, what: checks.one_of(value, valid, what)
+
+
+_POSITIVE = _must(lambda value: value > 0, "a positive int")
+_OPTIONAL = _must(lambda value: value is None or value > 0, "a positive int")
+
+# Section -> field -> (default, check). A type as the default: the field is None until set, of that type. A check,
+# `check(value, 'config.SECTION.FIELD')`, raises ConfigError; the type is checked for every field. A field's meaning
+# is its row in docs/config.md (a test keeps every field documented).
+SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
+    "data": {
+        "name": ("synthetic", None),  # A built-in or 'module:function' (registry).
+        "global_batch_size": (64, _POSITIVE),
+        "eval_global_batch_size": (int, _OPTIONAL),  # None: global_batch_size.
+        "sharding": ("auto", _among(sharding_policies.SHARDING)),
+    },
+    "model": {"name": ("mlp", None)},
+    "task": {"name": ("classification", None)},
+    "optimizer": {
+        "name": ("adam", _among(tuple(optimizers.OPTIMIZERS))),
+        "learning_rate": (1e-3, _must(lambda value: value > 0, "> 0")),
+        "schedule": ("constant", _among(optimizers.SCHEDULES)),
+        "warmup_steps": (0, None),  # Checked against the schedule and train_steps in `validate`.
+        "weight_decay": (0.0, _must(lambda value: value >= 0, ">= 0")),
+        "clipnorm": (float, _must(lambda value: value is None or value > 0, "> 0 or None")),
+    },
+    "trainer": {  # The Trainer's options of the same names (runner.training.options), and the run's steps.
+        "train_steps": (1000, _POSITIVE),  # The global step to train to.
+        "steps_per_loop": (int, _OPTIONAL),  # Steps per tf.function call; None: auto (runner.training.steps_per_loop).
+        "eval_every": (int, _OPTIONAL),  # Evaluate every this many steps (a multiple of steps_per_loop), or at the end.
+        "eval_steps": (int, _OPTIONAL),  # Batches per evaluation; None: the whole eval split.
+        "checkpoint_every": (int, _OPTIONAL),  # Also checkpoint every this many steps (a multiple of steps_per_loop).
+        "max_to_keep": (3, _POSITIVE),  # Checkpoints kept.
+        "async_checkpoints": (True, None),  # checkpoint_every's saves written in the background.
+        "jit_compile": (False, None),  # Compile each replica's step with XLA.
+        "precision": ("float32", _among(scoped_settings.PRECISIONS)),  # float32, mixed_bfloat16 or mixed_float16.
+        "seed": (0, None),  # Fixes the initial weights.
+        "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): a profiler trace of those steps.
+        # Mode continuous_eval ends after this long with no new checkpoint.
+        "eval_timeout_seconds": (3600.0, _must(lambda value: 0 < value < math.inf, "a positive number")),
+    },
+}
 
 
 def _common_config() -> ml_collections.ConfigDict:
   """Returns the schema without the own fields of the named dataset, model and task."""
-  config = ml_collections.ConfigDict()
-  config.mode = "train_and_eval"
-  config.strategy = strategy_schema.default_config()
-  config.data = ml_collections.ConfigDict(
-      {
-          "name": "synthetic",
-          "global_batch_size": 64,
-          "eval_global_batch_size": config_dict.placeholder(int),
-          "sharding": "auto",
-      }
-  )
-  config.model = ml_collections.ConfigDict({"name": "mlp"})
-  config.task = ml_collections.ConfigDict({"name": "classification"})
-  config.optimizer = ml_collections.ConfigDict(
-      {
-          "name": "adam",
-          "learning_rate": 1e-3,
-          "schedule": "constant",
-          "warmup_steps": 0,
-          "weight_decay": 0.0,
-          "clipnorm": config_dict.placeholder(float),
-      }
-  )
-  config.trainer = ml_collections.ConfigDict(
-      {
-          "train_steps": 1000,
-          "steps_per_loop": config_dict.placeholder(int),  # None: auto, see runner.training.steps_per_loop.
-          "eval_every": config_dict.placeholder(int),
-          "eval_steps": config_dict.placeholder(int),
-          "checkpoint_every": config_dict.placeholder(int),
-          "max_to_keep": 3,
-          "async_checkpoints": True,  # checkpoint_every's saves written in the background (runner.Trainer).
-          "jit_compile": False,
-          "precision": "float32",
-          "seed": 0,
-          "profile_steps": config_dict.placeholder(tuple),  # None, or (first, last): see runner.outputs.profiling.
-          "eval_timeout_seconds": 3600.0,  # Mode continuous_eval ends after this long with no new checkpoint.
-      }
-  )
+  config = ml_collections.ConfigDict({"mode": "train_and_eval", "strategy": strategy_schema.default_config()})
+  for section, fields in SCHEMA.items():
+    config[section] = {f: config_dict.placeholder(d) if isinstance(d, type) else d for f, (d, _) in fields.items()}
   return config
 
 
@@ -112,21 +137,21 @@ def _complete(config: Any, previous_names: Mapping[str, str] | None = None) -> m
       unknown built-in name, an import path that does not resolve, or a value
       of the wrong type.
   """
-  if not hasattr(config, "items"):
-    raise ConfigError(f"A config must be a ConfigDict, got {type(config).__name__}.")
   result = _common_config()
-  _merge(result, {k: v for k, v in config.items() if k not in NAMED_SECTIONS}, "config")
+  _merge(result, {k: v for k, v in _section(config, "A config").items() if k not in NAMED_SECTIONS}, "config")
   for section, kind in NAMED_SECTIONS.items():
-    given = config[section] if section in config else {}
-    if not hasattr(given, "items"):
-      raise ConfigError(f"config.{section} must be a section (a ConfigDict), got {given!r}.")
+    given = _section(config[section] if section in config else {}, f"config.{section}")
     previous = (previous_names or {}).get(section)
-    _merge(
-        result[section],
-        _with_own_fields(result[section], given, f"config.{section}", kind, previous),
-        f"config.{section}",
-    )
+    own = _with_own_fields(result[section], given, f"config.{section}", kind, previous)
+    _merge(result[section], own, f"config.{section}")
   return result
+
+
+def _section(value: Any, where: str) -> Any:
+  """Returns `value` if it is a section (a ConfigDict or a mapping); raises ConfigError otherwise."""
+  if not hasattr(value, "items"):
+    raise ConfigError(f"{where} must be a section (a ConfigDict), got {value!r}.")
+  return value
 
 
 def _with_own_fields(
@@ -146,32 +171,31 @@ def _with_own_fields(
   if not isinstance(name, str) or not name:
     raise ConfigError(f"{where}.name must be a non-empty string, got {name!r}.")
   fields = registry.own_fields(kind, name)
-  if fields is None:
-    for field in given:
-      if field not in section:
-        section[field] = _typed(given, field)
-    return dict(given.items())
+  declared = fields is not None
+  if fields is None:  # Declaring none, it has the fields given (a None of a known type typed, for the overrides).
+    typed = hasattr(given, "get_type")
+    fields = {f: config_dict.placeholder(given.get_type(f)) if typed else given[f] for f in given if f not in section}
   common = sorted(set(fields) & set(section))
   if common:
     raise ConfigError(
         f"The {kind} {name!r} declares the field(s) {', '.join(common)}, which {where} has for every {kind}; "
         f"give its own fields other names."
     )
-  for field, default in fields.items():
-    section[field] = default
-  replaced = _defaults(kind, previous) if previous not in (None, name) else {}
-  others: dict[str, list[str]] = {}
-  for other in registry.names(kind):
-    for field, default in _defaults(kind, other).items():
-      others.setdefault(field, []).append(default)
+  for field, default in fields.items():  # A new placeholder for each config: a ConfigDict writes through it.
+    section[field] = (
+        config_dict.placeholder(default.get_type()) if isinstance(default, config_dict.FieldReference) else default
+    )
+  replaced = _defaults(kind, previous) if declared and previous not in (None, name) else {}
+  others = [item for other in registry.names(kind) for item in _defaults(kind, other).items()]
   kept = {}
   for field, value in given.items():
-    if field in replaced and value == replaced[field]:
+    if (field, value) in replaced.items():
       continue
     if field in section:
       kept[field] = value
-    elif value not in others.get(field, ()):
-      hint = f" (a field of another {kind}, set to {value!r})" if field in others or field in replaced else ""
+    elif (field, value) not in others:
+      known = field in replaced or any(field == other for other, _ in others)
+      hint = f" (a field of another {kind}, set to {value!r})" if known else ""
       raise ConfigError(
           f"{where}.{field} is not a field of {kind} {name!r}{hint}.{checks.did_you_mean(field, section)} "
           f"Fields of {where} for {kind} {name!r}: {', '.join(section)}."
@@ -179,72 +203,44 @@ def _with_own_fields(
   return kept
 
 
-def _defaults(kind: str, name: str) -> Mapping[str, Any]:
+def _defaults(kind: str, name: str) -> dict[str, Any]:
   """Returns {field: default value} of the own fields of `name` ({} for a function that declares none)."""
   fields = registry.own_fields(kind, name) or {}
-  return {
-      field: default.get() if isinstance(default, config_dict.FieldReference) else default
-      for field, default in fields.items()
-  }
-
-
-def _typed(given: Any, field: str) -> Any:
-  """Returns `given[field]`, or a typed placeholder for a None with a known type."""
-  value = given[field]
-  if value is None and hasattr(given, "get_type") and given.get_type(field) is not type(None):
-    return config_dict.placeholder(given.get_type(field))
-  return value
+  return {f: d.get() if isinstance(d, config_dict.FieldReference) else d for f, d in fields.items()}
 
 
 def _merge(schema: ml_collections.ConfigDict, given: Any, where: str) -> None:
-  """Writes the fields of `given` into `schema` (a ConfigDict), checking names and types."""
-  for field in given:
-    if field not in schema:
-      raise ConfigError(
-          f"{where} has no field {field!r}.{checks.did_you_mean(field, schema)} "
-          f"Fields of {where}: {', '.join(schema)}."
-      )
-    default = schema[field]
-    if isinstance(default, ml_collections.ConfigDict):
-      if not hasattr(given[field], "items"):
-        raise ConfigError(f"{where}.{field} must be a section (a ConfigDict), got {given[field]!r}.")
-      _merge(default, given[field], f"{where}.{field}")
-    else:
-      schema[field] = _checked_value(given[field], default, schema.get_type(field), f"{where}.{field}")
+  """Writes the fields of `given` into `schema` (a ConfigDict), checking names and types.
 
-
-_TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
-
-
-def _type_name(field_type: type) -> str:
-  return _TYPE_NAMES.get(field_type, f"a {field_type.__name__}")
-
-
-def _checked_value(value: Any, default: Any, field_type: type, where: str) -> Any:
-  """Returns `value` converted to the schema field's type.
-
-  Raises:
-    ConfigError: `value` does not fit the type, or is None for a required field.
+  A value is converted to its field's type (an int to a float, a list to a
+  tuple); a bool is no number, and None fits only a field that is None by
+  default.
   """
-  if value is None:
-    if default is None:
-      return None
-    raise ConfigError(f"{where} must be {_type_name(field_type)}, got None.")
-  if field_type is type(None):
-    return value
-  fits = {
-      bool: lambda v: isinstance(v, bool),
-      int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-      float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-      tuple: lambda v: isinstance(v, (tuple, list)),
-  }.get(field_type, lambda v: isinstance(v, field_type))
-  if not fits(value):
-    raise ConfigError(f"{where} must be {_type_name(field_type)}, got {value!r} ({type(value).__name__}).")
-  if field_type is float:
-    return float(value)
-  if field_type is tuple:
-    return tuple(value)
-  return value
+  for field in given:
+    value, here = given[field], f"{where}.{field}"
+    if field not in schema:
+      raise ConfigError(_no_field(where, field, schema))
+    if isinstance(schema[field], ml_collections.ConfigDict):
+      _merge(schema[field], _section(value, here), here)
+      continue
+    field_type = schema.get_type(field)
+    try:
+      if (value is None and schema[field] is not None) or (isinstance(value, bool) and field_type in (int, float)):
+        raise TypeError(value)
+      schema[field] = value
+    except TypeError:
+      shown = "None" if value is None else f"{value!r} ({type(value).__name__})"
+      raise _wrong_type(here, field_type, shown) from None
+
+
+def _no_field(where: str, field: str, section: Any) -> str:
+  return (
+      f"{where} has no field {field!r}.{checks.did_you_mean(field, section)} Fields of {where}: {', '.join(section)}."
+  )
+
+
+def _wrong_type(where: str, field_type: type, shown: str) -> ConfigError:
+  return ConfigError(f"{where} must be {_TYPE_NAMES.get(field_type, f'a {field_type.__name__}')}, got {shown}.")
 
 
 def validate(config: Any) -> ml_collections.ConfigDict:
@@ -264,22 +260,17 @@ def validate(config: Any) -> ml_collections.ConfigDict:
   config = _complete(config)
   checks.one_of(config.mode, MODES, "config.mode")
   strategy_schema.resolve(config.strategy)
-  checks.positive_int(config.data.global_batch_size, "config.data.global_batch_size")
-  if config.data.eval_global_batch_size is None:
-    config.data.eval_global_batch_size = config.data.global_batch_size
-  checks.positive_int(config.data.eval_global_batch_size, "config.data.eval_global_batch_size")
-  checks.one_of(config.data.sharding, sharding_policies.SHARDING, "config.data.sharding")
-  for section, kind in NAMED_SECTIONS.items():
-    registry.resolve(kind, config[section].name)
+  for section, fields in SCHEMA.items():
+    for field, (_, check) in fields.items():
+      if check is not None:
+        check(config[section][field], f"config.{section}.{field}")
+  for section, kind in NAMED_SECTIONS.items():  # `_complete` resolved the names; a built-in's own fields are checked.
     found = registry.builtin(kind, config[section].name)
-    if found is not None:
-      found.check(config[section])
-  trainer = config.trainer
-  for field in ("train_steps", "max_to_keep"):
-    checks.positive_int(trainer[field], f"config.trainer.{field}")
-  checks.positive_int(trainer.steps_per_loop, "config.trainer.steps_per_loop", optional=True)
+    if found and found[2]:
+      found[2](config[section])
+  config.data.eval_global_batch_size = config.data.eval_global_batch_size or config.data.global_batch_size
+  trainer, optimizer = config.trainer, config.optimizer
   for field in ("eval_every", "checkpoint_every"):
-    checks.positive_int(trainer[field], f"config.trainer.{field}", optional=True)
     if trainer[field] is not None and trainer.steps_per_loop and trainer[field] % trainer.steps_per_loop:
       multiple = max(1, round(trainer[field] / trainer.steps_per_loop)) * trainer.steps_per_loop
       raise ConfigError(
@@ -287,17 +278,21 @@ def validate(config: Any) -> ml_collections.ConfigDict:
           f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
           f"steps_per_loop steps. Use a multiple such as {multiple}."
       )
-  checks.positive_int(trainer.eval_steps, "config.trainer.eval_steps", optional=True)
-  checks.boolean(trainer.async_checkpoints, "config.trainer.async_checkpoints")
-  checks.positive_number(trainer.eval_timeout_seconds, "config.trainer.eval_timeout_seconds")
-  profile_steps = profiling.check_steps(trainer.profile_steps, "config.trainer.profile_steps")
-  if profile_steps is not None and profile_steps[1] > trainer.train_steps:
+  if trainer.profile_steps is not None and trainer.profile_steps[1] > trainer.train_steps:
     raise ConfigError(
-        f"config.trainer.profile_steps={profile_steps} goes past config.trainer.train_steps={trainer.train_steps}; "
-        "choose steps the run trains."
+        f"config.trainer.profile_steps={trainer.profile_steps} goes past config.trainer.train_steps="
+        f"{trainer.train_steps}; choose steps the run trains."
     )
-  checks.one_of(trainer.precision, scoped_settings.PRECISIONS, "config.trainer.precision")
-  optimizers.check(config.optimizer, trainer.train_steps)
+  if optimizer.schedule == "warmup_cosine" and not 0 < optimizer.warmup_steps < trainer.train_steps:
+    raise ConfigError(
+        f"Schedule 'warmup_cosine' needs 0 < config.optimizer.warmup_steps < "
+        f"config.trainer.train_steps={trainer.train_steps}, got warmup_steps={optimizer.warmup_steps}."
+    )
+  if optimizer.schedule != "warmup_cosine" and optimizer.warmup_steps:
+    raise ConfigError(
+        f"config.optimizer.warmup_steps={optimizer.warmup_steps} is used only by schedule 'warmup_cosine', "
+        f"not by {optimizer.schedule!r}. Set schedule='warmup_cosine' or warmup_steps=0."
+    )
   config.lock()
   return config
 
@@ -310,8 +305,10 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
   Args:
     path: 'FILE.py' or 'FILE.py:ARG'; the file's `get_config()` (or
       `get_config(ARG)`) returns a ConfigDict with any part of the schema.
-      FILE may be a URL of a TensorFlow filesystem (`gs://...`), read
-      through `tf.io.gfile` (`runner.config.config_file`).
+      FILE may be a URL of a TensorFlow filesystem (`gs://...`), read through
+      `tf.io.gfile` (TensorFlow is imported only then) and run as a module
+      whose `__file__` is the URL; imports of modules beside it resolve
+      against `sys.path`.
     overrides: strings 'section.field=value' (as after `--config.` on the
       command line; a bool field alone means True, 'None' sets an optional
       field to None), or a mapping {'section.field': value}.
@@ -327,12 +324,13 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
       field (with a did-you-mean), a value of the wrong type, or any check of
       `validate`.
   """
-  file_path, argument = config_file.split(path)
-  spec = config_file.module_spec(file_path, path)
-  assert spec.loader is not None  # `module_spec` returns only a spec with a loader.
-  module = importlib.util.module_from_spec(spec)
+  scheme, separator, rest = path.rpartition("://")  # 'FILE.py[:ARG]', FILE maybe a URL ('gs://b/run.py:tpu').
+  file_path, _, argument = rest.partition(":")
+  file_path = f"{scheme}{separator}{file_path}"
+  module = types.ModuleType("runner_config_file")
+  module.__file__ = file_path
   with _failures_named(file_path, ""):
-    spec.loader.exec_module(module)
+    exec(compile(_source(file_path, path), file_path, "exec"), vars(module))
   if not callable(getattr(module, "get_config", None)):
     raise ConfigError(f"Config file {file_path!r} has no function get_config().")
   call = f"get_config({argument!r})" if argument else "get_config()"
@@ -340,22 +338,49 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
     config = module.get_config(argument) if argument else module.get_config()
   if not hasattr(config, "items"):
     raise ConfigError(
-        f"Config file {file_path!r}: {call} returned {_short_repr(config)} ({type(config).__name__}); "
+        f"Config file {file_path!r}: {call} returned {reprlib.repr(config)} ({type(config).__name__}); "
         "it must return an ml_collections.ConfigDict."
     )
   config = _complete(config)
   if isinstance(overrides, str):
     raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")
   items = list(overrides.items() if hasattr(overrides, "items") else overrides)
-  names = [item for item in items if _path_of(item) in NAME_FIELDS]
-  if names:  # New names first, so that the other overrides may set the new dataset's, model's or task's fields.
-    previous_names = {section: config[section].name for section in NAMED_SECTIONS}
-    config.lock()
-    _apply_overrides(config, names)
-    config = _complete(config, previous_names)
+  names = [item for item in items if (item.partition("=")[0] if isinstance(item, str) else item[0]) in NAME_FIELDS]
+  previous_names = {section: config[section].name for section in NAMED_SECTIONS}
+  config.lock()  # New names first, so that the other overrides may set the new dataset's, model's or task's fields.
+  _apply_overrides(config, names)
+  config = _complete(config, previous_names)
   config.lock()
-  _apply_overrides(config, [item for item in items if _path_of(item) not in NAME_FIELDS])
+  _apply_overrides(config, [item for item in items if item not in names])
   return validate(config)
+
+
+def _source(file_path: str, path: str) -> bytes:
+  """Returns the bytes of the config file at `file_path` (`path`: what the user gave, for messages).
+
+  Raises:
+    ConfigError: the file does not exist, cannot be read (a remote
+      filesystem's error named), or is not a Python file.
+  """
+  if remote.is_remote(file_path):
+    import tensorflow as tf  # noqa: PLC0415  (only for a remote config: a local one loads without TensorFlow)
+
+    try:
+      exists = tf.io.gfile.exists(file_path) and not tf.io.gfile.isdir(file_path)
+    except tf.errors.OpError as e:
+      raise ConfigError(
+          f"Config file {file_path!r} cannot be read (from {path!r}): {type(e).__name__}: "
+          f"{(e.message or str(e)).strip().splitlines()[0]}"
+      ) from e
+    opener = tf.io.gfile.GFile
+  else:
+    exists, opener = os.path.isfile(file_path), open
+  if not exists:
+    raise ConfigError(f"Config file {file_path!r} does not exist (from {path!r}).")
+  if not file_path.endswith(".py"):
+    raise ConfigError(f"Config file {file_path!r} is not a Python file; give FILE.py (from {path!r}).")
+  with opener(file_path, "rb") as f:
+    return f.read()
 
 
 @contextlib.contextmanager
@@ -377,121 +402,71 @@ def _failures_named(file_path: str, during: str) -> Iterator[None]:
     yield
   except ConfigError:
     raise
-  except SystemExit as e:  # sys.exit() or exit() in the file: it would end the run with no word of why.
-    raise ConfigError(
-        f"Config file {file_path!r}{_where(e, file_path)}{during}: the config file tried to end the process with "
-        f"{e!r}; a config file must return its config (raise an exception to report a problem)."
-    ) from e
-  except Exception as e:
-    raise ConfigError(
-        f"Config file {file_path!r}{_where(e, file_path)}{during}: {type(e).__name__}: {_described(e)}"
-    ) from e
-
-
-def _where(error: BaseException, file_path: str) -> str:
-  """Returns ', line N' (', in FILE, line N' for another file's SyntaxError) for the error's place, or ''."""
-  if isinstance(error, SyntaxError) and error.filename and error.lineno:
-    if os.path.abspath(error.filename) == os.path.abspath(file_path):
-      return f", line {error.lineno}"
-    return f", in {error.filename!r}, line {error.lineno}"
-  lines = [
-      frame.lineno
-      for frame in traceback.extract_tb(error.__traceback__)
-      if os.path.abspath(frame.filename) == os.path.abspath(file_path)
-  ]
-  return f", line {lines[-1]}" if lines else ""
-
-
-def _described(error: BaseException) -> str:
-  """Returns the error's message; a SyntaxError's without its place (`_where` gives that)."""
-  if isinstance(error, SyntaxError):
-    return error.msg
-  return str(error) or "(no message)"
-
-
-def _short_repr(value: Any, limit: int = 80) -> str:
-  text = repr(value)
-  return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-NAME_FIELDS = tuple(f"{section}.name" for section in NAMED_SECTIONS)
-
-
-def _path_of(item: str | tuple[str, Any]) -> str:
-  """Returns the field path of an override, a 'path=value' string or a (path, value) pair."""
-  return item.partition("=")[0] if isinstance(item, str) else item[0]
+  except (SystemExit, Exception) as e:  # sys.exit() or exit() in the file would end the run with no word of why.
+    other = ""
+    lines = [frame.lineno for frame in traceback.extract_tb(e.__traceback__) if frame.filename == file_path]
+    if isinstance(e, SyntaxError) and e.filename and e.lineno:  # The file's (compiled as `file_path`) or another's.
+      lines, other = [e.lineno], "" if e.filename == file_path else f", in {e.filename!r}"
+    where = f"{other}, line {lines[-1]}" if lines else ""
+    if isinstance(e, SystemExit):
+      raise ConfigError(
+          f"Config file {file_path!r}{where}{during}: the config file tried to end the process with {e!r}; a config "
+          "file must return its config (raise an exception to report a problem)."
+      ) from e
+    message = e.msg if isinstance(e, SyntaxError) else str(e) or "(no message)"
+    raise ConfigError(f"Config file {file_path!r}{where}{during}: {type(e).__name__}: {message}") from e
 
 
 def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tuple[str, Any]]) -> None:
-  """Sets overrides, 'path=value' strings or (path, value) pairs, on the locked `config`."""
-  pairs = [item for item in items if not isinstance(item, str)]
-  for field_path, value in pairs:
-    _set(config, field_path, value, f"{field_path}={value!r}")
-  _parse_overrides(config, [item for item in items if isinstance(item, str)])
+  """Sets overrides, 'path=value' strings or (path, value) pairs, on the locked `config`.
 
-
-def _parse_overrides(config: ml_collections.ConfigDict, overrides: Iterable[str]) -> None:
-  """Sets 'section.field=value' strings on `config` with config_flags' parsers.
-
-  The strings for one field are parsed together, so a tuple field may be
-  given once per element, as on the command line.
+  A pair's value and a string's 'None' are set as they are; the other strings
+  are parsed by config_flags' parsers, those of one field together, so a
+  tuple field may be given once per element, as on the command line.
   """
-  by_field: dict[str, list[str]] = {}
-  for override in overrides:
-    field_path, equals, value = override.partition("=")
+  by_field: dict[str, tuple[ml_collections.ConfigDict, str, list[str]]] = {}
+  for item in items:
+    field_path, equals, value = item.partition("=") if isinstance(item, str) else (item[0], "=", item[1])
+    override = item if isinstance(item, str) else f"{field_path}={value!r}"
     holder, field = _field(config, field_path, override)
     if not equals and holder.get_type(field) is not bool:
       raise ConfigError(f"Override {override!r} has no value; write {field_path}=VALUE.")
-    if value in NONE_VALUES:
-      _set(config, field_path, None, override)
-      by_field.pop(field_path, None)
-    else:
-      by_field.setdefault(field_path, []).append(override)
-  for field_path, given in by_field.items():
+    if isinstance(item, str) and value not in NONE_VALUES:
+      by_field.setdefault(field_path, (holder, field, []))[2].append(item)
+      continue
+    by_field.pop(field_path, None)
+    value = None if isinstance(item, str) else value
+    try:
+      holder[field] = value
+    except TypeError:
+      raise _wrong_type(f"Override {override!r}: config.{field_path}", holder.get_type(field), repr(value)) from None
+  for field_path, (holder, field, given) in by_field.items():
     argv = ["runner"] + [f"--config.{override}" for override in given]
     flag_values = flags.FlagValues()
     try:
       config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, sys_argv=argv)
       flag_values(argv)
     except (flags.Error, TypeError, ValueError):
-      holder, field = _field(config, field_path, given[-1])
-      raise ConfigError(
-          f"Override {given[-1]!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, "
-          f"got {given[-1].partition('=')[2]!r}."
-      ) from None
+      shown = repr(given[-1].partition("=")[2])
+      raise _wrong_type(f"Override {given[-1]!r}: config.{field_path}", holder.get_type(field), shown) from None
 
 
-def _field(config: ml_collections.ConfigDict, field_path: str, override: Any) -> tuple[ml_collections.ConfigDict, str]:
+def _field(config: ml_collections.ConfigDict, field_path: str, override: str) -> tuple[ml_collections.ConfigDict, str]:
   """Returns (the ConfigDict that holds the field `field_path`, the field's name).
 
   Raises:
     ConfigError: a part of the path is not a field (the message suggests the
       closest one and lists the valid ones), or the path ends at a section.
   """
-  holder, where = config, "config"
   parts = field_path.split(".")
+  holder, where = config, "config"
   for i, part in enumerate(parts):
     if part not in holder:
-      raise ConfigError(
-          f"Override {override!r}: {where} has no field {part!r}.{checks.did_you_mean(part, holder)} "
-          f"Fields of {where}: {', '.join(holder)}."
-      )
-    is_section = isinstance(holder[part], ml_collections.ConfigDict)
-    if i < len(parts) - 1 and not is_section:
-      raise ConfigError(f"Override {override!r}: {where}.{part} is a value, not a section.")
-    if i == len(parts) - 1 and is_section:
-      raise ConfigError(f"Override {override!r}: {where}.{part} is a section; override its fields one by one.")
-    if i < len(parts) - 1:
+      raise ConfigError(f"Override {override!r}: {_no_field(where, part, holder)}")
+    last = i == len(parts) - 1
+    if isinstance(holder[part], ml_collections.ConfigDict) == last:
+      what = "a section; override its fields one by one" if last else "a value, not a section"
+      raise ConfigError(f"Override {override!r}: {where}.{part} is {what}.")
+    if not last:
       holder, where = holder[part], f"{where}.{part}"
   return holder, parts[-1]
-
-
-def _set(config: ml_collections.ConfigDict, field_path: str, value: Any, override: Any) -> None:
-  """Sets one field of `config` to a Python value, checking its type."""
-  holder, field = _field(config, field_path, override)
-  try:
-    holder[field] = value
-  except TypeError:
-    raise ConfigError(
-        f"Override {override!r}: config.{field_path} must be {_type_name(holder.get_type(field))}, got {value!r}."
-    ) from None
