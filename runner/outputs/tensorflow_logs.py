@@ -19,6 +19,7 @@ import re
 import sys
 import tempfile
 import types
+from typing import Any
 
 from absl import logging as absl_logging
 
@@ -80,11 +81,16 @@ def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object], mini
   absl_logging.get_absl_handler().addFilter(without_tensorflow_info)  # TensorFlow code that logs through absl.
 
 
-class _QuietFirstImport(importlib.abc.MetaPathFinder):
-  """A finder on `sys.meta_path` that makes the first import of `tensorflow` a quiet one, then steps aside."""
+class _QuietFirstImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """On `sys.meta_path`, makes the first import of `tensorflow` a quiet one, then steps aside.
+
+  It finds the package's spec and loads it as the spec's own loader would, inside `_quiet`, giving the module
+  that loader back.
+  """
 
   def __init__(self, minimum: int) -> None:
     self._minimum = minimum
+    self._loader: Any = None  # The package's own loader.
 
   def find_spec(
       self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
@@ -95,16 +101,8 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder):
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(fullname)
     if spec is not None and spec.loader is not None:
-      spec.loader = _QuietLoader(spec.loader, self._minimum)
+      self._loader, spec.loader = spec.loader, self
     return spec
-
-
-class _QuietLoader(importlib.abc.Loader):
-  """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
-
-  def __init__(self, loader: importlib.abc.Loader, minimum: int) -> None:
-    self._loader = loader
-    self._minimum = minimum
 
   def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
     return self._loader.create_module(spec)

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner.outputs import async_checkpoint_workarounds as workarounds
+from strategies import tensorflow_workarounds as workarounds
 from runner.outputs import checkpoint_list
 from runner.outputs.checkpoints import CheckpointWriteError
 from strategies.errors import ConfigError
