@@ -111,7 +111,7 @@ def write(checkpoints: CheckpointList) -> None:
   removed (a list must name one).
 
   Raises:
-    tf.errors.OpError, OSError: the file could not be written (see `atomic_files.replace`); the previous one is
+    tf.errors.OpError, OSError: the file could not be written (see `atomic_files.replace_all`); the previous one is
       unchanged.
   """
   path = os.path.join(checkpoints.directory, LIST_FILE)
@@ -126,7 +126,7 @@ def write(checkpoints: CheckpointList) -> None:
       all_model_checkpoint_paths=names,
       all_model_checkpoint_timestamps=[time.time()] * len(names),
   )
-  atomic_files.replace(path, text_format.MessageToString(state))
+  atomic_files.replace_all({path: text_format.MessageToString(state)})
 
 
 def interrupted_saves(directory: str) -> list[str]:

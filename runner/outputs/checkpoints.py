@@ -1,5 +1,6 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
+import contextlib
 import os
 from typing import Any
 
@@ -132,10 +133,8 @@ class Checkpoints:
     # What the run trains on (`runner.data.providers.description`; '' where not known), written with each
     # checkpoint; restored apart from the rest, so that a checkpoint written before it was kept restores too.
     self.training_data = tf.Variable("", trainable=False, name="training_data")
-    self._strategy = strategy
+    self._strategy, self._max_to_keep, self._asynchronous = strategy, max_to_keep, asynchronous
     self._model, self._optimizer, self._step = model, optimizer, step
-    self._max_to_keep = max_to_keep
-    self._asynchronous = asynchronous
     self._weights_finite: Any = None  # A concrete function: whether the model's weights are finite.
     self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
     # (its tf.train.Checkpoint, step, the saved_step before it) of the write in flight in the background, or None.
@@ -166,14 +165,9 @@ class Checkpoints:
       )
     names = ", ".join(map(os.path.basename, found.paths))
     if found.problem:
-      logging.warning(
-          "The checkpoint list %s %s; %s",
-          list_file,
-          found.problem,
-          f"rebuilt it from the checkpoint files: {names} (newest last). It is rewritten at the next save."
-          if found.paths
-          else "its directory holds no checkpoint of its own.",
-      )
+      rebuilt = f"rebuilt it from the checkpoint files: {names} (newest last). It is rewritten at the next save."
+      own = rebuilt if found.paths else "its directory holds no checkpoint of its own."
+      logging.warning(f"The checkpoint list {list_file} {found.problem}; {own}")
     unreadable: list[str] = []
     for path in reversed(found.paths):
       try:
@@ -184,11 +178,8 @@ class Checkpoints:
         continue
       if unreadable:
         logging.warning(
-            "Skipped the newest checkpoint(s) of %s, which cannot be read: %s. Resumed from %s instead; the next "
-            "save replaces them.",
-            self.directory,
-            "; ".join(unreadable),
-            os.path.basename(path),
+            f"Skipped the newest checkpoint(s) of {self.directory}, which cannot be read: {'; '.join(unreadable)}. "
+            f"Resumed from {os.path.basename(path)} instead; the next save replaces them."
         )
       return path
     if unreadable:
@@ -309,13 +300,12 @@ class Checkpoints:
       try:
         tf.io.gfile.rmtree(leftover)
         logging.info(
-            "Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).", leftover
+            f"Removed {leftover}, left by a save that was interrupted (the checkpoint it wrote was never complete)."
         )
       except (tf.errors.OpError, OSError) as error:
         logging.warning(
-            "Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
-            leftover,
-            first_line(error),
+            f"Could not remove {leftover}, left by an interrupted save ({first_line(error)}); it is never read, "
+            "remove it by hand."
         )
 
   def swap_training_data(self, description: str) -> str:
@@ -347,20 +337,14 @@ class Checkpoints:
     prefix = os.path.join(directory, f"ckpt-{step}")
     complete = tf.io.gfile.exists(prefix + ".index")  # Written last: then only the listing failed.
     for leftover in tf.io.gfile.glob(prefix + "_temp*") + ([] if complete else tf.io.gfile.glob(prefix + ".*")):
-      try:
+      with contextlib.suppress(tf.errors.OpError, OSError):
         (tf.io.gfile.rmtree if tf.io.gfile.isdir(leftover) else tf.io.gfile.remove)(leftover)
-      except (tf.errors.OpError, OSError):
-        pass
     previous = latest(self.model_dir)
+    intact = f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run again"
     return CheckpointWriteError(
         f"Could not write the checkpoint of step {step} to {directory} "
         f"({first_line(getattr(error, 'message', None) or str(error))}). "
-        + (
-            f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
-            f"again to resume from it."
-            if previous
-            else "There is no earlier checkpoint."
-        )
+        + (f"{intact} to resume from it." if previous else "There is no earlier checkpoint.")
     )
 
   def _restore_all_or_nothing(self, path: str) -> int:

@@ -102,9 +102,7 @@ class Appender:
       fcntl.flock(self._file, fcntl.LOCK_UN)
 
   def flush(self) -> None:
-    """Writes the rows not written yet (remote: as one new part)."""
-    if self._file is not None:
-      self._file.flush()
+    """Writes the rows not written yet (remote: as one new part; a local row is written when appended)."""
     if not self._kept:
       return
     steps = [step for step, _ in self._kept]
@@ -134,7 +132,8 @@ def drop_rows_past(model_dir: str, step: int) -> None:
   one at their next row.
   """
   path = os.path.join(model_dir, FILE_NAME)
-  dropped = {path: 0, os.path.join(model_dir, PARTS_DIRECTORY): 0}
+  parts = os.path.join(model_dir, PARTS_DIRECTORY)
+  dropped = {path: 0, parts: 0}
   if remote.is_remote(path):
     dropped[path] = _replace_without_rows_past(path, step, _lines(path))
   elif os.path.exists(path):
@@ -142,18 +141,15 @@ def drop_rows_past(model_dir: str, step: int) -> None:
       dropped[path] = _replace_without_rows_past(path, step, f.read().splitlines(keepends=True))
   for part, first, last in _parts(model_dir):
     if first > step:
-      dropped[os.path.join(model_dir, PARTS_DIRECTORY)] += len(_lines(part))
+      dropped[parts] += len(_lines(part))
       tf.io.gfile.remove(part)
     elif last > step:
-      dropped[os.path.join(model_dir, PARTS_DIRECTORY)] += _replace_without_rows_past(part, step, _lines(part))
+      dropped[parts] += _replace_without_rows_past(part, step, _lines(part))
   for where, count in dropped.items():
     if count:
       logging.info(
-          "Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: this run "
-          "trains those steps again.",
-          count,
-          where,
-          step,
+          f"Dropped {count} row(s) of {where} past step {step}, written by a run that stopped before its next "
+          "checkpoint: this run trains those steps again."
       )
 
 
@@ -170,7 +166,7 @@ def _replace_without_rows_past(path: str, step: int, lines: list[bytes]) -> int:
       line += b"\n"
     kept.append(line)
   if kept != lines:
-    atomic_files.replace(path, b"".join(kept))
+    atomic_files.replace_all({path: b"".join(kept)})
   return len(lines) - len(kept)
 
 

@@ -76,13 +76,8 @@ class ProfileWindow:
       return
     if step >= self._first:
       logging.warning(
-          "profile_steps=(%d, %d): training resumed at step %d, past step %d; no profile is taken. "
-          "Choose steps after %d to profile this run.",
-          self._first,
-          self._last,
-          step,
-          self._first,
-          step,
+          f"profile_steps=({self._first}, {self._last}): training resumed at step {step}, past step {self._first}; "
+          f"no profile is taken. Choose steps after {step} to profile this run."
       )
       self._done = True
     elif step == self._first - 1:
@@ -105,9 +100,6 @@ class ProfileWindow:
     tf.profiler.experimental.stop()
     self._active, self._done = False, True
     logging.info(
-        "Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "
-        "(pip install 'tf-runner[tensorboard]').",
-        self._first,
-        min(step, self._last),
-        self._logdir,
+        f"Profiled steps {self._first} to {min(step, self._last)} into {self._logdir}/plugins/profile; TensorBoard's "
+        "Profile tab opens it (pip install 'tf-runner[tensorboard]')."
     )

@@ -29,15 +29,11 @@ QUIET_LEVEL = "2"  # C++ INFO and WARNING hidden; ERROR and FATAL shown.
 # Start-up lines that say nothing is wrong. Anything else printed while TensorFlow loads, at the level or above, is
 # replayed.
 _STARTUP_CHATTER = re.compile(
-    "|".join(
-        [
-            r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
-            r"^I\d{4} .*\] oneDNN custom operations are on\.",
-            r"^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine",
-            r"^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
-            r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
-        ]
-    )
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|^I\d{4} .*\] oneDNN custom operations are on\."
+    r"|^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine"
+    r"|^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized"
+    r"|^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$"
 )
 _NO_GPU_CUINIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
 _SEVERITY = re.compile(r"^([IWEF])\d{4} ")  # A C++ log line: INFO, WARNING, ERROR, FATAL are levels 0 to 3.
@@ -146,10 +142,6 @@ def _filtered_stderr(is_dropped: Callable[[str], bool]) -> Iterator[None]:
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = [
-          line
-          for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-          if not is_dropped(line.rstrip("\n"))
-      ]
-      sys.stderr.write("".join(kept))
+      lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+      sys.stderr.write("".join(line for line in lines if not is_dropped(line.rstrip("\n"))))
       sys.stderr.flush()

@@ -94,11 +94,8 @@ def record(workdir: str, config: Any, *, step: int, data_spec: str, previous: Ma
   values = _plain(config.to_dict())
   changed = changes(previous["config"], values) if previous else {}
   if changed:
-    logging.info(
-        "Resuming at step %d with a changed config: %s.",
-        step,
-        ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items()),
-    )
+    listed = ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items())
+    logging.info(f"Resuming at step {step} with a changed config: {listed}.")
   entry = {"step": step, "mode": values.get("mode"), "changed": changed, "data_spec": data_spec, "config": values}
   history = os.path.join(workdir, HISTORY_FILE)
   try:

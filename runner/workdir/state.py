@@ -73,7 +73,7 @@ class WorkdirState:
     for name, text in self.contents.items():
       path = os.path.join(self.workdir, name)
       if not tf.io.gfile.exists(path) or config_history.read_text(path) != text:
-        _warn_if_fails(path, atomic_files.replace, path, text)
+        _warn_if_fails(path, atomic_files.replace_all, {path: text})
 
   def _has_new_outputs(self) -> bool:
     """Whether an output file is new or grew since `read` (one removed, e.g. a leftover, does not count)."""
