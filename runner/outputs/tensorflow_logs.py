@@ -8,7 +8,7 @@ that level to them itself: a user's (from 1 on, never noisier than leaving it
 unset), else QUIET_LEVEL; only level 0 shows everything as TensorFlow prints it.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -88,9 +88,7 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     self._minimum = minimum
     self._loader: Any = None  # The package's own loader.
 
-  def find_spec(
-      self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
-  ) -> importlib.machinery.ModuleSpec | None:
+  def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
     del path, target  # The top-level package only.
     if fullname != "tensorflow":
       return None
