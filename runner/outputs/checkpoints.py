@@ -1,6 +1,6 @@
 """Checkpoints of model, optimizer and step: where they go, who writes them, how they come back."""
 
-from collections.abc import Callable, Sequence
+import contextlib
 import os
 from typing import Any
 
@@ -8,10 +8,10 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from runner.outputs import async_checkpoint_workarounds as workarounds
 from runner.outputs import checkpoint_list
 from runner.outputs import worker_files
 from strategies import description
+from strategies import tensorflow_workarounds
 from strategies.errors import ConfigError
 from strategies.errors import first_line
 
@@ -35,22 +35,38 @@ def latest_step(model_dir: str | None) -> int | None:
   None also when `model_dir` is None or does not exist. Checkpoints are named
   `ckpt-STEP` by `Checkpoints.save`.
   """
-  if model_dir is None or not tf.io.gfile.isdir(model_dir):
-    return None
-  path = latest(model_dir)
-  return None if path is None else int(path.rsplit("-", 1)[1])
+  path = None if model_dir is None or not tf.io.gfile.isdir(model_dir) else latest(model_dir)
+  return None if path is None else checkpoint_list.step_of(path)
+
+
+# Why checkpoints are written synchronously under a ParameterServerStrategy (True), or several workers (False).
+_SYNCHRONOUS_BECAUSE = {
+    True: "under a ParameterServerStrategy the variables live on the ps tasks, where this project has not tested "
+    "TensorFlow's asynchronous checkpointing",
+    False: "under several workers every worker takes part in each save, and the workers other than the chief write "
+    "to a scratch directory removed right after the save",
+}
 
 
 class CheckpointWriteError(ConfigError):
   """A checkpoint could not be written (disk full, no permission, ...); the previous ones are intact."""
 
 
+class UnreadableCheckpointError(Exception):
+  """A checkpoint's files cannot be read; the message says how."""
+
+
+class CheckpointGoneError(UnreadableCheckpointError):
+  """A checkpoint's files were deleted (its `.index` is gone), e.g. rotated away by a trainer's `max_to_keep`."""
+
+
 class Checkpoints:
   """A `tf.train.Checkpoint` of `model`, `optimizer`, `step` and what the run trains on, in `model_dir/checkpoints`.
 
-  Under multi-worker strategies every worker takes part in a save, but only
-  the chief keeps what it writes (see `worker_files`). All workers restore
-  from the chief's directory.
+  Each save goes through a `tf.train.CheckpointManager` (`max_to_keep`). Under
+  multi-worker strategies every worker takes part in a save, but only the
+  chief keeps what it writes (see `worker_files`). All workers restore from
+  the chief's directory.
 
   What can go wrong on disk is handled so that no work is lost silently:
   - a checkpoint is listed in the directory's `checkpoint` state file only
@@ -76,10 +92,11 @@ class Checkpoints:
   - no checkpoint is written with non-finite weights;
   - a save `in_background` copies the variables to host memory and returns
     while TensorFlow writes them (`tf.train.CheckpointOptions(enable_async=True)`);
-    the checkpoint is listed, and old ones rotated, only once its files are
-    complete, so a process killed during the write leaves the previous
-    checkpoint the latest. The next save, `wait` and `restore_latest` first
-    wait for the write in flight (a failed one raises CheckpointWriteError then).
+    TensorFlow lists the checkpoint, and rotates old ones, only once its
+    files are complete, so a process killed during the write leaves the
+    previous checkpoint the latest. The next save, `wait` and every restore
+    first wait for the write in flight (a failed one raises
+    CheckpointWriteError then).
 
   Attributes:
     saved_step: the step of the checkpoint restored or last saved, or None.
@@ -116,35 +133,19 @@ class Checkpoints:
     # What the run trains on (`runner.data.providers.description`; '' where not known), written with each
     # checkpoint; restored apart from the rest, so that a checkpoint written before it was kept restores too.
     self.training_data = tf.Variable("", trainable=False, name="training_data")
-    self._restored = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-    self._optimizer = optimizer
-    self._step = step
-    self._strategy = strategy
-    self._model = model
-    self._max_to_keep = max_to_keep
-    self._new_checkpoint()
-    self._weights_finite: Callable[[], Any] | None = None
+    self._strategy, self._max_to_keep, self._asynchronous = strategy, max_to_keep, asynchronous
+    self._model, self._optimizer, self._step = model, optimizer, step
+    self._weights_finite: Any = None  # A concrete function: whether the model's weights are finite.
     self.saved_step: int | None = None  # The step of the checkpoint restored or last saved by this object.
-    self._asynchronous = asynchronous
-    # (step, the saved_step before it) of the write in flight in the background, or None.
-    self._in_flight: tuple[int, int | None] | None = None
-
-  def _new_checkpoint(self) -> None:
-    """Makes the `tf.train.Checkpoint` (and, at the chief's next save, the manager) anew: one per background writer."""
-    self.checkpoint = tf.train.Checkpoint(
-        model=self._model, optimizer=self._optimizer, step=self._step, training_data=self.training_data
-    )
-    # Made now, before any restore: made by a later restore or save, it would take the value a restore before left
-    # pending, reading that checkpoint's files again (gone, after a trainer's max_to_keep rotated it away).
-    self.checkpoint.save_counter  # The property makes the variable.
-    self._manager: tf.train.CheckpointManager | None = None  # The chief's, made at its first save (after any restore).
+    # (its tf.train.Checkpoint, step, the saved_step before it) of the write in flight in the background, or None.
+    self._in_flight: tuple[tf.train.Checkpoint, int, int | None] | None = None
 
   def restore_latest(self) -> str | None:
     """Restores the newest checkpoint that can be read, if any, and returns its path (or None).
 
     A checkpoint deleted while it is read is not a damaged one when the list
     no longer names it (a running trainer rotated it away by `max_to_keep`):
-    the list is read again, and the newest one not yet tried is next.
+    it is skipped for the one before it.
 
     Raises:
       ConfigError: the checkpoint does not match the model or optimizer
@@ -154,42 +155,32 @@ class Checkpoints:
         must not start over them unseen). Either way no variable changed.
     """
     self.wait()
-    checkpoints = checkpoint_list.read(self.directory)
-    if checkpoints.outside and not checkpoints.paths:
+    found = checkpoint_list.read(self.directory)
+    list_file = os.path.join(self.directory, checkpoint_list.LIST_FILE)
+    if found.outside and not found.paths:
       raise ConfigError(
-          f"The checkpoint list {os.path.join(self.directory, checkpoint_list.LIST_FILE)} names only checkpoints "
-          f"outside its directory: {', '.join(checkpoints.outside)}. A run restores from and rotates only the "
-          f"checkpoints in {self.directory}: copy them there to resume from them, or remove the list to train from "
-          "scratch."
+          f"The checkpoint list {list_file} names only checkpoints outside its directory: {', '.join(found.outside)}. "
+          f"A run restores from and rotates only the checkpoints in {self.directory}: copy them there to resume from "
+          "them, or remove the list to train from scratch."
       )
-    rebuilt = checkpoints.rebuilt_warning()
-    if rebuilt:
-      logging.warning("%s", rebuilt)
+    names = ", ".join(map(os.path.basename, found.paths))
+    if found.problem:
+      rebuilt = f"rebuilt it from the checkpoint files: {names} (newest last). It is rewritten at the next save."
+      own = rebuilt if found.paths else "its directory holds no checkpoint of its own."
+      logging.warning(f"The checkpoint list {list_file} {found.problem}; {own}")
     unreadable: list[str] = []
-    tried: set[str] = set()
-    while untried := [path for path in reversed(checkpoints.paths) if path not in tried]:
-      path = untried[0]
-      tried.add(path)
+    for path in reversed(found.paths):
       try:
         self._restore_all_or_nothing(path)
-      except CheckpointGoneError as gone:
-        checkpoints = checkpoint_list.read(self.directory)
-        if path in checkpoints.paths:  # Still listed: not rotated away, what is left of it is damaged.
-          unreadable.append(f"{os.path.basename(path)} ({gone})")
-        continue
-      except UnreadableCheckpointError as damage:
-        unreadable.append(f"{os.path.basename(path)} ({damage})")
+      except UnreadableCheckpointError as damage:  # Unless gone and no longer listed: rotated away, not damaged.
+        if not isinstance(damage, CheckpointGoneError) or path in checkpoint_list.read(self.directory).paths:
+          unreadable.append(f"{os.path.basename(path)} ({damage})")
         continue
       if unreadable:
         logging.warning(
-            "Skipped the newest checkpoint(s) of %s, which cannot be read: %s. Resumed from %s instead; the next "
-            "save replaces them.",
-            self.directory,
-            "; ".join(unreadable),
-            os.path.basename(path),
+            f"Skipped the newest checkpoint(s) of {self.directory}, which cannot be read: {'; '.join(unreadable)}. "
+            f"Resumed from {os.path.basename(path)} instead; the next save replaces them."
         )
-      logging.info("Restored %s.", path)
-      self.saved_step = int(self._step.numpy())
       return path
     if unreadable:
       raise ConfigError(
@@ -210,10 +201,7 @@ class Checkpoints:
       ConfigError: it does not match the model or optimizer.
     """
     self.wait()
-    self._restore_all_or_nothing(path)
-    logging.info("Restored %s.", path)
-    self.saved_step = int(self._step.numpy())
-    return self.saved_step
+    return self._restore_all_or_nothing(path)
 
   def restore_saved(self) -> int:
     """Restores the checkpoint this object restored or saved last, once a write in flight is complete; its step.
@@ -241,38 +229,32 @@ class Checkpoints:
         before) could not be written.
     """
     background = in_background and self._in_background()
-    if not background:
-      self.wait()
+    self.wait()
     if not self._finite():
       raise FloatingPointError(
           f"The model's weights are not finite at step {step}; not writing a checkpoint. "
           f"Lower the learning rate, set clipnorm, or check the data for NaN or inf values."
       )
+    # A new one for each save: each asynchronous write has a writer of its own, ended by `wait`.
+    checkpoint = tf.train.Checkpoint(
+        model=self._model, optimizer=self._optimizer, step=self._step, training_data=self.training_data
+    )
     with worker_files.destination(self._strategy, self.directory) as directory:
       try:
-        if directory == self.directory:
-          path = self._save_listed(step, background)
+        if directory != self.directory:
+          path = checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
         else:
-          path = self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
+          if (found := checkpoint_list.read(directory)).problem is not None:
+            checkpoint_list.write(found)  # The manager learns the checkpoints on disk, in order, from the list.
+          manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=self._max_to_keep)
+          options = tf.train.CheckpointOptions(enable_async=background, experimental_write_callbacks=[self._written])
+          path = manager.save(checkpoint_number=step, options=options)
       except (tf.errors.OpError, OSError) as error:
-        self._end_writer(error)  # In the background, TensorFlow raised the error of the write in flight.
         raise self._write_error(step, directory, error) from None
     if background:
-      workarounds.expect_one_trace_per_writer(self.checkpoint)
-      self._in_flight = (step, self.saved_step)
+      self._in_flight = (checkpoint, step, self.saved_step)
     self.saved_step = step
     return path
-
-  def _save_listed(self, step: int, background: bool) -> str:
-    """The chief's save of `step` into the directory and its list; `background`: after the write in flight."""
-    if self._manager is None:
-      self._manager = self._new_manager()
-    # In the background, TensorFlow waits for the write in flight, and raises its error before starting this one.
-    if background and self._in_flight is None:  # This save makes the writer.
-      workarounds.make_keras_variables_copyable(self.checkpoint)
-      self._in_flight = (step, self.saved_step)
-    options = tf.train.CheckpointOptions(enable_async=background, experimental_write_callbacks=[self._written])
-    return self._manager.save(checkpoint_number=step, options=options)
 
   def save_unless_saved(self, step: int, *, in_background: bool = False) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise.
@@ -288,56 +270,22 @@ class Checkpoints:
   def wait(self) -> None:
     """Waits for the checkpoint being written in the background, if any, to be complete and listed.
 
-    It also ends TensorFlow's writer (the next save in the background starts
-    another), so that nothing holds the model once the Trainer is gone.
+    It also ends TensorFlow's writer of it, so that nothing holds the model
+    once the Trainer is gone.
 
     Raises:
       CheckpointWriteError: it could not be written (what it left is removed;
         the previous checkpoint stays the latest).
     """
-    self._end_writer()
-
-  def _end_writer(self, error: BaseException | None = None) -> None:
-    """Ends the background writer after its write in flight, if any; raises CheckpointWriteError if that failed."""
     if self._in_flight is None:
       return
-    step, previous_step = self._in_flight
+    checkpoint, step, previous_step = self._in_flight
+    self._in_flight = None
     try:
-      workarounds.close_writer(self.checkpoint)
-    except (tf.errors.OpError, OSError) as raised:
-      error = raised
-    finally:
-      self._new_checkpoint()  # The next save in the background starts another writer.
-      self._in_flight = None
-    if error is not None:
+      tensorflow_workarounds.end_async_checkpoint_writer(checkpoint)
+    except (tf.errors.OpError, OSError) as error:
       self.saved_step = previous_step
       raise self._write_error(step, self.directory, error) from None
-
-  def _written(self, path: str) -> None:
-    """Says that the checkpoint at `path` is written (TensorFlow's writer calls it, before listing it)."""
-    logging.info("Saved checkpoint %s.", path)
-
-  def _in_background(self) -> bool:
-    """Whether saves in the background are written so; says once why not where they cannot be."""
-    if self._asynchronous and (reason := _synchronous_reason(self._strategy)):
-      logging.info("Checkpoints are written synchronously: %s.", reason)
-      self._asynchronous = False
-    return self._asynchronous
-
-  def _write_error(self, step: int, directory: str, error: BaseException) -> "CheckpointWriteError":
-    """Removes what the failed save of `step` into `directory` left; returns the error that names it."""
-    self._remove_unlisted(os.path.join(directory, f"ckpt-{step}"))
-    previous = latest(self.model_dir)
-    reason = first_line(getattr(error, "message", None) or str(error))
-    return CheckpointWriteError(
-        f"Could not write the checkpoint of step {step} to {directory} ({reason}). "
-        + (
-            f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run "
-            f"again to resume from it."
-            if previous
-            else "There is no earlier checkpoint."
-        )
-    )
 
   def remove_interrupted_saves(self) -> None:
     """On the chief, deletes the `ckpt-N_temp/` directories that saves killed part-way left.
@@ -351,53 +299,14 @@ class Checkpoints:
     for leftover in checkpoint_list.interrupted_saves(self.directory):
       try:
         tf.io.gfile.rmtree(leftover)
+        logging.info(
+            f"Removed {leftover}, left by a save that was interrupted (the checkpoint it wrote was never complete)."
+        )
       except (tf.errors.OpError, OSError) as error:
         logging.warning(
-            "Could not remove %s, left by an interrupted save (%s); it is never read, remove it by hand.",
-            leftover,
-            first_line(error),
+            f"Could not remove {leftover}, left by an interrupted save ({first_line(error)}); it is never read, "
+            "remove it by hand."
         )
-        continue
-      logging.info(
-          "Removed %s, left by a save that was interrupted (the checkpoint it wrote was never complete).", leftover
-      )
-
-  def _new_manager(self) -> tf.train.CheckpointManager:
-    """The chief's `tf.train.CheckpointManager`, after the checkpoint list is rewritten if it had to be rebuilt.
-
-    The manager learns the checkpoints on disk from the list, and rotates
-    them by `max_to_keep` in its order.
-    """
-    checkpoints = checkpoint_list.read(self.directory)
-    if checkpoints.problem is not None:
-      checkpoint_list.write(checkpoints)
-    return tf.train.CheckpointManager(self.checkpoint, self.directory, max_to_keep=self._max_to_keep)
-
-  def _restore_all_or_nothing(self, path: str) -> None:
-    """Restores `path`; if that fails part-way, puts every variable back as it was, then raises.
-
-    Raises:
-      ConfigError: `path` can be read but does not match the model and optimizer.
-      CheckpointGoneError: `path` cannot be read, and its `.index` file is gone (deleted).
-      UnreadableCheckpointError: `path` cannot be read (truncated, corrupt, missing files).
-    """
-    variables = list(self._model.weights) + list(self._optimizer.variables) + [self._step]
-    before = [(v, v.numpy()) for v in variables]
-    try:
-      self._restored.restore(path).assert_existing_objects_matched().expect_partial()
-      self.training_data.assign("")  # Stays so for a checkpoint written before it was kept.
-      tf.train.Checkpoint(training_data=self.training_data).read(path).expect_partial()  # Deleted meanwhile: gone.
-    except Exception as error:  # noqa: BLE001  # Corrupt files fail in many ways; sorted below.
-      self._put_back(before)
-      damage = _damage(path)
-      if damage and not tf.io.gfile.exists(path + ".index"):  # Read after the failure: a deletion has gone on.
-        raise CheckpointGoneError(damage) from None
-      if damage:
-        raise UnreadableCheckpointError(damage) from None
-      raise ConfigError(
-          f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
-          f"Use a new model_dir, or the model, optimizer and precision that wrote it."
-      ) from None
 
   def swap_training_data(self, description: str) -> str:
     """Keeps `description` for the checkpoints saved from now; returns what the run trained on until now.
@@ -411,23 +320,63 @@ class Checkpoints:
     self.training_data.assign(description)
     return was
 
-  def _put_back(self, values: Sequence[Any]) -> None:
-    with self._strategy.scope():
-      for variable, value in values:
-        variable.assign(value)
+  def _written(self, path: str) -> None:
+    """Says that the checkpoint at `path` is written (TensorFlow's writer calls it, before listing it)."""
+    logging.info("Saved checkpoint %s.", path)
 
-  def _remove_unlisted(self, prefix: str) -> None:
-    """Deletes what a failed save of `prefix` left, unless the state file lists it."""
-    if prefix in checkpoint_list.read(os.path.dirname(prefix)).listed:
-      return
-    for leftover in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp*"):
-      try:
-        if tf.io.gfile.isdir(leftover):
-          tf.io.gfile.rmtree(leftover)
-        else:
-          tf.io.gfile.remove(leftover)
-      except (tf.errors.OpError, OSError):
-        pass
+  def _in_background(self) -> bool:
+    """Whether saves in the background are written so; says once why not where they cannot be."""
+    ps = isinstance(self._strategy, tf.distribute.experimental.ParameterServerStrategy)
+    if self._asynchronous and (ps or not description.is_single_worker(self._strategy)):
+      logging.info("Checkpoints are written synchronously: %s.", _SYNCHRONOUS_BECAUSE[ps])
+      self._asynchronous = False
+    return self._asynchronous
+
+  def _write_error(self, step: int, directory: str, error: BaseException) -> CheckpointWriteError:
+    """Removes what the failed save of `step` into `directory` left; returns the error that names it."""
+    prefix = os.path.join(directory, f"ckpt-{step}")
+    complete = tf.io.gfile.exists(prefix + ".index")  # Written last: then only the listing failed.
+    for leftover in tf.io.gfile.glob(prefix + "_temp*") + ([] if complete else tf.io.gfile.glob(prefix + ".*")):
+      with contextlib.suppress(tf.errors.OpError, OSError):
+        (tf.io.gfile.rmtree if tf.io.gfile.isdir(leftover) else tf.io.gfile.remove)(leftover)
+    previous = latest(self.model_dir)
+    intact = f"The previous checkpoint {previous} is intact: free some space or fix the permissions, then run again"
+    return CheckpointWriteError(
+        f"Could not write the checkpoint of step {step} to {directory} "
+        f"({first_line(getattr(error, 'message', None) or str(error))}). "
+        + (f"{intact} to resume from it." if previous else "There is no earlier checkpoint.")
+    )
+
+  def _restore_all_or_nothing(self, path: str) -> int:
+    """Restores `path`; returns its step (now `saved_step`). If that fails part-way, puts every variable back, raises.
+
+    Raises:
+      ConfigError: `path` can be read but does not match the model and optimizer.
+      CheckpointGoneError: `path` cannot be read, and its `.index` file is gone (deleted).
+      UnreadableCheckpointError: `path` cannot be read (truncated, corrupt, missing files).
+    """
+    before = [(v, v.numpy()) for v in [*self._model.weights, *self._optimizer.variables, self._step]]
+    try:
+      restored = tf.train.Checkpoint(model=self._model, optimizer=self._optimizer, step=self._step)
+      restored.restore(path).assert_existing_objects_matched().expect_partial()
+      self.training_data.assign("")  # Stays so for a checkpoint written before it was kept.
+      tf.train.Checkpoint(training_data=self.training_data).read(path).expect_partial()  # Deleted meanwhile: gone.
+    except Exception as error:  # noqa: BLE001  # Corrupt files fail in many ways; sorted below.
+      with self._strategy.scope():
+        for variable, value in before:
+          variable.assign(value)
+      damage = _damage(path)
+      if damage and not tf.io.gfile.exists(path + ".index"):  # Read after the failure: a deletion has gone on.
+        raise CheckpointGoneError(damage) from None
+      if damage:
+        raise UnreadableCheckpointError(damage) from None
+      raise ConfigError(
+          f"The checkpoint {path} does not match this model and optimizer ({first_line(error)}). "
+          f"Use a new model_dir, or the model, optimizer and precision that wrote it."
+      ) from None
+    logging.info("Restored %s.", path)
+    self.saved_step = int(self._step.numpy())
+    return self.saved_step
 
   def _finite(self) -> bool:
     if self._weights_finite is None:
@@ -437,29 +386,6 @@ class Checkpoints:
           lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in floating])
       ).get_concrete_function()
     return bool(self._weights_finite())
-
-
-def _synchronous_reason(strategy: tf.distribute.Strategy) -> str | None:
-  """Why checkpoints of `strategy`'s variables are written synchronously; None if they can be in the background."""
-  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    return (
-        "under a ParameterServerStrategy the variables live on the ps tasks, where this project has not "
-        "tested TensorFlow's asynchronous checkpointing"
-    )
-  if not description.is_single_worker(strategy):
-    return (
-        "under several workers every worker takes part in each save, and the workers other than the chief write to "
-        "a scratch directory removed right after the save"
-    )
-  return None
-
-
-class UnreadableCheckpointError(Exception):
-  """A checkpoint's files cannot be read; the message says how."""
-
-
-class CheckpointGoneError(UnreadableCheckpointError):
-  """A checkpoint's files were deleted (its `.index` is gone), e.g. rotated away by a trainer's `max_to_keep`."""
 
 
 def _damage(path: str) -> str | None:

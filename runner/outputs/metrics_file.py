@@ -24,7 +24,6 @@ version is read first, before the parts.
 """
 
 from collections.abc import Mapping
-import dataclasses
 import fcntl
 import json
 import os
@@ -56,12 +55,11 @@ def rows(model_dir: str, *, step: int | None = None) -> list[Any]:
   Returns:
     The parsed JSON values, in the order described in the module docstring.
   """
-  parsed = (_parsed(line) for line in _lines(os.path.join(model_dir, FILE_NAME)))
-  found = [row for row in parsed if row is not None]
-  for part in _parts(model_dir):
-    if step is None or part.first <= step <= part.last:
-      found += [row for row in map(_parsed, _lines(part.path)) if row is not None]
-  return found
+  lines = _lines(os.path.join(model_dir, FILE_NAME))
+  for path, first, last in _parts(model_dir):
+    if step is None or first <= step <= last:
+      lines += _lines(path)
+  return [row for row in map(_parsed, lines) if row is not None]
 
 
 class Appender:
@@ -79,7 +77,6 @@ class Appender:
   def __init__(self, model_dir: str) -> None:
     """Initializes the `Appender` of `model_dir` (made when the first row is written)."""
     self._dir = model_dir
-    self._remote = remote.is_remote(model_dir)
     self._file: IO[str] | None = None  # The local metrics.jsonl, kept open across rows.
     self._kept: list[tuple[int, str]] = []  # Remote: (step, line) not written yet.
     self._kept_since = 0.0
@@ -88,9 +85,8 @@ class Appender:
   def append(self, row: Mapping[str, Any]) -> None:
     """Appends `row`, a JSON object with an int `step`."""
     line = json.dumps(row) + "\n"
-    if self._remote:
-      if not self._kept:
-        self._kept_since = time.monotonic()
+    if remote.is_remote(self._dir):
+      self._kept_since = self._kept_since if self._kept else time.monotonic()
       self._kept.append((int(row["step"]), line))
       if time.monotonic() - self._kept_since >= self.PART_SECONDS:
         self.flush()
@@ -106,17 +102,14 @@ class Appender:
       fcntl.flock(self._file, fcntl.LOCK_UN)
 
   def flush(self) -> None:
-    """Writes the rows not written yet (remote: as one new part)."""
-    if self._file is not None:
-      self._file.flush()
+    """Writes the rows not written yet (remote: as one new part; a local row is written when appended)."""
     if not self._kept:
       return
     steps = [step for step, _ in self._kept]
     self._last_time_ns = max(time.time_ns(), self._last_time_ns + 1)  # A writer's parts sort in its order.
     name = f"{min(steps):012d}-{max(steps):012d}-{self._last_time_ns:019d}-{uuid.uuid4().hex[:8]}.jsonl"
-    directory = os.path.join(self._dir, PARTS_DIRECTORY)
-    tf.io.gfile.makedirs(directory)
-    with tf.io.gfile.GFile(os.path.join(directory, name), "w") as f:
+    tf.io.gfile.makedirs(os.path.join(self._dir, PARTS_DIRECTORY))
+    with tf.io.gfile.GFile(os.path.join(self._dir, PARTS_DIRECTORY, name), "w") as f:
       f.write("".join(line for _, line in self._kept))
     self._kept = []
 
@@ -139,34 +132,25 @@ def drop_rows_past(model_dir: str, step: int) -> None:
   one at their next row.
   """
   path = os.path.join(model_dir, FILE_NAME)
+  parts = os.path.join(model_dir, PARTS_DIRECTORY)
+  dropped = {path: 0, parts: 0}
   if remote.is_remote(path):
-    dropped = _replace_without_rows_past(path, step, _lines(path))
+    dropped[path] = _replace_without_rows_past(path, step, _lines(path))
   elif os.path.exists(path):
     with _locked_current(path, None, mode="rb") as f:  # No row is appended from the read to the rename.
-      dropped = _replace_without_rows_past(path, step, f.read().splitlines(keepends=True))
-  else:
-    dropped = 0
-  if dropped:
-    _log_dropped(dropped, path, step)
-  dropped = 0
-  for part in _parts(model_dir):
-    if part.first > step:
-      dropped += len(_lines(part.path))
-      tf.io.gfile.remove(part.path)
-    elif part.last > step:
-      dropped += _replace_without_rows_past(part.path, step, _lines(part.path))
-  if dropped:
-    _log_dropped(dropped, os.path.join(model_dir, PARTS_DIRECTORY), step)
-
-
-def _log_dropped(count: int, path: str, step: int) -> None:
-  logging.info(
-      "Dropped %d row(s) of %s past step %d, written by a run that stopped before its next checkpoint: this run "
-      "trains those steps again.",
-      count,
-      path,
-      step,
-  )
+      dropped[path] = _replace_without_rows_past(path, step, f.read().splitlines(keepends=True))
+  for part, first, last in _parts(model_dir):
+    if first > step:
+      dropped[parts] += len(_lines(part))
+      tf.io.gfile.remove(part)
+    elif last > step:
+      dropped[parts] += _replace_without_rows_past(part, step, _lines(part))
+  for where, count in dropped.items():
+    if count:
+      logging.info(
+          f"Dropped {count} row(s) of {where} past step {step}, written by a run that stopped before its next "
+          "checkpoint: this run trains those steps again."
+      )
 
 
 def _replace_without_rows_past(path: str, step: int, lines: list[bytes]) -> int:
@@ -182,30 +166,19 @@ def _replace_without_rows_past(path: str, step: int, lines: list[bytes]) -> int:
       line += b"\n"
     kept.append(line)
   if kept != lines:
-    atomic_files.replace(path, b"".join(kept))
+    atomic_files.replace_all({path: b"".join(kept)})
   return len(lines) - len(kept)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Part:
-  path: str
-  first: int
-  last: int
-  written_ns: int
-
-
-def _parts(model_dir: str) -> list[_Part]:
-  """The parts of the metrics of `model_dir`, in order (by first step, then by when they were written)."""
+def _parts(model_dir: str) -> list[tuple[str, int, int]]:
+  """`(path, first step, last step)` of the parts of the metrics of `model_dir`, by first step, then time written."""
   directory = os.path.join(model_dir, PARTS_DIRECTORY)
-  if not tf.io.gfile.isdir(directory):
-    return []
   found = []
-  for name in tf.io.gfile.listdir(directory):
-    match = _PART.match(name.rstrip("/"))
-    if match:  # Other names (a temporary file of `atomic_files`) are not parts.
+  for name in tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []:
+    if match := _PART.match(name.rstrip("/")):  # Other names (a temporary file of `atomic_files`) are not parts.
       first, last, written_ns = map(int, match.groups())
-      found.append(_Part(os.path.join(directory, name), first, last, written_ns))
-  return sorted(found, key=lambda part: (part.first, part.written_ns, part.path))
+      found.append((first, written_ns, os.path.join(directory, name), last))
+  return [(path, first, last) for first, _, path, last in sorted(found)]
 
 
 def _locked_current(path: str, opened: IO[Any] | None, *, mode: str = "a") -> IO[Any]:

@@ -10,22 +10,12 @@ run's summary directory (`model_dir/summaries/train`), `tensorboard
 `check_steps` imports no TensorFlow (config checks use it before it loads).
 """
 
-from typing import Any, overload
+from typing import Any
 
 from absl import logging
 
 from strategies import checks
 from strategies.errors import ConfigError
-
-
-@overload
-def check_steps(steps: tuple[int, int], what: str = ...) -> tuple[int, int]:
-  ...
-
-
-@overload
-def check_steps(steps: Any, what: str = ...) -> tuple[int, int] | None:
-  ...
 
 
 def check_steps(steps: Any, what: str = "profile_steps") -> tuple[int, int] | None:
@@ -62,14 +52,12 @@ class ProfileWindow:
     """Initializes the `ProfileWindow`.
 
     Args:
-      first: the first global step to profile (1-based).
+      first: the first global step to profile (1-based; `check_steps` checked the pair).
       last: the last global step to profile.
       logdir: where the profiler writes its `plugins/profile` directory.
     """
-    self._first, self._last = check_steps((first, last))
-    self._logdir = logdir
-    self._active = False
-    self._done = False
+    self._first, self._last, self._logdir = first, last, logdir
+    self._active = self._done = False
 
   def loop_size(self, step: int, size: int, steps_per_loop: int) -> int:
     """Returns `size` (the steps of the next loop from `step`), cut so loops end after `first - 1` and `last`.
@@ -80,9 +68,7 @@ class ProfileWindow:
     for boundary in (self._first - 1, self._last):
       if step < boundary < step + size:
         return boundary - step
-    if step >= self._last:
-      size = min(size, steps_per_loop - step % steps_per_loop)
-    return size
+    return min(size, steps_per_loop - step % steps_per_loop) if step >= self._last else size
 
   def before_loop(self, step: int) -> None:
     """Starts the profiler if the loop starting after global step `step` is the window's first."""
@@ -90,13 +76,8 @@ class ProfileWindow:
       return
     if step >= self._first:
       logging.warning(
-          "profile_steps=(%d, %d): training resumed at step %d, past step %d; no profile is taken. "
-          "Choose steps after %d to profile this run.",
-          self._first,
-          self._last,
-          step,
-          self._first,
-          step,
+          f"profile_steps=({self._first}, {self._last}): training resumed at step {step}, past step {self._first}; "
+          f"no profile is taken. Choose steps after {step} to profile this run."
       )
       self._done = True
     elif step == self._first - 1:
@@ -107,23 +88,18 @@ class ProfileWindow:
 
   def after_loop(self, step: int) -> None:
     """Stops the profiler once the loop that ended at global step `step` reached the window's last step."""
-    if self._active and step >= self._last:
-      self._stop(step)
+    if step >= self._last:
+      self.close(step)
 
   def close(self, step: int) -> None:
-    """Stops a running trace (training ended at global step `step` before `last`)."""
-    if self._active:
-      self._stop(step)
-
-  def _stop(self, step: int) -> None:
+    """Stops a running trace (training ended at global step `step`, at `last` or before)."""
+    if not self._active:
+      return
     import tensorflow as tf  # noqa: PLC0415
 
     tf.profiler.experimental.stop()
     self._active, self._done = False, True
     logging.info(
-        "Profiled steps %d to %d into %s/plugins/profile; TensorBoard's Profile tab opens it "
-        "(pip install 'tf-runner[tensorboard]').",
-        self._first,
-        min(step, self._last),
-        self._logdir,
+        f"Profiled steps {self._first} to {min(step, self._last)} into {self._logdir}/plugins/profile; TensorBoard's "
+        "Profile tab opens it (pip install 'tf-runner[tensorboard]')."
     )

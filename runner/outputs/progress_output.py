@@ -40,16 +40,13 @@ def shown(*, quiet: bool) -> Iterator[None]:
     yield
     return
   verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.WARNING if quiet else max(verbosity, logging.INFO))  # absl: INFO 0, WARNING -1.
   handler = None
-  if quiet:
-    logging.set_verbosity(logging.WARNING)
-  else:
-    logging.set_verbosity(max(verbosity, logging.INFO))  # absl: INFO 0, WARNING -1, DEBUG 1.
-    if not logging.get_absl_logger().hasHandlers():  # Its own, or its ancestors' while it propagates.
-      handler = python_logging.StreamHandler(sys.stderr)
-      handler.setFormatter(logging.PythonFormatter())
-      handler.addFilter(tensorflow_logs.without_tensorflow_info)
-      python_logging.root.addHandler(handler)
+  if not quiet and not logging.get_absl_logger().hasHandlers():  # Its own, or its ancestors' while it propagates.
+    handler = python_logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.PythonFormatter())
+    handler.addFilter(tensorflow_logs.without_tensorflow_info)
+    python_logging.root.addHandler(handler)
   _open = True
   try:
     yield

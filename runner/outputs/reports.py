@@ -1,6 +1,6 @@
 """What a run tells the user: progress lines, TensorBoard scalars and `metrics.jsonl`."""
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 import datetime
 import os
 import time
@@ -15,6 +15,7 @@ from runner.outputs import metrics_file
 _SCALAR_METADATA = tf.compat.v1.SummaryMetadata(
     plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=1
 ).SerializeToString()
+_THROUGHPUT = ("steps_per_sec", "examples_per_sec")
 
 
 def summary_dir(model_dir: str, split: str) -> str:
@@ -29,8 +30,7 @@ def train_results_at(model_dir: str, step: int) -> dict[str, float]:
   cut short by a kill) are skipped. The throughput (`steps_per_sec`,
   `examples_per_sec`) is left out, as from `Trainer.train`.
   """
-  row = _last_row(model_dir, split="train", step=step)
-  return {name: value for name, value in row.items() if name not in ("steps_per_sec", "examples_per_sec")}
+  return {name: value for name, value in _last_row(model_dir, "train", step).items() if name not in _THROUGHPUT}
 
 
 def eval_results_at(model_dir: str, step: int) -> dict[str, float]:
@@ -38,16 +38,14 @@ def eval_results_at(model_dir: str, step: int) -> dict[str, float]:
 
   {} when the file or such a row is missing; rows that do not parse are skipped.
   """
-  return _last_row(model_dir, split="eval", step=step)
+  return _last_row(model_dir, "eval", step)
 
 
-def _last_row(model_dir: str, *, split: str, step: int) -> dict[str, float]:
+def _last_row(model_dir: str, split: str, step: int) -> dict[str, float]:
   """The values of the last row of `split` and `step` in the metrics of `model_dir` (without those two keys), or {}."""
-  found = {}
-  for row in metrics_file.rows(model_dir, step=step):
-    if isinstance(row, dict) and row.get("split") == split and row.get("step") == step:
-      found = row
-  return {name: value for name, value in found.items() if name not in ("split", "step")}
+  rows = [row for row in metrics_file.rows(model_dir, step=step) if isinstance(row, dict)]
+  found = [row for row in rows if row.get("split") == split and row.get("step") == step]
+  return {name: value for name, value in (found or [{}])[-1].items() if name not in ("split", "step")}
 
 
 class Reporter:
@@ -124,44 +122,16 @@ class Reporter:
     eta = datetime.timedelta(seconds=round((total_steps - step) / steps_per_sec)) if steps_per_sec > 0 else "?"
     traced = "" if tracing_seconds is None else f"traced in {tracing_seconds:.1f} s, then "
     logging.info(
-        "step %d/%d: %s | %s%.1f steps/s, %.0f examples/s, ETA %s",
-        step,
-        total_steps,
-        _Formatted(results),
-        traced,
-        steps_per_sec,
-        examples_per_sec,
-        eta,
+        f"step {step}/{total_steps}: {_formatted(results)} | {traced}{steps_per_sec:.1f} steps/s, "
+        f"{examples_per_sec:.0f} examples/s, ETA {eta}"
     )
-    if self._dir is None:
-      return
-    self._write_row(
-        {
-            "split": "train",
-            "step": step,
-            **results,
-            "steps_per_sec": steps_per_sec,
-            "examples_per_sec": examples_per_sec,
-        }
-    )
-    self._write_scalars(
-        "train",
-        step,
-        {
-            **results,
-            "learning_rate": learning_rate,
-            "steps_per_sec": steps_per_sec,
-            "examples_per_sec": examples_per_sec,
-        },
-    )
+    throughput = {"steps_per_sec": steps_per_sec, "examples_per_sec": examples_per_sec}
+    self._write("train", step, {**results, **throughput}, {**results, "learning_rate": learning_rate, **throughput})
 
   def evaluation(self, *, step: int, results: Mapping[str, float], seconds: float) -> None:
     """Reports one evaluation: `results` holds `loss`, every metric and `num_examples`."""
-    logging.info("eval at step %d: %s (%.1f s)", step, _Formatted(results), seconds)
-    if self._dir is None:
-      return
-    self._write_row({"split": "eval", "step": step, **results})
-    self._write_scalars("eval", step, results)
+    logging.info("eval at step %d: %s (%.1f s)", step, _formatted(results), seconds)
+    self._write("eval", step, results, results)
 
   def flush(self) -> None:
     """Writes buffered TensorBoard scalars and `metrics.jsonl` rows to disk."""
@@ -172,23 +142,22 @@ class Reporter:
 
   def close(self) -> None:
     """Flushes, then closes `metrics.jsonl` and the TensorBoard writers; a later report opens them again."""
+    self.flush()
     for scalars in self._scalars.values():
-      scalars.close()  # Flushes first.
+      scalars.writer.close()
     self._scalars = {}
     if self._rows is not None:
-      self._rows.flush()
       self._rows.close()
 
-  def _write_row(self, row: Mapping[str, Any]) -> None:
-    assert self._dir is not None and self._rows is not None  # Rows are written only on the chief, with a model_dir.
+  def _write(self, split: str, step: int, row: Mapping[str, Any], scalars: Mapping[str, float]) -> None:
+    """Appends `row` to `metrics.jsonl` (first dropping replayed rows) and buffers `scalars`, where files are."""
+    if self._dir is None or self._rows is None:
+      return
     if self._replayed_after is not None:
       self._rows.close()
       metrics_file.drop_rows_past(self._dir, self._replayed_after)
       self._replayed_after = None
-    self._rows.append(row)
-
-  def _write_scalars(self, split: str, step: int, scalars: Mapping[str, float]) -> None:
-    assert self._dir is not None  # Scalars are written only where files are (`model_dir` on the chief).
+    self._rows.append({"split": split, "step": step, **row})
     if split not in self._scalars:
       self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
     self._scalars[split].add(step, scalars)
@@ -207,19 +176,18 @@ class _BufferedScalars:
   MAX_SECONDS = 10.0
 
   def __init__(self, directory: str) -> None:
-    self._writer = tf.summary.create_file_writer(directory)
-    self._names: tuple[str, ...] | None = None
-    self._write: Callable[[tf.Tensor, tf.Tensor], Any] | None = None
+    self.writer = tf.summary.create_file_writer(directory)
+    self._names: tuple[str, ...] = ()
+    self._write: Any = None  # The concrete function that writes rows of `_names`.
     self._steps: list[int] = []
     self._rows: list[list[float]] = []
     self._last_write = time.monotonic()
 
   def add(self, step: int, scalars: Mapping[str, float]) -> None:
     """Buffers `scalars` (name -> float) at `step`; writes the buffer when it is due."""
-    names = tuple(scalars)
-    if names != self._names:
+    if tuple(scalars) != self._names:
       self.flush()
-      self._names, self._write = names, self._writer_function(names)
+      self._names, self._write = tuple(scalars), self._writer_function(tuple(scalars))
     self._steps.append(step)
     self._rows.append(list(scalars.values()))
     if len(self._rows) >= self.MAX_ROWS or time.monotonic() - self._last_write >= self.MAX_SECONDS:
@@ -227,19 +195,13 @@ class _BufferedScalars:
 
   def flush(self) -> None:
     if self._rows:
-      assert self._write is not None  # Made with the names of the rows added.
       self._write(tf.constant(self._steps, tf.int64), tf.constant(self._rows, tf.float32))
       self._steps, self._rows = [], []
-    self._writer.flush()
+    self.writer.flush()
     self._last_write = time.monotonic()
 
-  def close(self) -> None:
-    """Writes the buffered rows and closes the event file."""
-    self.flush()
-    self._writer.close()
-
-  def _writer_function(self, names: tuple[str, ...]) -> Callable[[tf.Tensor, tf.Tensor], Any]:
-    writer = self._writer
+  def _writer_function(self, names: tuple[str, ...]) -> Any:
+    writer = self.writer  # Not `self`: the function would keep it alive in a cycle.
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(names)], tf.float32)])
     def write(steps: tf.Tensor, rows: tf.Tensor) -> None:
@@ -251,14 +213,6 @@ class _BufferedScalars:
     return write.get_concrete_function()
 
 
-class _Formatted:
-  """`name value` pairs, formatted only if the log line is emitted."""
-
-  def __init__(self, results: Mapping[str, float]) -> None:
-    self._results = results
-
-  def __str__(self) -> str:
-    return ", ".join(
-        f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
-        for name, value in self._results.items()
-    )
+def _formatted(results: Mapping[str, float]) -> str:
+  """`name value, ...`: floats to 4 significant digits."""
+  return ", ".join(f"{name} {v:.4g}" if isinstance(v, float) else f"{name} {v}" for name, v in results.items())

@@ -8,7 +8,7 @@ that level to them itself: a user's (from 1 on, never noisier than leaving it
 unset), else QUIET_LEVEL; only level 0 shows everything as TensorFlow prints it.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 import contextlib
 import importlib.abc
 import importlib.machinery
@@ -19,6 +19,7 @@ import re
 import sys
 import tempfile
 import types
+from typing import Any
 
 from absl import logging as absl_logging
 
@@ -28,15 +29,11 @@ QUIET_LEVEL = "2"  # C++ INFO and WARNING hidden; ERROR and FATAL shown.
 # Start-up lines that say nothing is wrong. Anything else printed while TensorFlow loads, at the level or above, is
 # replayed.
 _STARTUP_CHATTER = re.compile(
-    "|".join(
-        [
-            r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
-            r"^I\d{4} .*\] oneDNN custom operations are on\.",
-            r"^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine",
-            r"^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized",
-            r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
-        ]
-    )
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+    r"|^I\d{4} .*\] oneDNN custom operations are on\."
+    r"|^I\d{4} .*cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine"
+    r"|^I\d{4} .*cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized"
+    r"|^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$"
 )
 _NO_GPU_CUINIT = re.compile(r"^E\d{4} .*\] failed call to cuInit: ")
 _SEVERITY = re.compile(r"^([IWEF])\d{4} ")  # A C++ log line: INFO, WARNING, ERROR, FATAL are levels 0 to 3.
@@ -80,31 +77,26 @@ def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object], mini
   absl_logging.get_absl_handler().addFilter(without_tensorflow_info)  # TensorFlow code that logs through absl.
 
 
-class _QuietFirstImport(importlib.abc.MetaPathFinder):
-  """A finder on `sys.meta_path` that makes the first import of `tensorflow` a quiet one, then steps aside."""
+class _QuietFirstImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """On `sys.meta_path`, makes the first import of `tensorflow` a quiet one, then steps aside.
+
+  It finds the package's spec and loads it as the spec's own loader would, inside `_quiet`, giving the module
+  that loader back.
+  """
 
   def __init__(self, minimum: int) -> None:
     self._minimum = minimum
+    self._loader: Any = None  # The package's own loader.
 
-  def find_spec(
-      self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
-  ) -> importlib.machinery.ModuleSpec | None:
+  def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
     del path, target  # The top-level package only.
     if fullname != "tensorflow":
       return None
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(fullname)
     if spec is not None and spec.loader is not None:
-      spec.loader = _QuietLoader(spec.loader, self._minimum)
+      self._loader, spec.loader = spec.loader, self
     return spec
-
-
-class _QuietLoader(importlib.abc.Loader):
-  """Loads the `tensorflow` package with its loader inside `_quiet`, then gives the module that loader back."""
-
-  def __init__(self, loader: importlib.abc.Loader, minimum: int) -> None:
-    self._loader = loader
-    self._minimum = minimum
 
   def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
     return self._loader.create_module(spec)
@@ -148,10 +140,6 @@ def _filtered_stderr(is_dropped: Callable[[str], bool]) -> Iterator[None]:
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      kept = [
-          line
-          for line in captured.read().decode(errors="replace").splitlines(keepends=True)
-          if not is_dropped(line.rstrip("\n"))
-      ]
-      sys.stderr.write("".join(kept))
+      lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+      sys.stderr.write("".join(line for line in lines if not is_dropped(line.rstrip("\n"))))
       sys.stderr.flush()

@@ -7,23 +7,6 @@ import uuid
 import tensorflow as tf
 
 
-def replace(path: str, contents: str | bytes) -> None:
-  """Replaces the file at `path` (local or `gs://`, through `tf.io.gfile`) with `contents`.
-
-  On a local file system the rename is atomic; on Cloud Storage it is a copy,
-  which is never seen half-written either.
-
-  Args:
-    path: the file to write.
-    contents: `str` or `bytes`.
-
-  Raises:
-    tf.errors.OpError, OSError: the file could not be written (disk full, no
-      permission, ...); `path` is unchanged and no temporary file is left.
-  """
-  replace_all({path: contents})
-
-
 def replace_all(contents_by_path: Mapping[str, str | bytes]) -> None:
   """Replaces each file of `{path: contents}` whole: all are written beside their paths first, then renamed.
 

@@ -31,17 +31,8 @@ CHECKPOINT_FIELDS = ("model", "task", "data.name", "optimizer.name", "trainer.pr
 
 def latest(workdir: str) -> dict[str, Any] | None:
   """Returns the latest recorded run of `workdir` (a history entry as a dict), or None."""
-  history = os.path.join(workdir, HISTORY_FILE)
-  if tf.io.gfile.exists(history):
-    with tf.io.gfile.GFile(history) as f:
-      lines = [line for line in f.read().splitlines() if line.strip()]
-    if lines:
-      return json.loads(lines[-1])
-  config_file = os.path.join(workdir, CONFIG_FILE)  # A workdir from before the history was kept.
-  if tf.io.gfile.exists(config_file):
-    with tf.io.gfile.GFile(config_file) as f:
-      return {"config": json.load(f), "data_spec": None}
-  return None
+  lines = [line for line in read_text(os.path.join(workdir, HISTORY_FILE)).splitlines() if line.strip()]
+  return json.loads(lines[-1]) if lines else None
 
 
 def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -103,21 +94,14 @@ def record(workdir: str, config: Any, *, step: int, data_spec: str, previous: Ma
   values = _plain(config.to_dict())
   changed = changes(previous["config"], values) if previous else {}
   if changed:
-    logging.info(
-        "Resuming at step %d with a changed config: %s.",
-        step,
-        ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items()),
-    )
+    listed = ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in changed.items())
+    logging.info(f"Resuming at step {step} with a changed config: {listed}.")
   entry = {"step": step, "mode": values.get("mode"), "changed": changed, "data_spec": data_spec, "config": values}
   history = os.path.join(workdir, HISTORY_FILE)
-  earlier = ""
-  if tf.io.gfile.exists(history):
-    with tf.io.gfile.GFile(history) as f:
-      earlier = f.read()
   try:
     atomic_files.replace_all(
         {
-            history: earlier + json.dumps(entry, sort_keys=True) + "\n",
+            history: read_text(history) + json.dumps(entry, sort_keys=True) + "\n",
             os.path.join(workdir, CONFIG_FILE): json.dumps(values, indent=2, sort_keys=True) + "\n",
         }
     )
@@ -127,6 +111,14 @@ def record(workdir: str, config: Any, *, step: int, data_spec: str, previous: Ma
         f"({getattr(e, 'message', None) or e}); neither was changed: free some space or fix the "
         "permissions, then run again."
     ) from None
+
+
+def read_text(path: str) -> str:
+  """The text of the file at `path` (local or remote); '' if there is none."""
+  if not tf.io.gfile.exists(path):
+    return ""
+  with tf.io.gfile.GFile(path) as f:
+    return f.read()
 
 
 def _plain(values: Any) -> Any:

@@ -41,7 +41,7 @@ class WorkdirState:
   def read(cls, workdir: str, *, created: bool) -> "WorkdirState":
     """Returns the state of `workdir` now; `created`: the run just made it (empty)."""
     entries = frozenset(tf.io.gfile.listdir(workdir))
-    contents = {name: _read(os.path.join(workdir, name)) for name in _REWRITTEN if name in entries}
+    contents = {name: config_history.read_text(os.path.join(workdir, name)) for name in _REWRITTEN if name in entries}
     return cls(workdir=workdir, created=created, entries=entries, contents=contents, outputs=_outputs(workdir))
 
   def restore_unless_trained(self) -> None:
@@ -72,8 +72,8 @@ class WorkdirState:
       _warn_if_fails(path, tf.io.gfile.rmtree if tf.io.gfile.isdir(path) else tf.io.gfile.remove, path)
     for name, text in self.contents.items():
       path = os.path.join(self.workdir, name)
-      if not tf.io.gfile.exists(path) or _read(path) != text:
-        _warn_if_fails(path, atomic_files.replace, path, text)
+      if not tf.io.gfile.exists(path) or config_history.read_text(path) != text:
+        _warn_if_fails(path, atomic_files.replace_all, {path: text})
 
   def _has_new_outputs(self) -> bool:
     """Whether an output file is new or grew since `read` (one removed, e.g. a leftover, does not count)."""
@@ -92,11 +92,6 @@ def _outputs(workdir: str) -> dict[str, int]:
     elif tf.io.gfile.exists(path):
       sizes[path] = tf.io.gfile.stat(path).length
   return sizes
-
-
-def _read(path: str) -> str:
-  with tf.io.gfile.GFile(path) as f:
-    return f.read()
 
 
 def _warn_if_fails(path: str, action: Callable[..., object], *args: Any) -> None:

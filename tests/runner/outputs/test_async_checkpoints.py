@@ -22,9 +22,9 @@ import pytest
 import tensorflow as tf
 
 import runner
-from runner.outputs import async_checkpoint_workarounds as workarounds
 from runner.outputs import checkpoint_list
 from runner.outputs.checkpoints import CheckpointWriteError
+from strategies import tensorflow_workarounds as workarounds
 from strategies.errors import ConfigError
 from testlib import paths
 from testlib import process_testlib
