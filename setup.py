@@ -58,7 +58,7 @@ setuptools.setup(
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
         # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
-        # Ray Train as a way in (runner/cluster/ray_train.py, docs/clusters.md#ray-train).
+        # Ray Train as a way in (runner/ray_train.py, docs/clusters.md#ray-train).
         "ray": [RAY],
         # tf_keras (Keras 2) models and TF-GNN (docs/keras2_and_gnn.md); then `pip install --no-deps tensorflow-gnn`.
         "gnn": GNN,
