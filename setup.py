@@ -34,6 +34,7 @@ setuptools.setup(
         TENSORFLOW + TENSORFLOW_VERSION,
         "keras>=3",
         "absl-py>=1.0",
+        "filelock>=4.3",  # The workdir lock (runner/workdir/lock.py): flock, and the holder written while held.
         "ml-collections>=0.1.1",
         "numpy",
         "protobuf",  # Its text format, for the checkpoint list; TensorFlow depends on it anyway.
