@@ -247,9 +247,9 @@ def _outside_training(signum: int, frame: object) -> None:
 
 
 def _joined_a_cluster() -> bool:
-  """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
-  context = sys.modules.get("tensorflow.python.eager.context")
-  # A signal during TensorFlow's import may find that module half loaded, without `context_safe` yet: not joined.
-  context_safe = getattr(context, "context_safe", None)
-  current = context_safe() if context_safe is not None else None
-  return bool(current and (current.get_server_def() or current._collective_ops_server_def))  # noqa: SLF001
+  """Whether this process's TensorFlow has joined a multi-worker cluster; imports nothing before TensorFlow is."""
+  if "tensorflow" not in sys.modules:
+    return False
+  from strategies import tensorflow_workarounds  # noqa: PLC0415  It may import TensorFlow: only once it is loaded.
+
+  return tensorflow_workarounds.joined_a_cluster()
