@@ -52,6 +52,7 @@ This module imports no TensorFlow: it only supervises processes.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -59,7 +60,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -67,6 +67,7 @@ import time
 from typing import Any, IO
 
 from absl import flags
+import portpicker
 
 from runner import exit_codes
 from runner.cluster import stop_signals
@@ -83,17 +84,9 @@ HOST = "localhost"
 EXAMPLE = "python -m runner.launch --workers=2 -- --config=configs/synthetic.py --workdir=/tmp/job"
 
 _WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.")
-_PS = flags.DEFINE_integer(
-    "ps",
-    0,
-    "How many parameter-server tasks (>= 0). With 1 or more the job is a parameter_server job: "
-    "one chief, the workers and the ps tasks.",
-)
+_PS = flags.DEFINE_integer("ps", 0, "How many parameter-server tasks (>= 0); 1 or more makes a parameter_server job.")
 _MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts",
-    0,
-    "How many times (>= 0) the whole job is started again after a task fails; it resumes "
-    "from the last checkpoint in its workdir. Only transient failures (a signal, a status 128-255) are restarted.",
+    "max_restarts", 0, "How many times (>= 0) the job restarts from its last checkpoint after a transient failure."
 )
 _GRACE_SECONDS = flags.DEFINE_float(
     "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL."
@@ -255,16 +248,8 @@ def stop_outcome(workdir: str, before: tuple[str, int] | None) -> str:
 
 
 def free_ports(count: int) -> list[int]:
-  """Returns `count` distinct TCP ports that were free on localhost (bound to port 0, then released)."""
-  sockets = []
-  try:
-    for _ in range(count):
-      sockets.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-      sockets[-1].bind((HOST, 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
+  """Returns `count` distinct TCP ports that are free on this machine (`portpicker`)."""
+  return [portpicker.pick_unused_port() for _ in range(count)]
 
 
 def describe_exit(returncode: int) -> str:
@@ -282,26 +267,26 @@ def exit_status(returncode: int) -> int:
   return 128 - returncode if returncode < 0 else returncode if 1 <= returncode <= 255 else 1
 
 
-class _Output:
-  """Writes whole lines to this process's stdout or stderr from several threads, flushing each."""
+_PRINTING = threading.Lock()  # Whole lines, from the threads that relay the tasks' output and from the launcher.
 
-  def __init__(self) -> None:
-    self._lock = threading.Lock()
 
-  def line(self, stream: IO[str], text: str) -> None:
-    with self._lock:
-      stream.write(text + "\n")
-      stream.flush()
+def _print(stream: IO[str], text: str) -> None:
+  with _PRINTING:
+    stream.write(text + "\n")
+    stream.flush()
 
-  def launcher(self, text: str) -> None:
-    self.line(sys.stderr, f"[launch] {text}")
 
-  def relay(self, pipe: IO[bytes], stream: IO[str], prefix: str) -> None:
-    """Prints every line read from `pipe` (bytes) on `stream` with `prefix`, until the pipe closes."""
-    with pipe:
-      for raw in pipe:
-        text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        self.line(stream, f"{prefix} {text}")
+def _say(text: str) -> None:
+  """Prints the launcher's own line `[launch] text` on stderr."""
+  _print(sys.stderr, f"[launch] {text}")
+
+
+def _relay(pipe: IO[bytes], stream: IO[str], prefix: str) -> None:
+  """Prints every line read from `pipe` (bytes) on `stream` with `prefix`, until the pipe closes."""
+  with pipe:
+    for raw in pipe:
+      text = raw.decode("utf-8", "replace").rstrip("\r\n")
+      _print(stream, f"{prefix} {text}")
 
 
 class _Job:
@@ -312,7 +297,7 @@ class _Job:
   it gets SIGTERM when the launcher dies (`_ends_with_the_launcher`).
   """
 
-  def __init__(self, *, workers: int, ps: int, arguments: Sequence[str], output: _Output) -> None:
+  def __init__(self, *, workers: int, ps: int, arguments: Sequence[str]) -> None:
     ports = free_ports(sum(job_sizes(workers=workers, ps=ps).values()))
     self.cluster = cluster_spec(workers=workers, ps=ps, ports=ports)
     self.tasks = tasks(self.cluster)
@@ -321,17 +306,14 @@ class _Job:
     self.dispensable = {t for t in self.tasks if ps and t.type == "worker"}
     self.exits: queue.Queue[tuple[Task, int]] = queue.Queue()  # (task, exit status) as each one ends
     self._arguments = arguments
-    self._output = output
     self._processes: dict[Task, subprocess.Popen] = {}
     self._threads: list[threading.Thread] = []
 
   def start(self) -> None:
     preexec = _ends_with_the_launcher(os.getpid())
     for task in self.tasks:
-      env = dict(
-          os.environ, TF_CONFIG=json.dumps(tf_config(cluster=self.cluster, task_type=task.type, index=task.index))
-      )
-      env.setdefault("PYTHONUNBUFFERED", "1")  # Lines come as they are printed, not when a buffer fills.
+      config = json.dumps(tf_config(cluster=self.cluster, task_type=task.type, index=task.index))
+      env = {"PYTHONUNBUFFERED": "1", **os.environ, "TF_CONFIG": config}  # Lines as printed, not as a buffer fills.
       process = subprocess.Popen(
           [sys.executable, "-m", "runner", *self._arguments],
           env=env,
@@ -342,11 +324,11 @@ class _Job:
           preexec_fn=preexec,  # noqa: PLW1509
       )
       self._processes[task] = process
-      self._output.launcher(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
+      _say(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
       prefix = f"[{task.name}]"
       self._threads += [
-          threading.Thread(target=self._output.relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
-          threading.Thread(target=self._output.relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
+          threading.Thread(target=_relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
+          threading.Thread(target=_relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
           threading.Thread(target=lambda t=task, p=process: self.exits.put((t, p.wait())), daemon=True),
       ]
       for thread in self._threads[-3:]:
@@ -372,9 +354,7 @@ class _Job:
       deadline = time.monotonic() + grace_seconds
       while any(task in stage for task in self._running()) and time.monotonic() < deadline and not abort():
         self._signal([task for task in self._running() if task in stage], signal.SIGTERM)
-        repeat = min(deadline, time.monotonic() + SIGTERM_REPEAT_SECONDS)
-        while any(task in stage for task in self._running()) and time.monotonic() < repeat and not abort():
-          time.sleep(POLL_SECONDS)
+        self.wait(stage, min(deadline, time.monotonic() + SIGTERM_REPEAT_SECONDS), stop=abort)
       left = [task for task in self._running() if task in stage or abort()]
       self._signal(left, signal.SIGKILL)
       killed += left
@@ -385,10 +365,9 @@ class _Job:
       thread.join(timeout=max(0, deadline - time.monotonic()))
     return killed
 
-  def wait(self, seconds: float, *, stop: Callable[[], object]) -> None:
-    """Waits up to `seconds` for every task to exit by itself, or until `stop()`."""
-    deadline = time.monotonic() + seconds
-    while self._running() and time.monotonic() < deadline and not stop():
+  def wait(self, tasks: Iterable[Task], deadline: float, *, stop: Callable[[], object]) -> None:
+    """Waits until none of `tasks` runs, or the `time.monotonic()` `deadline`, or `stop()`."""
+    while set(tasks) & set(self._running()) and time.monotonic() < deadline and not stop():
       time.sleep(POLL_SECONDS)
 
   def _running(self) -> list[Task]:
@@ -396,10 +375,8 @@ class _Job:
 
   def _signal(self, running: Iterable[Task], signum: int) -> None:
     for task in running:
-      try:
+      with contextlib.suppress(ProcessLookupError):  # It exited meanwhile.
         self._processes[task].send_signal(signum)
-      except ProcessLookupError:
-        pass  # It exited meanwhile.
 
 
 def _ends_with_the_launcher(launcher_pid: int) -> Callable[[], None]:
@@ -426,9 +403,7 @@ def _ends_with_the_launcher(launcher_pid: int) -> Callable[[], None]:
   return preexec
 
 
-def _run_once(
-    job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: float, output: _Output
-) -> tuple[Task, int] | None:
+def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: float) -> tuple[Task, int] | None:
   """Runs `job` until it succeeds, a task fails or a stop signal comes; then stops it.
 
   Returns:
@@ -446,14 +421,14 @@ def _run_once(
       if returncode != 0 and task in job.dispensable:
         lost.add(task)
         if lost != job.dispensable:
-          output.launcher(
+          _say(
               f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
               "chief trains on with the other workers (it is not started again)."
           )
           continue
       if returncode != 0:
         last = ", and no worker is left" if task in job.dispensable else ""
-        output.launcher(
+        _say(
             f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
             f"after {grace_seconds:g} s)."
         )
@@ -466,18 +441,18 @@ def _run_once(
           else "every task at once; the workers agree on the step to save at"
       )
       again = " again" if signals.received == signal.SIGINT else ""
-      output.launcher(
+      _say(
           f"{stop_signals.NAMES[signals.received]} received: passing SIGTERM to {order}. Press Ctrl-C{again} "
           "to kill every task at once."
       )
     else:  # Parameter-server tasks end by themselves once they see the chief gone; give them the time.
-      job.wait(SERVERS_END_SECONDS, stop=lambda: signals.received)
+      job.wait(job.tasks, time.monotonic() + SERVERS_END_SECONDS, stop=lambda: signals.received)
     return None
   finally:
     killed = job.stop(grace_seconds=grace_seconds, abort=lambda: signals.aborted)
     if killed:
       why = "a second Ctrl-C" if signals.aborted else f"still running {grace_seconds:g} s after SIGTERM"
-      output.launcher(f"killed {', '.join(task.name for task in killed)} with SIGKILL: {why}.")
+      _say(f"killed {', '.join(task.name for task in killed)} with SIGKILL: {why}.")
 
 
 def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int, grace_seconds: float) -> int:
@@ -485,37 +460,32 @@ def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int
 
   `arguments` are the runner's, checked by `runner_arguments`.
   """
-  output = _Output()
   workdir = workdir_of(arguments)
   assert workdir is not None  # `runner_arguments` made sure the arguments name one.
   with stop_signals.StopSignals(in_training=False) as signals:
     for attempt in range(max_restarts + 1):
       before = latest_checkpoint(workdir)
-      failure = _run_once(
-          _Job(workers=workers, ps=ps, arguments=arguments, output=output),
-          signals=signals,
-          grace_seconds=grace_seconds,
-          output=output,
-      )
+      job = _Job(workers=workers, ps=ps, arguments=arguments)
+      failure = _run_once(job, signals=signals, grace_seconds=grace_seconds)
       if signals.received:
-        output.launcher(f"stopped by {stop_signals.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
+        _say(f"stopped by {stop_signals.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
         return exit_codes.STOPPED_BY[signals.received]
       if failure is None:
         return 0
       task, returncode = failure
       if not exit_codes.is_transient(returncode):
         why = exit_codes.PERMANENT.get(returncode, "a permanent failure: 1-127")
-        output.launcher(
+        _say(
             f"the job failed: {task.name} {describe_exit(returncode)} ({why}), "
             f"which a restart would repeat; exit status {returncode}."
         )
         return returncode
       if attempt < max_restarts:
-        output.launcher(
+        _say(
             f"restart {attempt + 1} of {max_restarts}: {task.name} {describe_exit(returncode)}; "
             "the job resumes from the last checkpoint in its workdir."
         )
-    output.launcher(
+    _say(
         f"the job failed: {task.name} {describe_exit(returncode)} and no restart is left "
         f"(--max_restarts={max_restarts}); exit status {exit_status(returncode)}."
     )

@@ -33,9 +33,6 @@ import urllib.parse
 
 from absl import logging
 
-from strategies import checks
-from strategies.errors import ConfigError
-
 HOST_VARIABLES = ("GCE_METADATA_IP", "GCE_METADATA_HOST")  # In the order they are read.
 DEFAULT_HOST = "metadata.google.internal"
 DMI_DIR = "/sys/class/dmi/id"
@@ -144,7 +141,7 @@ class Watch:
       first_retry_seconds: float = 1.0,
       max_retry_seconds: float = 60.0,
   ) -> None:
-    """Initializes the `Watch` and starts its threads.
+    """Starts the watch's threads; the caller gives valid arguments (`watching` gives the defaults).
 
     Args:
       host: the metadata server, `host` or `host:port`.
@@ -154,21 +151,12 @@ class Watch:
       first_retry_seconds: the wait before retrying after a first failure.
       max_retry_seconds: the longest wait between retries.
 
-    Raises:
-      ConfigError: an argument is invalid, or the first retry waits longer
-        than the longest.
     """
-    if not isinstance(host, str) or not _HOST_PORT.fullmatch(host):
-      raise ConfigError(f"host must be a host or host:port such as 169.254.169.254, got {host!r}.")
     self._host = host
     self._on_notice = on_notice
-    self._wait_seconds = checks.positive_int(wait_seconds, "wait_seconds")
-    self._first_retry_seconds = float(checks.positive_number(first_retry_seconds, "first_retry_seconds"))
-    self._max_retry_seconds = float(checks.positive_number(max_retry_seconds, "max_retry_seconds"))
-    if self._first_retry_seconds > self._max_retry_seconds:
-      raise ConfigError(
-          f"first_retry_seconds ({first_retry_seconds}) must be at most max_retry_seconds ({max_retry_seconds})."
-      )
+    self._wait_seconds = wait_seconds
+    self._first_retry_seconds = first_retry_seconds
+    self._max_retry_seconds = max_retry_seconds
     self._closed = threading.Event()
     self._lock = threading.Lock()  # Guards the fields below, and `_closed` against a request being opened.
     self._noticed = False

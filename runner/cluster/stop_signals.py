@@ -138,8 +138,7 @@ class _SignalWatch:
         if signum not in exit_codes.STOPPED_BY:
           continue
         if stops and signum == signal.SIGINT:
-          sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-          process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
+          _abort()
         if not stops:
           logging.warning(
               "%s received: the run stops at the end of this loop (or of the final evaluation), with a "
@@ -227,8 +226,7 @@ def _outside_training(signum: int, frame: object) -> None:
   global _first_stop, _waiting_stop, _raised
   if _first_stop is not None:
     if signum == signal.SIGINT:
-      sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-      process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
+      _abort()
     return
   _first_stop = signum
   if _joined_a_cluster():
@@ -244,6 +242,11 @@ def _outside_training(signum: int, frame: object) -> None:
     raise stopped
   sys.stderr.write(stopped.line + "\n")
   process_exit.exit_now(stopped.exit_code)
+
+
+def _abort() -> None:
+  sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
+  process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
 
 
 def _joined_a_cluster() -> bool:
