@@ -35,6 +35,7 @@ setuptools.setup(
         "keras>=3",
         "absl-py>=1.0",
         "filelock>=4.3",  # The workdir lock (runner/workdir/lock.py): flock, and the holder written while held.
+        "portpicker>=1.5",  # Free ports for the launcher's tasks (runner/launch.py).
         "ml-collections>=0.1.1",
         "numpy",
         "protobuf",  # Its text format, for the checkpoint list; TensorFlow depends on it anyway.
@@ -43,7 +44,6 @@ setuptools.setup(
         "test": [
             "pytest>=7",
             "pytest-xdist>=3",  # The suite runs its files in two processes (-n 2 --dist loadfile).
-            "portpicker>=1.5",
             "scikit-learn>=1.0",
             "tensorboard>=2.16",
             "tensorboard-plugin-profile>=2.16",
