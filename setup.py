@@ -34,6 +34,8 @@ setuptools.setup(
         TENSORFLOW + TENSORFLOW_VERSION,
         "keras>=3",
         "absl-py>=1.0",
+        "filelock>=4.3",  # The workdir lock (runner/workdir/lock.py): flock, and the holder written while held.
+        "portpicker>=1.5",  # Free ports for the launcher's tasks (runner/launch.py).
         "ml-collections>=0.1.1",
         "numpy",
         "protobuf",  # Its text format, for the checkpoint list; TensorFlow depends on it anyway.
@@ -42,7 +44,6 @@ setuptools.setup(
         "test": [
             "pytest>=7",
             "pytest-xdist>=3",  # The suite runs its files in two processes (-n 2 --dist loadfile).
-            "portpicker>=1.5",
             "scikit-learn>=1.0",
             "tensorboard>=2.16",
             "tensorboard-plugin-profile>=2.16",
@@ -58,7 +59,7 @@ setuptools.setup(
         "tpu": ["tensorflow-tpu" + TENSORFLOW_VERSION],
         # Views a run's summaries and profiles (docs/tensorboard.md); neither depends on TensorFlow.
         "tensorboard": ["tensorboard>=2.16", "tensorboard-plugin-profile>=2.16"],
-        # Ray Train as a way in (runner/cluster/ray_train.py, docs/clusters.md#ray-train).
+        # Ray Train as a way in (runner/ray_train.py, docs/clusters.md#ray-train).
         "ray": [RAY],
         # tf_keras (Keras 2) models and TF-GNN (docs/keras2_and_gnn.md); then `pip install --no-deps tensorflow-gnn`.
         "gnn": GNN,

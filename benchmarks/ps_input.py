@@ -33,7 +33,7 @@ import tensorflow as tf
 from benchmarks import commits
 from benchmarks import ps_input_chief
 from benchmarks import throughput
-from runner.cluster import launcher
+from runner import launch as launcher
 from strategies import peers
 
 CHIEF_SCRIPT = os.path.abspath(ps_input_chief.__file__)

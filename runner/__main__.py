@@ -49,7 +49,7 @@ a bad flag and a config error answer without loading it.
 """
 
 from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from runner.cluster import stop_signals
 
@@ -60,7 +60,6 @@ from runner.outputs import tensorflow_logs
 tensorflow_logs.quiet_start()  # Before anything imports TensorFlow, the runner or a user's module.
 
 import contextlib
-import dataclasses
 import re
 import sys
 import traceback
@@ -93,30 +92,21 @@ _WORKDIR = flags.DEFINE_string(
     "A workdir with checkpoints resumes. Default: a new temporary directory.",
 )
 _MODE = flags.DEFINE_enum("mode", None, config_lib.MODES, "Overrides config.mode.")
-_DRY_RUN = flags.DEFINE_bool(
-    "dry_run",
-    False,
-    "Print the resolved config, the strategy, replicas, per-replica batch sizes, whether --workdir holds a run "
-    "and the step it would resume from, and the step plan from there; train and write nothing.",
-)
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print what the run would do, and from which step; write nothing.")
 _CHECK_TPU = flags.DEFINE_bool(
-    "check_tpu",
-    False,
-    "Compile and run the config's train and eval steps the way a TPU would (XLA, static shapes) on logical "
-    "CPUs, before paying for a TPU: print one PASS line, or exit 2 naming the first op, shape or dtype a TPU "
-    "would reject. Writes nothing.",
+    "check_tpu", False, "Run the config's steps as a TPU would (XLA, static shapes) on CPUs; name what it rejects."
 )
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Print an error line's traceback (exit 2, 3, 170 or 171) before it.")
+# The exceptions that end the command line with one `error:` line, and their exit statuses (`runner.exit_codes`).
+_ERROR_LINES = {
+    ConfigError: exit_codes.USER_ERROR,
+    FloatingPointError: exit_codes.NON_FINITE,
+    ClusterError: exit_codes.CLUSTER,
+    remote.UnreachableError: exit_codes.UNREACHABLE,
+}
 
-_VERBOSE = flags.DEFINE_bool(
-    "verbose",
-    False,
-    "On an error line (exit 2, 3, 170 or 171), print its Python traceback, chained exceptions included (e.g. what a "
-    "config file raised), before the one error: line.",
-)
 
-
-@dataclasses.dataclass(frozen=True)
-class CommandLine:
+class CommandLine(NamedTuple):
   """The parsed command line: absl's leftover arguments and the config overrides."""
 
   arguments: list[str]
@@ -190,14 +180,9 @@ def _exit_statuses() -> Iterator[None]:
     stopped = stop_signals.raised_stop()
     if stopped is not None and e is not stopped:  # What a library made of a stop signal (see `raised_stop`).
       raise stopped from None
-    if isinstance(e, ConfigError):
-      exit_with_user_error(e)
-    if isinstance(e, FloatingPointError):
-      exit_with_user_error(e, exit_codes.NON_FINITE)
-    if isinstance(e, ClusterError):
-      exit_with_user_error(e, exit_codes.CLUSTER)
-    if isinstance(e, remote.UnreachableError):
-      exit_with_user_error(e, exit_codes.UNREACHABLE)
+    for error, status in _ERROR_LINES.items():
+      if isinstance(e, error):
+        exit_with_user_error(e, status)
     raise
 
 

@@ -8,6 +8,7 @@ that behaviour changes.
 """
 
 import atexit
+import sys
 from typing import Any
 
 import tensorflow as tf
@@ -97,3 +98,21 @@ def end_async_checkpoint_writer(checkpoint: Any) -> None:
     join = writer._join_async_save_thread  # noqa: SLF001
     atexit.unregister(join)
     join()
+
+
+# --- cluster ---
+
+
+def joined_a_cluster() -> bool:
+  """Whether this process's TensorFlow has joined a multi-worker cluster (collective ops or a remote server set up).
+
+  Works around: TensorFlow has no public call that says so. Its eager context holds the server def that
+  `MultiWorkerMirroredStrategy` (collective ops, `_collective_ops_server_def`) or `connect_to_cluster`
+  (`get_server_def()`) set. A signal handler asks (`runner.cluster.stop_signals`), maybe while TensorFlow is being
+  imported, so this imports nothing: it reads the context module if `sys.modules` holds it, half loaded or not.
+  Checked with `CHECKED_WITH`.
+  """
+  context = sys.modules.get("tensorflow.python.eager.context")
+  context_safe = getattr(context, "context_safe", None)  # Not there yet in a module half loaded: not joined.
+  current = context_safe() if context_safe is not None else None
+  return bool(current and (current.get_server_def() or current._collective_ops_server_def))  # noqa: SLF001

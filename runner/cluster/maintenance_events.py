@@ -24,6 +24,7 @@ watch retries with back-off.
 
 from collections.abc import Callable, Iterator, Mapping
 import contextlib
+import dataclasses
 import http.client
 import os
 import re
@@ -32,9 +33,6 @@ import threading
 import urllib.parse
 
 from absl import logging
-
-from strategies import checks
-from strategies.errors import ConfigError
 
 HOST_VARIABLES = ("GCE_METADATA_IP", "GCE_METADATA_HOST")  # In the order they are read.
 DEFAULT_HOST = "metadata.google.internal"
@@ -123,6 +121,7 @@ class _ClosedError(Exception):
   """The watch was closed while a request was being made."""
 
 
+@dataclasses.dataclass(kw_only=True, eq=False)
 class Watch:
   """Long-polls `instance/maintenance-event` and `instance/preempted`, one daemon thread each, until `close`.
 
@@ -132,43 +131,25 @@ class Watch:
   watch, and that thread ends. A failed request (refused, timed out, a
   status other than 200, no `Metadata-Flavor: Google` header in the answer)
   is logged once for the watch and retried after a wait that doubles, from
-  `first_retry_seconds` up to `max_retry_seconds`.
+  `first_retry_seconds` up to `max_retry_seconds`. The threads start when it
+  is made (`watching` makes it with the defaults).
+
+  Attributes:
+    host: the metadata server, `host` or `host:port`.
+    on_notice: called once, from a watch thread, at the first stopping notice.
+    wait_seconds: the `timeout_sec` of each long poll: the server answers
+      with the value unchanged after that long.
+    first_retry_seconds: the wait before retrying after a first failure.
+    max_retry_seconds: the longest wait between retries.
   """
 
-  def __init__(
-      self,
-      *,
-      host: str,
-      on_notice: Callable[[], None],
-      wait_seconds: int = 60,
-      first_retry_seconds: float = 1.0,
-      max_retry_seconds: float = 60.0,
-  ) -> None:
-    """Initializes the `Watch` and starts its threads.
+  host: str
+  on_notice: Callable[[], None]
+  wait_seconds: int = 60
+  first_retry_seconds: float = 1.0
+  max_retry_seconds: float = 60.0
 
-    Args:
-      host: the metadata server, `host` or `host:port`.
-      on_notice: called once, from a watch thread, at the first stopping notice.
-      wait_seconds: the `timeout_sec` of each long poll: the server answers
-        with the value unchanged after that long.
-      first_retry_seconds: the wait before retrying after a first failure.
-      max_retry_seconds: the longest wait between retries.
-
-    Raises:
-      ConfigError: an argument is invalid, or the first retry waits longer
-        than the longest.
-    """
-    if not isinstance(host, str) or not _HOST_PORT.fullmatch(host):
-      raise ConfigError(f"host must be a host or host:port such as 169.254.169.254, got {host!r}.")
-    self._host = host
-    self._on_notice = on_notice
-    self._wait_seconds = checks.positive_int(wait_seconds, "wait_seconds")
-    self._first_retry_seconds = float(checks.positive_number(first_retry_seconds, "first_retry_seconds"))
-    self._max_retry_seconds = float(checks.positive_number(max_retry_seconds, "max_retry_seconds"))
-    if self._first_retry_seconds > self._max_retry_seconds:
-      raise ConfigError(
-          f"first_retry_seconds ({first_retry_seconds}) must be at most max_retry_seconds ({max_retry_seconds})."
-      )
+  def __post_init__(self) -> None:
     self._closed = threading.Event()
     self._lock = threading.Lock()  # Guards the fields below, and `_closed` against a request being opened.
     self._noticed = False
@@ -194,7 +175,7 @@ class Watch:
     """Reads `key`, then long-polls it until a stopping value or `close`."""
     etag: str | None = None
     value = None  # None: not read yet, so the next request reads at once.
-    retry_seconds = self._first_retry_seconds
+    retry_seconds = self.first_retry_seconds
     while not self._closed.is_set():
       try:
         new_value, etag = self._read(key, etag, wait=value is not None)
@@ -203,9 +184,9 @@ class Watch:
       except (OSError, http.client.HTTPException, _MetadataAnswerError, UnicodeDecodeError) as e:
         self._failed(key, e)
         self._closed.wait(retry_seconds)
-        retry_seconds = min(self._max_retry_seconds, 2 * retry_seconds)
+        retry_seconds = min(self.max_retry_seconds, 2 * retry_seconds)
         continue
-      retry_seconds = self._first_retry_seconds
+      retry_seconds = self.first_retry_seconds
       if new_value == STOP_VALUES[key]:
         self._notice(key, new_value)
         return
@@ -225,16 +206,16 @@ class Watch:
     """
     query = ""
     if wait:
-      fields = {"wait_for_change": "true", "timeout_sec": self._wait_seconds}
+      fields = {"wait_for_change": "true", "timeout_sec": self.wait_seconds}
       query = "?" + urllib.parse.urlencode(fields if etag is None else {**fields, "last_etag": etag})
-    connection = http.client.HTTPConnection(self._host, timeout=_CONNECT_SECONDS)
+    connection = http.client.HTTPConnection(self.host, timeout=_CONNECT_SECONDS)
     try:
       connection.connect()
       with self._lock:
         if self._closed.is_set():
           raise _ClosedError()
         self._open[key] = connection.sock  # Kept: http.client may drop it from the connection before the body's end.
-      connection.sock.settimeout(self._wait_seconds + _READ_MARGIN_SECONDS)
+      connection.sock.settimeout(self.wait_seconds + _READ_MARGIN_SECONDS)
       connection.request("GET", f"/computeMetadata/v1/{key}{query}", headers={"Metadata-Flavor": "Google"})
       response = connection.getresponse()
       body = response.read()
@@ -259,7 +240,7 @@ class Watch:
         key,
         value,
     )
-    self._on_notice()
+    self.on_notice()
 
   def _failed(self, key: str, error: Exception) -> None:
     with self._lock:
@@ -269,8 +250,8 @@ class Watch:
     logging.warning(
         "Cannot watch GCE maintenance events at the metadata server %s (%s: %s): training goes on, and the watch "
         "retries, waiting up to %g s between tries.",
-        self._host,
+        self.host,
         key,
         error if isinstance(error, _MetadataAnswerError) else f"{type(error).__name__}: {error}",
-        self._max_retry_seconds,
+        self.max_retry_seconds,
     )

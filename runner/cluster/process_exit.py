@@ -9,6 +9,7 @@ was registered with `on_exit_now` (the workdir lock's release).
 """
 
 from collections.abc import Callable
+import contextlib
 import os
 import sys
 from typing import NoReturn
@@ -31,38 +32,23 @@ def on_exit_now(callback: Callable[[], object]) -> Callable[[], None]:
   return take_back
 
 
-def remove_autograph_modules() -> None:
-  """Deletes the files of the modules AutoGraph generated in this process.
-
-  The modules stay loaded: only their source files go, which nothing reads
-  once a module has run. A file already gone is skipped.
-  """
-  for name, module in list(sys.modules.items()):
-    path = getattr(module, "__file__", None)
-    if not (name.startswith(AUTOGRAPH_MODULE_PREFIX) and path):
-      continue
-    try:
-      os.remove(path)
-    except FileNotFoundError:
-      pass
-
-
 def exit_now(status: int) -> NoReturn:
   """Calls what `on_exit_now` registered, flushes stdout and stderr, deletes AutoGraph's files, and ends the process.
 
   The process ends with `status`, skipping teardown. A stream that cannot be
   flushed (its reader is gone, e.g. a launcher that was killed) does not keep
-  the process from ending with `status`.
+  the process from ending with `status`. AutoGraph's modules stay loaded:
+  only their source files go, which nothing reads once a module has run.
   """
   for callback in list(_before_exit):
-    try:
+    with contextlib.suppress(Exception):
       callback()
-    except Exception:  # noqa: BLE001
-      pass
   for stream in (sys.stdout, sys.stderr):
-    try:
+    with contextlib.suppress(OSError, ValueError):
       stream.flush()
-    except (OSError, ValueError):
-      pass
-  remove_autograph_modules()
+  for name, module in list(sys.modules.items()):
+    path = getattr(module, "__file__", None)
+    if name.startswith(AUTOGRAPH_MODULE_PREFIX) and path:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
   os._exit(status)

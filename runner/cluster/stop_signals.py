@@ -138,8 +138,7 @@ class _SignalWatch:
         if signum not in exit_codes.STOPPED_BY:
           continue
         if stops and signum == signal.SIGINT:
-          sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-          process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
+          _abort()
         if not stops:
           logging.warning(
               "%s received: the run stops at the end of this loop (or of the final evaluation), with a "
@@ -227,8 +226,7 @@ def _outside_training(signum: int, frame: object) -> None:
   global _first_stop, _waiting_stop, _raised
   if _first_stop is not None:
     if signum == signal.SIGINT:
-      sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
-      process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
+      _abort()
     return
   _first_stop = signum
   if _joined_a_cluster():
@@ -246,10 +244,15 @@ def _outside_training(signum: int, frame: object) -> None:
   process_exit.exit_now(stopped.exit_code)
 
 
+def _abort() -> None:
+  sys.stderr.write("Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint.\n")
+  process_exit.exit_now(exit_codes.STOPPED_BY[signal.SIGINT])
+
+
 def _joined_a_cluster() -> bool:
-  """Whether this process's TensorFlow has joined a multi-worker cluster (collectives or a remote server set up)."""
-  context = sys.modules.get("tensorflow.python.eager.context")
-  # A signal during TensorFlow's import may find that module half loaded, without `context_safe` yet: not joined.
-  context_safe = getattr(context, "context_safe", None)
-  current = context_safe() if context_safe is not None else None
-  return bool(current and (current.get_server_def() or current._collective_ops_server_def))  # noqa: SLF001
+  """Whether this process's TensorFlow has joined a multi-worker cluster; imports nothing before TensorFlow is."""
+  if "tensorflow" not in sys.modules:
+    return False
+  from strategies import tensorflow_workarounds  # noqa: PLC0415  It may import TensorFlow: only once it is loaded.
+
+  return tensorflow_workarounds.joined_a_cluster()

@@ -35,6 +35,7 @@ CONFTEST = "tests_conftest"
 # counts). A module neither here, nor the standard library's, nor the project's fails the import check.
 DISTRIBUTIONS = {
     "absl": "absl-py",
+    "filelock": "filelock",
     "google.protobuf": "protobuf",
     "keras": "keras",
     "ml_collections": "ml-collections",

@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 from runner import exit_codes
-from runner.cluster import launcher
+from runner import launch as launcher
 from testlib import paths
 from testlib import process_testlib
 

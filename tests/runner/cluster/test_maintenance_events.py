@@ -18,7 +18,6 @@ import tensorflow as tf
 import runner
 from runner.cluster import maintenance_events
 from runner.outputs import checkpoints
-from strategies import ConfigError
 from testlib import metadata_server
 from testlib import trainer_testlib
 
@@ -295,24 +294,3 @@ def test_a_variable_that_is_no_host_and_port_is_one_warning_and_no_watch(tmp_pat
       f"GCE_METADATA_IP={value!r} is not a host or host:port (such as 169.254.169.254 or 127.0.0.1:8080): GCE "
       "maintenance events and preemption notices are not watched."
   ]
-
-
-@pytest.mark.parametrize(
-    "arguments, message",
-    [
-        ({"host": "http://x"}, "host must be a host or host:port such as 169.254.169.254, got 'http://x'."),
-        ({"wait_seconds": 0}, "wait_seconds must be a positive int, got 0."),
-        ({"first_retry_seconds": -1}, "first_retry_seconds must be a positive number, got -1."),
-        ({"max_retry_seconds": "60"}, "max_retry_seconds must be a positive number, got '60'."),
-        (
-            {"first_retry_seconds": 2, "max_retry_seconds": 1},
-            "first_retry_seconds (2) must be at most max_retry_seconds (1).",
-        ),
-    ],
-    ids=["host", "wait_seconds", "first_retry_seconds", "max_retry_seconds", "first_above_max"],
-)
-def test_bad_watch_arguments_are_config_errors_before_any_thread(arguments, message):
-  with pytest.raises(ConfigError) as raised:
-    maintenance_events.Watch(**{"host": "127.0.0.1:1", "on_notice": lambda: None, **arguments})
-  assert str(raised.value) == message
-  assert _watch_threads() == []

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import runner
-from runner.cluster import ray_train
+from runner import ray_train
 from strategies import ConfigError
 from testlib import paths
 from testlib import process_testlib
