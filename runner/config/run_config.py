@@ -141,9 +141,7 @@ def _complete(config: Any, previous_names: Mapping[str, str] | None = None) -> m
   _merge(result, {k: v for k, v in _section(config, "A config").items() if k not in NAMED_SECTIONS}, "config")
   for section, kind in NAMED_SECTIONS.items():
     given = _section(config[section] if section in config else {}, f"config.{section}")
-    previous = (previous_names or {}).get(section)
-    own = _with_own_fields(result[section], given, f"config.{section}", kind, previous)
-    _merge(result[section], own, f"config.{section}")
+    _with_own_fields(result[section], given, f"config.{section}", kind, (previous_names or {}).get(section))
   return result
 
 
@@ -156,8 +154,8 @@ def _section(value: Any, where: str) -> Any:
 
 def _with_own_fields(
     section: ml_collections.ConfigDict, given: Any, where: str, kind: str, previous: str | None = None
-) -> dict[str, Any]:
-  """Adds to `section` the own fields of the `kind` that `given` names; returns `given`'s fields to merge.
+) -> None:
+  """Adds to `section` the own fields of the `kind` that `given` names, and merges `given`'s fields into it.
 
   Own fields (a built-in's, or those its function declares) come with their
   defaults. A field of `previous` (the name an override replaced) still at
@@ -200,7 +198,7 @@ def _with_own_fields(
           f"{where}.{field} is not a field of {kind} {name!r}{hint}.{checks.did_you_mean(field, section)} "
           f"Fields of {where} for {kind} {name!r}: {', '.join(section)}."
       )
-  return kept
+  _merge(section, kept, where)
 
 
 def _defaults(kind: str, name: str) -> dict[str, Any]:
