@@ -354,43 +354,51 @@ def test_bad_flags_fail_when_parsed(argv, message):
     parse_flags(*argv)
 
 
-def test_user_scripts_and_python_m_strategies_in_processes_of_their_own(subprocess_env):
-  """A user's script with the flags runs mirrored; `python -m strategies` reports, or fails in one line (exit 2)."""
-  for variable in strategies.tpu.TPU_ENVIRONMENT_VARIABLES:
-    subprocess_env.pop(variable, None)
-  commands = {  # Started at once: each loads TensorFlow.
-      "script": [os.path.join(paths.TESTLIB, "flags_script.py"), "--strategy=mirrored", "--virtual_cpus=2"],
-      "report": ["-m", "strategies", "--virtual_cpus=3", "--strategy=one_device", "--device=/cpu:2"],
-      "error": ["-m", "strategies", "--strategy=one_device", "--device=/gpu:3"],
-  }
-  processes = {
-      name: subprocess.Popen(
-          [sys.executable, *args], env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-      )
-      for name, args in commands.items()
-  }
-  results = {name: (*p.communicate(timeout=TIMEOUT_SECONDS), p.returncode) for name, p in processes.items()}
+def run_python(args, env):
+  result = subprocess.run(
+      [sys.executable, *args], env=env, capture_output=True, text=True, timeout=TIMEOUT_SECONDS, check=False
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
 
-  stdout, stderr, status = results["script"]
-  assert status == 0, stderr[-3000:]
-  assert json.loads(stdout.splitlines()[-1]) == {
+
+def test_user_script_with_flags_runs_mirrored_on_two_virtual_cpus(subprocess_env):
+  script = os.path.join(paths.TESTLIB, "flags_script.py")
+  report = json.loads(run_python([script, "--strategy=mirrored", "--virtual_cpus=2"], subprocess_env).splitlines()[-1])
+  assert report == {
       "replicas": 2,
       "all_reduce_sum": 3.0,
       "variable": 3.0,
       "strategy": "mirrored: 2 replicas on CPU:0, CPU:1",
   }
 
-  output, stderr, status = results["report"]
-  assert status == 0, stderr[-3000:]
+
+def test_python_m_strategies_prints_devices_and_auto_choice(subprocess_env):
+  for variable in strategies.tpu.TPU_ENVIRONMENT_VARIABLES:
+    subprocess_env.pop(variable, None)
+  output = run_python(
+      ["-m", "strategies", "--virtual_cpus=3", "--strategy=one_device", "--device=/cpu:2"], subprocess_env
+  )
   assert "/physical_device:CPU:0" in output
   assert "Logical devices:\n  /device:CPU:0\n  /device:CPU:1\n  /device:CPU:2\n" in output
   assert "auto would choose: mirrored (no TPU or GPU, 3 logical CPUs)\n" in output
   assert output.endswith("--strategy=one_device: one_device: 1 replica on CPU:2\n")
 
-  _, stderr, status = results["error"]
-  assert status == 2
-  assert "error: device='/gpu:3' does not exist in this process. Devices TensorFlow sees: /device:CPU:0." in stderr
-  assert "Traceback" not in stderr
+
+def test_python_m_strategies_prints_a_config_error_in_one_line(subprocess_env):
+  result = subprocess.run(
+      [sys.executable, "-m", "strategies", "--strategy=one_device", "--device=/gpu:3"],
+      env=subprocess_env,
+      capture_output=True,
+      text=True,
+      timeout=TIMEOUT_SECONDS,
+      check=False,
+  )
+  assert result.returncode == 2
+  assert (
+      "error: device='/gpu:3' does not exist in this process. Devices TensorFlow sees: /device:CPU:0." in result.stderr
+  )
+  assert "Traceback" not in result.stderr
 
 
 def test_python_m_strategies_exits_2_for_bad_input_and_0_for_help(subprocess_env):
