@@ -148,7 +148,7 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   long_run = ARGS + [
       f"--workdir={workdir}",
       "--config.trainer.train_steps=1000000",
-      "--config.trainer.checkpoint_every=100",
+      "--config.trainer.checkpoint_every=20",
   ]
   cluster = _cluster(workers=1, ps=1)
   tasks = _start(cluster, long_run, subprocess_env, str(tmp_path / "logs"))
