@@ -50,13 +50,16 @@ LOGICAL_CPUS = strategies.virtual_cpus(NUM_LOGICAL_CPUS)
 # run alone at the end while the other worker has nothing to do.
 LONGEST_FILES = (
     "runner/cluster/test_launch.py",
-    "runner/cluster/test_ray_train.py",
     "runner/cluster/test_slurm.py",
     "runner/cluster/test_fault_tolerance.py",
-    "runner/cluster/test_trainer_parameter_server.py",
     "runner/cluster/test_cluster.py",
-    "runner/tpu/test_tpu_check.py",
+    "runner/cluster/test_trainer_parameter_server.py",
+    "runner/cluster/test_ray_train.py",
+    "runner/training/test_trainer_tf_keras.py",
+    "runner/training/test_unchecked_loops.py",
+    "runner/training/test_trainer_multi_worker.py",
     "runner/cluster/test_tfjob_cluster.py",
+    "runner/tpu/test_tpu_check.py",
     "runner/outputs/test_async_checkpoints.py",
 )
 

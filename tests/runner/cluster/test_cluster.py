@@ -79,8 +79,7 @@ def _start(command, env):
 
 
 def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes_and_exports(tmp_path, subprocess_env):
-  """3 workers: the chief and two others (2-worker jobs: test_launch.py, test_trainer_multi_worker.py)."""
-  num_workers = 3
+  num_workers = 2
   scratch = tmp_path / "tmp"
   scratch.mkdir()
   env = dict(subprocess_env, TMPDIR=str(scratch))
