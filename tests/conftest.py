@@ -44,6 +44,36 @@ NUM_LOGICAL_CPUS = 4
 LOGICAL_CPUS = strategies.virtual_cpus(NUM_LOGICAL_CPUS)
 
 
+# The files that take longest (they start the most TensorFlow processes), longest first. They run first:
+# `-n 2 --dist loadfile` hands each file whole to whichever worker is free, in the order of the collection
+# (pytest.ini turns off xdist's reordering by test count, `--no-loadscope-reorder`), so no long file is left to
+# run alone at the end while the other worker has nothing to do.
+LONGEST_FILES = (
+    "runner/cluster/test_launch.py",
+    "runner/cluster/test_slurm.py",
+    "runner/cluster/test_fault_tolerance.py",
+    "runner/cluster/test_cluster.py",
+    "runner/cluster/test_trainer_parameter_server.py",
+    "runner/cluster/test_ray_train.py",
+    "runner/training/test_trainer_tf_keras.py",
+    "runner/training/test_unchecked_loops.py",
+    "runner/training/test_trainer_multi_worker.py",
+    "runner/cluster/test_tfjob_cluster.py",
+    "runner/tpu/test_tpu_check.py",
+    "runner/outputs/test_async_checkpoints.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+  """Puts the tests of `LONGEST_FILES` first, in that order; the others keep theirs."""
+
+  def rank(item):
+    path = os.path.relpath(str(item.path), TESTS_DIR)
+    return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+  items.sort(key=rank)
+
+
 @pytest.fixture
 def cpu_devices():
   """Returns a function n -> the names of the first n logical CPUs."""

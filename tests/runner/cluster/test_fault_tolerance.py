@@ -1,8 +1,11 @@
-"""Long runs that nothing spoils: real signals, SIGKILL, a full disk and repeated exits, through `python -m runner`.
+"""Long runs that nothing spoils: real signals, a full disk and failing runs, through `python -m runner`.
 
 Every case is a real child process. A stopped run is restarted with the same
-command and must end with the final checkpoint of an uninterrupted run:
-identical on one device, within 1e-6 on 2 logical CPUs and on 2 workers.
+command and must end with the final checkpoint of an uninterrupted run,
+within 1e-6 on 2 logical CPUs. The same on one device, bit for bit, with
+SIGTERM, Ctrl-C and SIGKILL during background checkpoint writes:
+tests/runner/outputs/test_async_checkpoints.py; on 2 workers:
+tests/runner/cluster/test_launch.py.
 """
 
 import json
@@ -17,7 +20,6 @@ import textwrap
 import time
 
 import numpy as np
-import portpicker
 import pytest
 import tensorflow as tf
 
@@ -44,6 +46,8 @@ def _run_args(**trainer):
 RUN = _run_args()
 ONE_DEVICE = ["--config.strategy.name=one_device"]
 MIRRORED_2 = ["--config.strategy.name=mirrored", "--config.strategy.virtual_cpus=2"]
+# The same 2 replicas in this process, whose CPU tests/conftest.py split into 4 logical CPUs already.
+MIRRORED_IN_PROCESS = ["strategy.name=mirrored", "strategy.devices=/cpu:0", "strategy.devices=/cpu:1"]
 
 
 class Run(process_testlib.TrainingProcess):
@@ -59,41 +63,24 @@ class Run(process_testlib.TrainingProcess):
     )
 
 
-def _assert_same_values(got, want, rtol):
-  assert sorted(got) == sorted(want) and len(got) > 4
-  for name, value in want.items():
-    if rtol == 0:
-      np.testing.assert_array_equal(got[name], value, err_msg=name)
-    else:
-      np.testing.assert_allclose(got[name], value, rtol=rtol, atol=1e-7, err_msg=name)
-
-
 def _no_traceback(stderr):
   assert "Traceback" not in stderr, stderr[-3000:]
 
 
-@pytest.mark.parametrize(
-    "strategy, signum, rtol",
-    [(ONE_DEVICE, signal.SIGTERM, 0), (MIRRORED_2, signal.SIGINT, 1e-6)],
-    ids=["sigterm_one_device", "ctrl_c_mirrored_2"],
-)
-def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(
-    strategy, signum, rtol, tmp_path, subprocess_env
-):
-  whole = Run(tmp_path / "whole", RUN + strategy, subprocess_env)
-  stopped = Run(tmp_path / "stopped", RUN + strategy, subprocess_env)
+def test_ctrl_c_saves_and_exits_and_the_same_command_resumes_exactly_on_two_replicas(tmp_path, subprocess_env):
+  # SIGTERM, and stops during background writes, on one device: tests/runner/outputs/test_async_checkpoints.py.
+  stopped = Run(tmp_path / "stopped", RUN + MIRRORED_2, subprocess_env)
   stopped.wait_for_rows(12)  # Past the checkpoint at step 100, mid-way to the next one.
-  stopped.process.send_signal(signum)
+  stopped.process.send_signal(signal.SIGINT)
   status, _, stderr = stopped.wait()
-  assert status == 128 + signum, stderr[-3000:]
+  assert status == 130, stderr[-3000:]
   step = stopped.train_rows()[-1]["step"]
   assert 120 <= step < STEPS
-  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: r"Ctrl-C \(SIGINT\)"}[signum]
   assert (
       len(
           re.findall(
-              rf"Stopped by {name}: saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same command again to "
-              rf"resume from there\.",
+              rf"Stopped by Ctrl-C \(SIGINT\): saved a checkpoint at step {step} \(.*ckpt-{step}\); run the same "
+              rf"command again to resume from there\.",
               stderr,
           )
       )
@@ -103,16 +90,22 @@ def test_a_signal_saves_and_exits_and_the_same_command_resumes_exactly(
   assert tf.train.latest_checkpoint(str(tmp_path / "stopped" / "checkpoints")).endswith(f"ckpt-{step}")
   assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "stopped")  # Released before the exit.
 
-  status, stdout, stderr = Run(tmp_path / "stopped", RUN + strategy, subprocess_env).wait()
+  resumed = Run(tmp_path / "stopped", RUN + MIRRORED_2, subprocess_env)
+  # The uninterrupted run, on 2 of this process's logical CPUs while the rerun resumes.
+  overrides = [arg.removeprefix("--").removeprefix("config.") for arg in RUN[1:]]
+  whole = runner.run(
+      runner.load_config(SYNTHETIC, overrides + MIRRORED_IN_PROCESS), str(tmp_path / "whole"), quiet=True
+  )
+  assert whole.global_step == STEPS
+  status, stdout, stderr = resumed.wait()
   assert status == 0, stderr[-3000:]
   assert f"Resuming at step {step}: each input pipeline starts its stream at the examples of step {step}" in stderr
   assert f"global step: {STEPS}" in stdout
-  assert whole.wait()[0] == 0
-  _assert_same_values(
-      process_testlib.final_checkpoint_values(tmp_path / "stopped"),
-      process_testlib.final_checkpoint_values(tmp_path / "whole"),
-      rtol,
-  )
+  got = process_testlib.final_checkpoint_values(tmp_path / "stopped")
+  want = process_testlib.final_checkpoint_values(tmp_path / "whole")
+  assert sorted(got) == sorted(want) and len(got) > 4
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def _catches(pid, signum):
@@ -161,9 +154,9 @@ def test_a_signal_that_a_library_turns_into_another_error_is_still_the_stop(tmp_
 
 
 def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
-  # Loops of several seconds (about 9 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
+  # Loops of several seconds (about 4 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
   # where Python runs no signal handler until the loop's call returns.
-  long_loops = _run_args(train_steps=1000000, steps_per_loop=20000, checkpoint_every=20000)
+  long_loops = _run_args(train_steps=1000000, steps_per_loop=10000, checkpoint_every=10000)
   run = Run(tmp_path / "run", long_loops + ONE_DEVICE, subprocess_env)
   checkpoints = str(tmp_path / "run" / "checkpoints")
   run.wait_for(lambda: tf.train.latest_checkpoint(checkpoints) is not None, "the first loop's checkpoint")
@@ -179,49 +172,10 @@ def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env)
   assert "Second Ctrl-C: aborted without saving; a rerun resumes from the last checkpoint." in stderr
   assert "Stopped by" not in stderr
   _no_traceback(stderr)
-  assert [row["step"] for row in run.train_rows()] == [20000]  # Aborted within the second loop.
-  assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-20000")
+  assert [row["step"] for row in run.train_rows()] == [10000]  # Aborted within the second loop.
+  assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-10000")
   assert process_testlib.final_checkpoint_values(tmp_path / "run")
   assert workdir_lock.FILE_NAME not in os.listdir(tmp_path / "run")  # Released by process_exit.exit_now.
-
-
-def test_sigkill_while_training_and_while_saving_resumes_from_the_last_complete_checkpoint(tmp_path, subprocess_env):
-  big = _run_args(train_steps=400, checkpoint_every=10, max_to_keep=2) + ["--config.model.hidden_units=(512,512)"]
-  whole = Run(tmp_path / "whole", big + ONE_DEVICE, subprocess_env)
-  checkpoints = tmp_path / "killed" / "checkpoints"
-  killed_while_saving = 0
-  rng = random.Random(0)
-  for attempt in range(3):
-    run = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env)
-    run.wait_for_rows(len(run.train_rows()) + 3)
-    deadline = time.monotonic() + (0.5 if attempt == 0 else rng.uniform(0.0, 1.0))
-    while time.monotonic() < deadline or attempt:  # Attempts 1 and 2 wait for a checkpoint being written.
-      if attempt and any(name.endswith("_temp") for name in os.listdir(checkpoints)):
-        killed_while_saving += 1
-        break
-      if time.monotonic() > deadline + 10:
-        break
-      time.sleep(0.0005)
-    run.process.send_signal(signal.SIGKILL)
-    assert run.wait()[0] == -signal.SIGKILL
-    assert process_testlib.final_checkpoint_values(
-        tmp_path / "killed"
-    )  # The latest listed checkpoint is complete and readable.
-  assert killed_while_saving >= 1
-  left = sorted(name for name in os.listdir(checkpoints) if name.endswith("_temp"))  # A save killed part-way.
-  status, stdout, stderr = Run(tmp_path / "killed", big + ONE_DEVICE, subprocess_env).wait()
-  assert status == 0 and "global step: 400" in stdout, stderr[-3000:]
-  assert whole.wait()[0] == 0
-  _assert_same_values(
-      process_testlib.final_checkpoint_values(tmp_path / "killed"),
-      process_testlib.final_checkpoint_values(tmp_path / "whole"),
-      0,
-  )
-  assert not [name for name in os.listdir(checkpoints) if name.endswith("_temp")]
-  for name in left:
-    assert f"Removed {checkpoints / name}, left by a save that was interrupted" in stderr
-  # Each step reported once, although the killed runs reported steps past their last checkpoint.
-  assert [row["step"] for row in process_testlib.train_rows(tmp_path / "killed")] == list(range(10, 401, 10))
 
 
 def _full_disk():
@@ -231,28 +185,26 @@ def _full_disk():
 
 
 def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
-  model = ["--config.model.hidden_units=(256,256)"]  # A checkpoint of about 900 kB.
-  # The run the full disk interrupts resumes one that ended at step 100 (trained here: no process needed).
+  workdir = tmp_path / "run"
+  # A checkpoint of about 900 kB. The run the full disk interrupts resumes one that ended at step 100 (trained here: no
+  # process needed).
+  overrides = [
+      "mode=train",
+      "strategy.name=one_device",
+      "data.num_examples=512",
+      "model.hidden_units=(256,256)",
+      "trainer.steps_per_loop=10",
+      "trainer.checkpoint_every=50",
+      "trainer.max_to_keep=1",
+  ]
   finished = runner.run(
-      runner.load_config(
-          SYNTHETIC,
-          [
-              "mode=train",
-              "strategy.name=one_device",
-              "data.num_examples=512",
-              "model.hidden_units=(256,256)",
-              "trainer.train_steps=100",
-              "trainer.steps_per_loop=10",
-              "trainer.checkpoint_every=50",
-              "trainer.max_to_keep=1",
-          ],
-      ),
-      str(tmp_path / "run"),
-      quiet=True,
+      runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=100"]), str(workdir), quiet=True
   )
   assert finished.global_step == 100
-  more = _run_args(train_steps=200, checkpoint_every=50, max_to_keep=1) + model + ONE_DEVICE
-  status, _, stderr = Run(tmp_path / "run", more, subprocess_env, preexec_fn=_full_disk).wait()
+  more = [f"--config={SYNTHETIC}"] + [f"--{o}" if o.startswith("mode=") else f"--config.{o}" for o in overrides]
+  status, _, stderr = Run(
+      workdir, more + ["--config.trainer.train_steps=200"], subprocess_env, preexec_fn=_full_disk
+  ).wait()
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert status == 2 and len(errors) == 1, stderr[-3000:]
   assert errors[0].startswith("error: Could not write the checkpoint of step 150 to ")
@@ -262,14 +214,15 @@ def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays
       "ckpt-100 is intact: free some space or fix the permissions, then run again to resume from it."
   )
   _no_traceback(stderr)
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == [
+  assert sorted(os.listdir(workdir / "checkpoints")) == [
       "checkpoint",
       "ckpt-100.data-00000-of-00001",
       "ckpt-100.index",
   ]
-  status, stdout, stderr = Run(tmp_path / "run", more, subprocess_env).wait()
-  assert status == 0 and "global step: 200" in stdout, stderr[-3000:]
-  assert "Restored " in stderr and "ckpt-100." in stderr
+  # Space again: the same run (here in this process) resumes from ckpt-100.
+  resumed = runner.run(runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=200"]), str(workdir), quiet=True)
+  assert resumed.global_step == 200
+  assert process_testlib.config_history(workdir)[-1]["step"] == 100
 
 
 def _one_kilobyte_files(command, env):
@@ -344,8 +297,12 @@ def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(
   assert process_testlib.files_of(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}
 
 
-def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):
-  """A finished or failed run must exit: TensorFlow's tf.data can deadlock at interpreter exit (1 in 4 seen)."""
+def test_a_run_that_fails_ends_promptly_with_status_1(tmp_path, subprocess_env):
+  """A failed run must exit: TensorFlow's tf.data can deadlock at interpreter exit (1 in 4 seen).
+
+  4 runs whose dataset raises mid-run (status 1) at once: a 1-in-4 hang shows in 68% of runs of this test. Runs that
+  end well (status 0) are the rest of the suite's processes, each waited for with a timeout.
+  """
   (tmp_path / "failing.py").write_text(textwrap.dedent("""
       import tensorflow as tf
 
@@ -367,41 +324,8 @@ def test_every_run_ends_promptly_with_its_status(tmp_path, subprocess_env):
       "--config.trainer.train_steps=20",
       "--config.trainer.steps_per_loop=10",
   ]
-  cases = [("ok", short, 0), ("raises", short + ["--config.data.name=failing:data"], 1)] * 6  # A 1-in-4 hang: 82%.
-  for start in range(0, len(cases), 4):
-    runs = [
-        (Run(tmp_path / f"{kind}{start + i}", args, env), status)
-        for i, (kind, args, status) in enumerate(cases[start : start + 4])
-    ]
-    for run, expected in runs:
-      status, stdout, stderr = run.wait(timeout=90)
-      assert status == expected, stderr[-3000:]
-      assert ("global step: 20" in stdout) if expected == 0 else ("Traceback" in stderr)
-
-
-def test_a_signal_to_one_of_two_workers_stops_both_at_the_same_step_and_they_resume_exactly(tmp_path, subprocess_env):
-  def workers(name):
-    hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
-    args = RUN + ["--config.strategy.name=multi_worker_mirrored", f"--config.strategy.worker_hosts={hosts!r}"]
-    return [
-        Run(tmp_path / name, args + [f"--config.strategy.task_index={index}"], subprocess_env) for index in range(2)
-    ]  # One workdir: every worker restores from the chief's checkpoints.
-
-  stopped = workers("stopped")
-  stopped[0].wait_for_rows(12)
-  stopped[1].process.send_signal(signal.SIGTERM)  # The non-chief one.
-  results = [run.wait() for run in stopped]
-  assert [status for status, _, _ in results] == [143, 143], [stderr[-2000:] for _, _, stderr in results]
-  step = stopped[0].train_rows()[-1]["step"]
-  for _, _, stderr in results:
-    assert f"Stopped by SIGTERM: saved a checkpoint at step {step} (" in stderr
-    _no_traceback(stderr)
-  resumed = [run.wait() for run in workers("stopped")]
-  assert [status for status, _, _ in resumed] == [0, 0], [stderr[-2000:] for _, _, stderr in resumed]
-  whole = [run.wait() for run in workers("whole")]
-  assert [status for status, _, _ in whole] == [0, 0]
-  _assert_same_values(
-      process_testlib.final_checkpoint_values(tmp_path / "stopped"),
-      process_testlib.final_checkpoint_values(tmp_path / "whole"),
-      1e-6,
-  )
+  runs = [Run(tmp_path / f"raises{i}", short + ["--config.data.name=failing:data"], env) for i in range(4)]
+  for run in runs:
+    status, stdout, stderr = run.wait()
+    assert (status, stdout) == (1, ""), stderr[-3000:]
+    assert "RuntimeError: the dataset broke down" in stderr, stderr[-3000:]

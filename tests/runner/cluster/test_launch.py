@@ -1,12 +1,14 @@
 """`python -m runner.launch`: the TF_CONFIG of every task, bad input, and real 2-worker jobs run through it.
 
 The helpers and bad input need no TensorFlow and cost a fraction of a second.
-The jobs are real processes on localhost ports: one trains to the end, one
-has a worker SIGKILLed and must restart and end with the weights of an
-uninterrupted job, one fails with a user error and must not restart; others
-get a stop at a random moment (SIGTERM, a terminal's Ctrl-C), lose a
-parameter-server worker, or lose their launcher to SIGKILL, and what they
-saved is checked on disk.
+The jobs are real processes on localhost ports. One uninterrupted job (a
+module fixture) trains to the end, and is what the stopped jobs must end as:
+one has a worker SIGKILLed and must restart, and the same 2 workers started
+without the launcher get SIGTERM at one of them. One job fails with a user
+error and one with a bug, neither restarted; others get a stop at a random
+moment (SIGTERM, a terminal's Ctrl-C), freeze and lose a parameter-server
+worker, or lose their launcher to SIGKILL, and what they saved is checked on
+disk.
 """
 
 import json
@@ -19,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+import portpicker
 import pytest
 import tensorflow as tf
 
@@ -276,40 +279,53 @@ def test_help_exits_0_and_the_launcher_imports_no_tensorflow(subprocess_env):
   assert imported.stdout == "[]\n"
 
 
-def test_a_two_worker_job_trains_to_the_configured_step(tmp_path, subprocess_env):
-  job = Launch(
-      tmp_path / "job", FAST_STOP + ["--workers=2"], _runner_args(tmp_path / "job", train_steps=400), subprocess_env
-  )
-  status, stdout, stderr = job.wait()
-  assert status == 0, stderr[-3000:]
-  assert len(job.pids("worker:0")) == 1 and len(job.pids("worker:1")) == 1
-  for worker in (0, 1):
-    assert f"[worker:{worker}] global step: 400\n" in stdout
-    assert (
-        f"[worker:{worker}] strategy: multi_worker_mirrored: 2 replicas on 2 workers; this is worker:{worker} on "
-        in stdout
-    )
-  assert all(re.match(r"\[(worker:[01]|launch)\] ", line) for line in stdout.splitlines() + stderr.splitlines())
-  rows = job.train_rows()  # The chief's alone: one row per loop of 10 steps.
-  assert [row["step"] for row in rows] == list(range(10, 401, 10))
-  train_line = re.search(r"^\[worker:0\] train: accuracy=[\d.]+ loss=([\d.]+)$", stdout, re.M)
-  assert float(train_line.group(1)) == pytest.approx(rows[-1]["loss"], abs=5e-5)
-  assert rows[-1]["loss"] < rows[0]["loss"] / 4
-  assert tf.train.latest_checkpoint(str(tmp_path / "job" / "checkpoints")).endswith("ckpt-400")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """An uninterrupted 2-worker job of STEPS steps, started once for the file: what stopped jobs must end as."""
+  workdir = tmp_path_factory.mktemp("uninterrupted") / "job"
+  job = Launch(workdir, FAST_STOP + ["--workers=2"], _runner_args(workdir), paths.subprocess_environment())
+  yield job
+  job.process.kill()
 
 
-def test_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_one(tmp_path, subprocess_env):
-  whole = Launch(tmp_path / "whole", FAST_STOP + ["--workers=2"], _runner_args(tmp_path / "whole"), subprocess_env)
-  killed = Launch(
-      tmp_path / "killed",
-      FAST_STOP + ["--workers=2", "--max_restarts=1"],
-      _runner_args(tmp_path / "killed"),
-      subprocess_env,
-  )
-  killed.wait_for_rows(12)  # Past the checkpoint at step 100.
+def test_a_signal_to_one_worker_stops_both_then_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_one(
+    uninterrupted, tmp_path, subprocess_env
+):
+  """One job in one workdir, started three times; at the end it holds the weights of the uninterrupted job.
+
+  1. Its 2 workers started without the launcher (each with `worker_hosts` and `task_index`): SIGTERM to the non-chief
+     stops both at one step, where both save.
+  2. The same job under the launcher, which may restart it once, resumes from there; worker:1 is SIGKILLed past the
+     next checkpoint.
+  3. The launcher restarts the job, which resumes from its last checkpoint and trains to the end.
+  """
+  workdir = tmp_path / "job"
+  hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
+  stopped = [
+      process_testlib.TrainingProcess(
+          [sys.executable, "-m", "runner", *_runner_args(workdir), "--config.strategy.name=multi_worker_mirrored"]
+          + [f"--config.strategy.worker_hosts={hosts!r}", f"--config.strategy.task_index={index}"],
+          workdir=workdir,
+          env=subprocess_env,
+          name=f"worker{index}",
+      )
+      for index in range(2)
+  ]
+  stopped[0].wait_for_rows(3)
+  stopped[1].process.send_signal(signal.SIGTERM)
+  results = [run.wait() for run in stopped]
+  assert [status for status, _, _ in results] == [143, 143], [stderr[-2000:] for _, _, stderr in results]
+  step = stopped[0].train_rows()[-1]["step"]
+  assert 30 <= step < STEPS - 100  # Room for a checkpoint after it, and for the kill past that one.
+  for _, _, stderr in results:
+    assert f"Stopped by SIGTERM: saved a checkpoint at step {step} (" in stderr
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+  killed = Launch(workdir, FAST_STOP + ["--workers=2", "--max_restarts=1"], _runner_args(workdir), subprocess_env)
+  past = (step // 100 + 1) * 100 + 20  # Past the next checkpoint.
+  killed.wait_for(lambda: killed.train_rows()[-1]["step"] >= past, f"train rows to step {past}")
   [pid] = killed.pids("worker:1")
   os.kill(pid, signal.SIGKILL)
-
   status, stdout, stderr = killed.wait()
   assert status == 0, stderr[-3000:]
   assert (
@@ -323,27 +339,44 @@ def test_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_one(tmp
   ) in stderr
   assert [len(killed.pids(task)) for task in ("worker:0", "worker:1")] == [2, 2]
   resumed = re.findall(r"^\[worker:([01])\] .*Resuming at step (\d+): ", stderr, re.M)
-  assert sorted(worker for worker, _ in resumed) == ["0", "1"] and len({step for _, step in resumed}) == 1
-  resumed_from = int(resumed[0][1])
-  assert resumed_from % 100 == 0 and 100 <= resumed_from < STEPS  # The last checkpoint saved.
-  # The first start wrote rows past its last checkpoint (to step 120 at least, unless it saved again before the
-  # kill); the restarted job dropped them and trained those steps again, so each step has one row.
+  resumed_from = max(int(at) for _, at in resumed)  # The restart's.
+  assert sorted(resumed) == sorted((worker, str(at)) for worker in "01" for at in (step, resumed_from)), resumed
+  assert resumed_from % 100 == 0 and past - 20 <= resumed_from < STEPS  # The last checkpoint saved.
+  # The first start under the launcher wrote rows past its last checkpoint (unless it saved again before the kill);
+  # the restarted job dropped them and trained those steps again, so each step has one row.
   dropped = re.findall(r"^\[worker:0\] .*Dropped \d+ row\(s\) of .* past step (\d+)", stderr, re.M)
-  assert [int(step) for step in dropped] in ([resumed_from], []), stderr[-3000:]
+  assert [int(at) for at in dropped] in ([resumed_from], []), stderr[-3000:]
   assert [row["step"] for row in killed.train_rows()] == list(range(10, STEPS + 1, 10))
   for worker in (0, 1):
     assert stdout.count(f"[worker:{worker}] global step: {STEPS}\n") == 1
-  assert whole.wait()[0] == 0
+  assert uninterrupted.wait()[0] == 0
 
-  got, want = killed.train_rows()[-1], whole.train_rows()[-1]
-  assert got["step"] == want["step"] == STEPS
+  got, want = killed.train_rows()[-1], uninterrupted.train_rows()[-1]
   np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
-  got, want = process_testlib.final_checkpoint_values(tmp_path / "killed"), process_testlib.final_checkpoint_values(
-      tmp_path / "whole"
-  )
-  assert sorted(got) == sorted(want) and len(got) > 4
-  for name, value in want.items():
-    np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+  expected = process_testlib.final_checkpoint_values(uninterrupted.workdir)
+  values = process_testlib.final_checkpoint_values(workdir)
+  assert sorted(values) == sorted(expected) and len(values) > 4
+  for name, value in expected.items():
+    np.testing.assert_allclose(values[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_an_uninterrupted_two_worker_job_trains_to_the_configured_step(uninterrupted):
+  status, stdout, stderr = uninterrupted.wait()
+  assert status == 0, stderr[-3000:]
+  assert len(uninterrupted.pids("worker:0")) == 1 and len(uninterrupted.pids("worker:1")) == 1
+  for worker in (0, 1):
+    assert f"[worker:{worker}] global step: {STEPS}\n" in stdout
+    assert (
+        f"[worker:{worker}] strategy: multi_worker_mirrored: 2 replicas on 2 workers; this is worker:{worker} on "
+        in stdout
+    )
+  assert all(re.match(r"\[(worker:[01]|launch)\] ", line) for line in stdout.splitlines() + stderr.splitlines())
+  rows = uninterrupted.train_rows()  # The chief's alone: one row per loop of 10 steps.
+  assert [row["step"] for row in rows] == list(range(10, STEPS + 1, 10))
+  train_line = re.search(r"^\[worker:0\] train: accuracy=[\d.]+ loss=([\d.]+)$", stdout, re.M)
+  assert float(train_line.group(1)) == pytest.approx(rows[-1]["loss"], abs=5e-5)
+  assert rows[-1]["loss"] < rows[0]["loss"] / 4
+  assert tf.train.latest_checkpoint(os.path.join(uninterrupted.workdir, "checkpoints")).endswith(f"ckpt-{STEPS}")
 
 
 def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(tmp_path, subprocess_env):
@@ -373,22 +406,23 @@ def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(tmp_pat
 
 
 def test_a_bug_in_a_task_is_permanent_and_not_restarted(tmp_path, subprocess_env):
-  # json.loads(config.model) raises TypeError: an exception the runner does not know, a bug (status 1).
+  # json.loads(config.model) raises TypeError: an exception the runner does not know, a bug (status 1). One worker
+  # is enough: the failing job of two workers is the user error's test above.
   job = Launch(
       tmp_path / "job",
-      FAST_STOP + ["--workers=2", "--max_restarts=3"],
+      FAST_STOP + ["--workers=1", "--max_restarts=3"],
       _runner_args(tmp_path / "job") + ["--config.model.name=json:loads"],
       subprocess_env,
   )
   status, _, stderr = job.wait()
   assert status == exit_codes.BUG, stderr[-3000:]
   assert re.search(
-      r"^\[launch\] the job failed: worker:[01] exited with status 1 \(a bug\), which a restart would repeat; "
+      r"^\[launch\] the job failed: worker:0 exited with status 1 \(a bug\), which a restart would repeat; "
       r"exit status 1\.$",
       stderr,
       re.M,
   ), stderr[-3000:]
-  assert [len(job.pids(task)) for task in ("worker:0", "worker:1")] == [1, 1]
+  assert len(job.pids("worker:0")) == 1
   assert "TypeError: the JSON object must be str, bytes or bytearray, not ConfigDict" in stderr
 
 
@@ -398,37 +432,6 @@ def test_transient_and_permanent_statuses():
   assert [exit_codes.is_transient(status) for status in permanent] == [False] * 4
   assert [exit_codes.is_transient(status) for status in transient] == [True] * 8
   assert (exit_codes.CLUSTER, sorted(exit_codes.STOPPED_BY.values())) == (170, [130, 143])
-
-
-def test_a_parameter_server_job_of_one_chief_two_workers_and_one_ps_trains_and_every_task_ends(
-    tmp_path, subprocess_env
-):
-  steps = 60
-  job = _launcher(
-      [
-          "--workers=2",
-          "--ps=1",
-          "--",
-          f"--config={SYNTHETIC}",
-          f"--workdir={tmp_path / 'job'}",
-          "--mode=train",
-          f"--config.trainer.train_steps={steps}",
-          "--config.trainer.steps_per_loop=10",
-      ],
-      subprocess_env,
-      timeout=TIMEOUT_SECONDS,
-  )
-  assert job.returncode == 0, job.stderr[-3000:]
-  assert f"[chief] global step: {steps}\n" in job.stdout
-  for task in ("worker:0", "worker:1", "ps:0"):
-    assert f"[{task}] serving as {task} of a parameter-server cluster until the coordinator" in job.stdout
-    # Each server ended by itself once the chief was done: no SIGTERM, no SIGKILL from the launcher.
-    assert re.search(rf"^\[{task}\] .*is done \(its port closed\): {task} stops serving\.$", job.stderr, re.M)
-  assert "SIGTERM" not in job.stderr and "SIGKILL" not in job.stderr
-  rows = [json.loads(line) for line in (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()]
-  train = [row for row in rows if row["split"] == "train"]
-  assert [row["step"] for row in train] == [20, 40, 60]  # A loop is 10 steps on each of the 2 workers.
-  assert train[-1]["loss"] < 1.6  # The bound of test_trainer_parameter_server.py (measured 1.354 to 1.361).
 
 
 NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
@@ -485,9 +488,15 @@ def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_
   assert "Could not write" not in stderr and "Traceback" not in stderr
 
 
-def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worker_is_no_error(tmp_path, subprocess_env):
-  """A stop at a random moment of training saves; the same command resumes, loses a worker and ends at train_steps."""
-  workdir, steps = tmp_path / "job", 400
+def test_under_parameter_servers_a_stop_saves_a_frozen_worker_is_named_and_a_dead_worker_is_no_error(
+    tmp_path, subprocess_env
+):
+  """1 chief, 2 workers, 1 ps; 20 steps per loop (10 on each worker).
+
+  A stop at a random moment of training saves. The same command resumes; worker:1 is frozen (SIGSTOP) until the chief
+  names it, then killed; the chief trains on with worker:0 to train_steps, and the other tasks end by themselves.
+  """
+  workdir, steps = tmp_path / "job", 240
   command = (
       ["--workers=2", "--ps=1"],
       [
@@ -521,10 +530,31 @@ def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worke
   assert "stopped serving at once" not in stderr and "Traceback" not in stderr
 
   resumed = Launch(workdir, *command, subprocess_env)
-  resumed.wait_for_rows(len(stopped.train_rows()) + 1)
-  os.kill(resumed.pids("worker:1")[0], signal.SIGKILL)
+  resumed.wait_for_rows(len(stopped.train_rows()) + 3)  # Loops to take the median of.
+  [frozen] = resumed.pids("worker:1")
+  os.kill(frozen, signal.SIGSTOP)
+  try:
+    resumed.wait_for(lambda: "has not finished its steps" in resumed.stderr(), "the stall warning", timeout=60)
+  finally:
+    os.kill(frozen, signal.SIGCONT)
+  address = re.search(r"^\[launch\] worker:1 pid \d+ on (localhost:\d+)$", resumed.stderr(), re.M).group(1)
+  warning = re.search(
+      rf"^\[chief\] .*\] worker:1 \({address}\) has not finished its steps of the loop from step (\d+) after "
+      r"([\d.]+) s \(10 x the median of the last loops, at least 5 s\): it is stalled or far slower than the other "
+      r"workers; the loop waits for it\.\n",
+      resumed.stderr(),
+      re.M,
+  )
+  assert warning, resumed.stderr()[-3000:]
+  loop_after = re.compile(rf"reports.py:\d+\] step (\d+)/{steps}: .* \| ([\d.]+) steps/s")
+  resumed.wait_for(lambda: loop_after.search(resumed.stderr()[warning.end() :]), "the loop that waited")
+  os.kill(frozen, signal.SIGKILL)
   status, stdout, stderr = resumed.wait()
   assert status == 0, stderr[-3000:]
+  # That loop's line came after the warning; its steps/s counts the time it waited (5 s at least) and more.
+  loop, steps_per_sec = loop_after.search(stderr[warning.end() :]).groups()
+  assert int(loop) == int(warning.group(1)) + 20, stderr[-3000:]
+  assert float(steps_per_sec) <= 20 / float(warning.group(2)), stderr[-3000:]
   assert (
       "[launch] worker:1 was killed by SIGKILL; not an error under parameter servers: the chief trains on with "
       "the other workers (it is not started again).\n"
@@ -532,6 +562,12 @@ def test_under_parameter_servers_a_stop_reaches_the_chief_first_and_a_dead_worke
   assert re.search(rf"^\[chief\] .*Resuming at step {step}: ", stderr, re.M), stderr[-3000:]
   final = int(re.search(r"^\[chief\] global step: (\d+)$", stdout, re.M).group(1))
   assert final >= steps and _latest_step(workdir) == final  # A lost function's steps stay applied: maybe a few more.
+  assert resumed.train_rows()[-1]["loss"] < 1.6  # The bound of test_trainer_parameter_server.py at step 60.
+  for task in ("worker:0", "ps:0"):
+    assert f"[{task}] serving as {task} of a parameter-server cluster until the coordinator" in stdout
+    # Each server ended by itself once the chief was done: no SIGTERM, no SIGKILL from the launcher.
+    assert re.search(rf"^\[{task}\] .*is done \(its port closed\): {task} stops serving\.$", stderr, re.M)
+  assert "SIGTERM" not in stderr and "[launch] killed" not in stderr
 
 
 def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one_step(tmp_path, subprocess_env):

@@ -148,7 +148,7 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   long_run = ARGS + [
       f"--workdir={workdir}",
       "--config.trainer.train_steps=1000000",
-      "--config.trainer.checkpoint_every=100",
+      "--config.trainer.checkpoint_every=20",
   ]
   cluster = _cluster(workers=1, ps=1)
   tasks = _start(cluster, long_run, subprocess_env, str(tmp_path / "logs"))
@@ -198,37 +198,6 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   assert "Traceback" not in stderr
   status, _, stderr = tasks["worker:0"].wait()
   assert status == 0, stderr[-3000:]  # Its coordinator is gone: nothing left to serve.
-
-
-def test_a_frozen_worker_is_named_after_the_stall_time_and_its_loop_counts_the_wait(tmp_path, subprocess_env):
-  # 20 steps per loop (10 on each of 2 workers), about 0.1 s each; worker:1 frozen (SIGSTOP) until the warning.
-  workdir = str(tmp_path / "run")
-  cluster = _cluster(workers=2, ps=1)
-  args = ARGS + [f"--workdir={workdir}", "--mode=train", "--config.trainer.train_steps=300"]
-  tasks = _start(cluster, args, subprocess_env, str(tmp_path / "logs"))
-  chief, worker = tasks["chief:0"], tasks["worker:1"]
-  chief.wait_for(lambda: "step 60/300" in chief.stderr(), "the third loop")
-  worker.process.send_signal(signal.SIGSTOP)
-  try:
-    chief.wait_for(lambda: "has not finished its steps" in chief.stderr(), "the stall warning", timeout=60)
-  finally:
-    worker.process.send_signal(signal.SIGCONT)
-  results = {name: task.wait() for name, task in tasks.items()}
-  assert all(status == 0 for status, _, _ in results.values()), {name: r[2][-2000:] for name, r in results.items()}
-  stderr = results["chief:0"][2]
-  warning = re.search(
-      rf"\] worker:1 \({cluster['worker'][1]}\) has not finished its steps of the loop from step (\d+) after "
-      r"([\d.]+) s \(10 x the median of the last loops, at least 5 s\): it is stalled or far slower than the other "
-      r"workers; the loop waits for it\.\n",
-      stderr,
-  )
-  assert warning, stderr[-3000:]
-  # That loop's line comes after the warning; its steps/s counts the time it waited (5 s at least) and more.
-  steps, steps_per_sec = re.search(
-      r"reports.py:\d+\] step (\d+)/300: .* \| ([\d.]+) steps/s", stderr[warning.end() :]
-  ).groups()
-  assert int(steps) == int(warning.group(1)) + 20, stderr[-3000:]
-  assert float(steps_per_sec) <= 20 / float(warning.group(2)), stderr[-3000:]
 
 
 def _run_in_one_process(script, cluster, out_dir, env):

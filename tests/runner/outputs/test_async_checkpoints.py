@@ -6,7 +6,9 @@ is named. The process test stops one run with real SIGTERM, Ctrl-C (SIGINT)
 and SIGKILL in turn, each while a checkpoint of 13 MB (a 1024x1024 hidden
 layer and Adam's slots) is being written, seen by its `ckpt-N_temp/`
 directory; the same command resumes it each time, and it ends with the
-weights of an uninterrupted run, bit for bit. The last tests check that what
+weights of an uninterrupted run, bit for bit. It is also the suite's test of
+SIGTERM and SIGKILL on one device through `python -m runner` (Ctrl-C on two
+replicas: tests/runner/cluster/test_fault_tolerance.py). The last tests check that what
 `runner/outputs/async_checkpoint_workarounds.py` works around still happens.
 """
 
@@ -24,6 +26,7 @@ import tensorflow as tf
 import runner
 from runner.outputs import checkpoint_list
 from runner.outputs.checkpoints import CheckpointWriteError
+from runner.workdir import lock as workdir_lock
 from strategies import tensorflow_workarounds as workarounds
 from strategies.errors import ConfigError
 from testlib import paths
@@ -150,25 +153,37 @@ def _assert_every_listed_checkpoint_is_whole(workdir):
 
 
 def test_sigterm_ctrl_c_and_sigkill_during_background_writes_then_the_run_resumes_exactly(tmp_path, subprocess_env):
-  """One run stopped three times while it writes in the background (each rerun resumes it), then run to the end."""
+  """One run stopped three times while it writes in the background (each rerun resumes it), then run to the end.
+
+  Each stop saves, says so in one line and releases the workdir's lock; SIGKILL leaves the write it cut short, which
+  the rerun removes; the end holds the weights of an uninterrupted run, bit for bit, and one row per loop.
+  """
   workdir, checkpoints = tmp_path / "run", str(tmp_path / "run" / "checkpoints")
   uninterrupted = _Run(tmp_path / "uninterrupted", subprocess_env)
-  resumed_from = 0
-  for signum, status in [(signal.SIGTERM, 143), (signal.SIGINT, 130)]:
+  resumed_from, resumed_lines = 0, []
+  for signum, name in [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C (SIGINT)")]:
     run = _Run(workdir, subprocess_env)
     # The first run's past its writer's first save (copied eagerly), so that it writes the copy TensorFlow traced.
     writing = run.signal_while_writing(signum, after=resumed_from or 5)
     code, _, stderr = run.wait()
-    assert code == status, stderr[-3000:]
+    assert code == 128 + signum, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    resumed_lines.append((resumed_from, stderr))
     stopped_at = run.train_rows()[-1]["step"]
-    assert f"saved a checkpoint at step {stopped_at} (" in stderr
+    [line] = [line for line in stderr.splitlines() if f"Stopped by {name}:" in line]
+    assert line.endswith(
+        f"Stopped by {name}: saved a checkpoint at step {stopped_at} ({checkpoints}/ckpt-{stopped_at}); run the same "
+        "command again to resume from there."
+    ), line
     steps = _assert_every_listed_checkpoint_is_whole(workdir)
     assert writing in steps and steps[-1] == stopped_at  # The write in flight completed, then the stop's own save.
     assert not _being_written(checkpoints)
+    assert workdir_lock.FILE_NAME not in os.listdir(workdir)  # Released before the exit.
     resumed_from = stopped_at
   run = _Run(workdir, subprocess_env)
   writing = run.signal_while_writing(signal.SIGKILL, after=resumed_from)
   assert run.wait()[0] == -signal.SIGKILL
+  resumed_lines.append((resumed_from, run.stderr()))
   assert _being_written(checkpoints) == [writing]  # Killed part-way through the write of 13 MB.
   steps = _assert_every_listed_checkpoint_is_whole(workdir)
   assert steps and all(step < writing for step in steps)  # Never listed: the previous checkpoint is the latest.
@@ -176,6 +191,11 @@ def test_sigterm_ctrl_c_and_sigkill_during_background_writes_then_the_run_resume
   assert status == 0 and f"global step: {STEPS}" in stdout, stderr[-3000:]
   assert f"Removed {checkpoints}/ckpt-{writing}_temp, left by a save that was interrupted" in stderr
   assert not _being_written(checkpoints)
+  resumed_lines.append((steps[-1], stderr))
+  for step, stderr in resumed_lines[1:]:  # Each rerun started at the step of the last complete checkpoint.
+    assert f"Resuming at step {step}: each input pipeline starts its stream at the examples of step {step}" in stderr
+  # Each loop reported once, although the stopped and killed runs reported loops past their last checkpoint.
+  assert [row["step"] for row in process_testlib.train_rows(workdir)] == list(range(5, STEPS + 1, 5))
   status, _, stderr = uninterrupted.wait()
   assert status == 0, stderr[-3000:]
   got = process_testlib.final_checkpoint_values(workdir)
