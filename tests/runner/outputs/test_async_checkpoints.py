@@ -8,17 +8,16 @@ layer and Adam's slots) is being written, seen by its `ckpt-N_temp/`
 directory; the same command resumes it each time, and it ends with the
 weights of an uninterrupted run, bit for bit. It is also the suite's test of
 SIGTERM and SIGKILL on one device through `python -m runner` (Ctrl-C on two
-replicas: tests/runner/cluster/test_fault_tolerance.py). The last tests check that what
-`runner/outputs/async_checkpoint_workarounds.py` works around still happens.
+replicas: tests/runner/cluster/test_fault_tolerance.py).
+(What `strategies.tensorflow_workarounds.end_async_checkpoint_writer` works
+around is checked in tests/project/test_workarounds_outputs.py.)
 """
 
 import os
 import signal
 import sys
-import threading
 import time
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -27,7 +26,6 @@ import runner
 from runner.outputs import checkpoint_list
 from runner.outputs.checkpoints import CheckpointWriteError
 from runner.workdir import lock as workdir_lock
-from strategies import tensorflow_workarounds as workarounds
 from strategies.errors import ConfigError
 from testlib import paths
 from testlib import process_testlib
@@ -203,40 +201,3 @@ def test_sigterm_ctrl_c_and_sigkill_during_background_writes_then_the_run_resume
   assert sorted(got) == sorted(want) and len(want) > 4
   for name, value in want.items():
     np.testing.assert_array_equal(got[name], value, err_msg=name)
-
-
-# What runner/outputs/async_checkpoint_workarounds.py works around (TensorFlow 2.21, Keras 3.15): when one of these
-# fails, upstream changed; delete the workaround it names (or adapt it), then this test.
-
-
-def _tiny_keras_checkpoint():
-  model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-  return model, tf.train.Checkpoint(model=model, step=tf.Variable(0, dtype=tf.int64))
-
-
-def test_upstream_keras_3_variables_still_fail_at_a_second_asynchronous_save(tmp_path):
-  """`make_keras_variables_copyable`: Keras 3's `_copy_trackable_to_cpu` makes a variable inside a tf.function."""
-  _, checkpoint = _tiny_keras_checkpoint()
-  options = tf.train.CheckpointOptions(enable_async=True)
-  checkpoint.write(str(tmp_path / "first"), options=options)
-  try:
-    with pytest.raises(ValueError, match="tf.function only supports singleton tf.Variables created on the first call"):
-      checkpoint.write(str(tmp_path / "second"), options=options)
-  finally:
-    workarounds.close_writer(checkpoint)
-
-
-def test_upstream_writer_still_lives_until_exit_unless_closed(tmp_path):
-  """`close_writer`: TensorFlow ends its writer's thread only at exit (test_repeated_runs checks what it held is freed)."""
-
-  def writer_threads():
-    return sum("_async_save" in thread.name for thread in threading.enumerate())
-
-  _, checkpoint = _tiny_keras_checkpoint()
-  threads = writer_threads()
-  checkpoint.write(str(tmp_path / "ckpt"), options=tf.train.CheckpointOptions(enable_async=True))
-  checkpoint.sync()
-  assert writer_threads() == threads + 1  # Still there once the write is complete.
-  workarounds.close_writer(checkpoint)
-  assert writer_threads() == threads
-  assert "_omit_frequent_tracing_warning" in vars(tf.function(lambda: None))  # What expect_one_trace_per_writer sets.
