@@ -9,7 +9,7 @@ measures how far its peak resident memory (`ru_maxrss`) grew from after TensorFl
 to after training. It prints the machine, then a Markdown table of the median growth per contender
 with its ratio to the hand-written loop with as many steps per call (`throughput.REFERENCES`).
 `trainer_dir_100` is the Trainer with a model_dir (a checkpoint at the end of each `train` call, so
-the loops after the first call's run unchecked).
+the loops after the first call's run unchecked). `benchmarks.thin_core` runs it too (`measure`).
 """
 
 import argparse
@@ -43,6 +43,20 @@ def child(contender, strategy_name, warmup_steps, steps):
   return {"contender": contender, "strategy": strategy_name, "peak_growth_mb": peak_mb() - start}
 
 
+def measure(names, strategies, *, rounds, warmup_steps=100, steps=100, timeout=900):
+  """Runs each contender of `names` on each strategy in fresh processes, interleaved; returns {(c, s): [MB]}."""
+  growth = {(c, s): [] for s in strategies for c in names}
+  for round_index, contender, strategy in throughput.schedule(names, strategies, rounds):
+    command = [sys.executable, "-m", "benchmarks.memory", f"--child={contender}", f"--strategies={strategy}"]
+    command += [f"--warmup_steps={warmup_steps}", f"--steps={steps}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    row = throughput.child_row(command, root=throughput.REPO_ROOT, env=env, timeout=timeout, measured="peak_growth_mb")
+    print(f"[round {round_index + 1}/{rounds}] {contender} on {strategy}: {row}", file=sys.stderr, flush=True)
+    if "error" not in row:
+      growth[contender, strategy].append(row["peak_growth_mb"])
+  return growth
+
+
 def main(argv=None):
   """Runs the benchmark (or, with `--child`, one contender) with the command-line arguments `argv`."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.splitlines()[0])
@@ -61,17 +75,9 @@ def main(argv=None):
   names = throughput.parse_names(args.contenders, list(contenders_lib.CONTENDERS), "contenders")
   strategies = throughput.parse_names(args.strategies, contenders_lib.STRATEGIES, "strategies")
   machine = throughput.machine_lines()
-  growth = {(c, s): [] for s in strategies for c in names}
-  for round_index, contender, strategy in throughput.schedule(names, strategies, args.rounds):
-    command = [sys.executable, "-m", "benchmarks.memory", f"--child={contender}", f"--strategies={strategy}"]
-    command += [f"--warmup_steps={args.warmup_steps}", f"--steps={args.steps}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    row = throughput.child_row(
-        command, root=throughput.REPO_ROOT, env=env, timeout=args.timeout, measured="peak_growth_mb"
-    )
-    print(f"[round {round_index + 1}/{args.rounds}] {contender} on {strategy}: {row}", file=sys.stderr, flush=True)
-    if "error" not in row:
-      growth[contender, strategy].append(row["peak_growth_mb"])
+  growth = measure(
+      names, strategies, rounds=args.rounds, warmup_steps=args.warmup_steps, steps=args.steps, timeout=args.timeout
+  )
   throughput.print_machine(machine)
   print(f"\n## Peak memory growth ({WORKLOAD} workload, {args.rounds} rounds)\n")
   print("| contender | strategy | MB (median) | ratio | vs | MB per round |\n|---|---|---:|---:|---|---|")
