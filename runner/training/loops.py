@@ -467,39 +467,20 @@ class EvalLoop:
       metric.reset_state()
     replicas = float(self._strategy.num_replicas_in_sync)
 
-    def step(
-        steps: tf.Tensor, unused_done: tf.Tensor, loss_sum: tf.Tensor, count: tf.Tensor, bad_labels: tf.Tensor
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    def step(steps: tf.Tensor, unused_done: tf.Tensor, totals: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
       # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example,
       #  replicas with a label outside valid_labels]
       sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
-      done = sums[3] == 0.0
-      if self._single_pipeline:
-        done |= sums[2] < replicas
-      return (
-          steps + 1,
-          done,
-          loss_sum + tf.cast(sums[0], tf.float64),
-          count + tf.cast(sums[1], tf.int64),
-          bad_labels + sums[4],
-      )
+      done = (sums[3] == 0.0) | (sums[2] < replicas) if self._single_pipeline else sums[3] == 0.0
+      return steps + 1, done, totals + tf.cast(tf.gather(sums, [0, 1, 4]), tf.float64)
 
-    _, _, loss_sum, count, bad_labels = tf.while_loop(
-        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps),
+    _, _, totals = tf.while_loop(  # totals: [weighted loss sum, real examples, labels outside valid_labels]
+        lambda steps, done, _: tf.logical_not(done) & (steps < max_steps),
         step,
-        [
-            tf.constant(0, tf.int64),
-            tf.constant(False),
-            tf.constant(0.0, tf.float64),
-            tf.constant(0, tf.int64),
-            tf.constant(0.0),
-        ],
+        [tf.constant(0, tf.int64), tf.constant(False), tf.zeros([3], tf.float64)],
     )
-    loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
-    results = [loss, tf.cast(count, tf.float64), tf.cast(bad_labels, tf.float64)] + [
-        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics
-    ]
-    return tf.stack(results)
+    loss = totals[0] / tf.maximum(totals[1], 1.0)
+    return tf.stack([loss, totals[1], totals[2]] + [tf.cast(_scalar(metric), tf.float64) for metric in self._metrics])
 
   def _replica_step(self, batch: Sequence[Any]) -> Any:
     features, labels, weight, mask = batch
