@@ -13,6 +13,7 @@ the loops after the first call's run unchecked). `benchmarks.thin_core` runs it 
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import resource
@@ -43,10 +44,15 @@ def child(contender, strategy_name, warmup_steps, steps):
   return {"contender": contender, "strategy": strategy_name, "peak_growth_mb": peak_mb() - start}
 
 
-def measure(names, strategies, *, rounds, warmup_steps=100, steps=100, timeout=900):
-  """Runs each contender of `names` on each strategy in fresh processes, interleaved; returns {(c, s): [MB]}."""
+def measure(names, strategies, *, rounds, warmup_steps=100, steps=100, timeout=900, parallel=False):
+  """Runs each contender of `names` on each strategy in fresh processes, interleaved; returns {(c, s): [MB]}.
+
+  With `parallel`, the processes of a round run at the same time (a process's peak memory does not depend on
+  the others; its time does).
+  """
   growth = {(c, s): [] for s in strategies for c in names}
-  for round_index, contender, strategy in throughput.schedule(names, strategies, rounds):
+
+  def run(round_index, contender, strategy):
     command = [sys.executable, "-m", "benchmarks.memory", f"--child={contender}", f"--strategies={strategy}"]
     command += [f"--warmup_steps={warmup_steps}", f"--steps={steps}"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -54,6 +60,9 @@ def measure(names, strategies, *, rounds, warmup_steps=100, steps=100, timeout=9
     print(f"[round {round_index + 1}/{rounds}] {contender} on {strategy}: {row}", file=sys.stderr, flush=True)
     if "error" not in row:
       growth[contender, strategy].append(row["peak_growth_mb"])
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=len(names) * len(strategies) if parallel else 1) as pool:
+    list(pool.map(lambda task: run(*task), throughput.schedule(names, strategies, rounds)))
   return growth
 
 

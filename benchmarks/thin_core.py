@@ -9,7 +9,8 @@
   against `keras_fit_jit_100` (`fit(jit_compile=True, steps_per_execution=100)`, timed by callback: the steps
   only) on one_device;
 - peak memory growth on the `wide` workload (205 MB of variables and Adam slots), a fresh process per
-  contender, interleaved (`benchmarks.memory.measure`): `trainer_100` and `trainer_dir_100` against `loop_100`.
+  contender, those of a round at the same time (`benchmarks.memory.measure`): `trainer_100` and
+  `trainer_dir_100` against `loop_100`.
 
 It prints the machine (with the load average before and after), then one table: each ratio, its target
 (steps/s: at least 1.0x; memory: at most 1.15x), PASS or FAIL, and the medians it is made of.
@@ -54,7 +55,7 @@ def main(argv=None):
   start = time.perf_counter()
   rows = []
   if args.memory_rounds:  # First: its processes start before this one's TensorFlow takes memory.
-    growth = memory.measure(MEMORY, ["one_device"], rounds=args.memory_rounds)
+    growth = memory.measure(MEMORY, ["one_device"], rounds=args.memory_rounds, parallel=True)
     reference = statistics.median(growth["loop_100", "one_device"] or [float("nan")])
     for name in MEMORY[:-1]:
       median = statistics.median(growth[name, "one_device"] or [float("nan")])
