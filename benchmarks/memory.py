@@ -9,10 +9,11 @@ measures how far its peak resident memory (`ru_maxrss`) grew from after TensorFl
 to after training. It prints the machine, then a Markdown table of the median growth per contender
 with its ratio to the hand-written loop with as many steps per call (`throughput.REFERENCES`).
 `trainer_dir_100` is the Trainer with a model_dir (a checkpoint at the end of each `train` call, so
-the loops after the first call's run unchecked).
+the loops after the first call's run unchecked). `benchmarks.thin_core` runs it too (`measure`).
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import resource
@@ -43,6 +44,28 @@ def child(contender, strategy_name, warmup_steps, steps):
   return {"contender": contender, "strategy": strategy_name, "peak_growth_mb": peak_mb() - start}
 
 
+def measure(names, strategies, *, rounds, warmup_steps=100, steps=100, timeout=900, parallel=False):
+  """Runs each contender of `names` on each strategy in fresh processes, interleaved; returns {(c, s): [MB]}.
+
+  With `parallel`, the processes of a round run at the same time (a process's peak memory does not depend on
+  the others; its time does).
+  """
+  growth = {(c, s): [] for s in strategies for c in names}
+
+  def run(round_index, contender, strategy):
+    command = [sys.executable, "-m", "benchmarks.memory", f"--child={contender}", f"--strategies={strategy}"]
+    command += [f"--warmup_steps={warmup_steps}", f"--steps={steps}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    row = throughput.child_row(command, root=throughput.REPO_ROOT, env=env, timeout=timeout, measured="peak_growth_mb")
+    print(f"[round {round_index + 1}/{rounds}] {contender} on {strategy}: {row}", file=sys.stderr, flush=True)
+    if "error" not in row:
+      growth[contender, strategy].append(row["peak_growth_mb"])
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=len(names) * len(strategies) if parallel else 1) as pool:
+    list(pool.map(lambda task: run(*task), throughput.schedule(names, strategies, rounds)))
+  return growth
+
+
 def main(argv=None):
   """Runs the benchmark (or, with `--child`, one contender) with the command-line arguments `argv`."""
   parser = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.splitlines()[0])
@@ -61,17 +84,9 @@ def main(argv=None):
   names = throughput.parse_names(args.contenders, list(contenders_lib.CONTENDERS), "contenders")
   strategies = throughput.parse_names(args.strategies, contenders_lib.STRATEGIES, "strategies")
   machine = throughput.machine_lines()
-  growth = {(c, s): [] for s in strategies for c in names}
-  for round_index, contender, strategy in throughput.schedule(names, strategies, args.rounds):
-    command = [sys.executable, "-m", "benchmarks.memory", f"--child={contender}", f"--strategies={strategy}"]
-    command += [f"--warmup_steps={args.warmup_steps}", f"--steps={args.steps}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    row = throughput.child_row(
-        command, root=throughput.REPO_ROOT, env=env, timeout=args.timeout, measured="peak_growth_mb"
-    )
-    print(f"[round {round_index + 1}/{args.rounds}] {contender} on {strategy}: {row}", file=sys.stderr, flush=True)
-    if "error" not in row:
-      growth[contender, strategy].append(row["peak_growth_mb"])
+  growth = measure(
+      names, strategies, rounds=args.rounds, warmup_steps=args.warmup_steps, steps=args.steps, timeout=args.timeout
+  )
   throughput.print_machine(machine)
   print(f"\n## Peak memory growth ({WORKLOAD} workload, {args.rounds} rounds)\n")
   print("| contender | strategy | MB (median) | ratio | vs | MB per round |\n|---|---|---:|---:|---|---|")

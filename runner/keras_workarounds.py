@@ -7,4 +7,21 @@ which Keras behaviour it works around and the versions it was checked against (`
 behaviour changes.
 """
 
+from typing import Any
+
 CHECKED_WITH = "keras 3.15.1, tf_keras 2.21.0"
+
+
+# --- loops ---
+
+
+def tf_keras_learning_rate(optimizer: Any) -> Any:
+  """What a tf_keras optimizer (or the one a tf_keras `LossScaleOptimizer` wraps) was given as its learning rate.
+
+  A `LearningRateSchedule`, else the variable of its fixed rate. Works around
+  tf_keras's public `optimizer.learning_rate` under a schedule being the rate
+  its last step used (the schedule at `iterations - 1`), not the next step's:
+  the schedule itself is kept only in the private `_learning_rate` (checked
+  with `CHECKED_WITH`).
+  """
+  return getattr(getattr(optimizer, "inner_optimizer", optimizer), "_learning_rate", None)

@@ -90,15 +90,11 @@ def evaluate_checkpoint(
   """
   try:
     trainer.restore(data=data, checkpoint=checkpoint)
-  except checkpoints.CheckpointGoneError:
-    logging.warning(
-        "Skipped %s: it was deleted while it was read (the trainer keeps its max_to_keep newest checkpoints); "
-        "going on with the newer ones.",
-        checkpoint,
-    )
-    return None
-  except checkpoints.UnreadableCheckpointError as damage:
-    logging.warning("Skipped %s: it cannot be read (%s); going on with the newer ones.", checkpoint, damage)
+  except (checkpoints.CheckpointGoneError, checkpoints.UnreadableCheckpointError) as e:
+    why = f"cannot be read ({e})"
+    if isinstance(e, checkpoints.CheckpointGoneError):
+      why = "was deleted while it was read (the trainer keeps its max_to_keep newest checkpoints)"
+    logging.warning("Skipped %s: it %s; going on with the newer ones.", checkpoint, why)
     return None
   return trainer.evaluate(data, global_batch_size=global_batch_size, steps=steps)
 

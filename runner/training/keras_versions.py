@@ -1,9 +1,10 @@
 """The two Kerases a Trainer trains: Keras 3 (`keras`) and Keras 2 (`tf_keras`), and the calls where they differ.
 
 Which one a run uses is read from the objects `model_fn` and `optimizer_fn`
-return, never from a flag. Keras 3 is always importable (a requirement);
-`tf_keras` is looked at only when it is already imported, which it is once a
-tf_keras object exists, so a Keras 3 run never imports it.
+return (`isinstance` with each Keras's public classes), never from a flag.
+Keras 3 is always importable (a requirement); `tf_keras` is looked at only
+when it is already imported, which it is once a tf_keras object exists, so a
+Keras 3 run never imports it.
 
 Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
 
@@ -11,7 +12,7 @@ Where they differ, for a custom loop (docs/keras2_and_gnn.md#what-differs):
 |---|---|---|
 | apply gradients | `optimizer.apply(grads, variables)` | `optimizer.apply_gradients(zip(grads, variables))` |
 | loss scaling | `scale_loss(loss)`; `apply` unscales | `get_scaled_loss(loss)`, `get_unscaled_gradients(grads)` |
-| optimizer built | `optimizer.built` | `optimizer._built` (set by `build`) |
+| optimizer built | `optimizer.built` | its `build` returns at once when built |
 | next step's learning rate | `optimizer.learning_rate` | the schedule at `iterations` (not the last step's rate) |
 | output spec | `compute_output_spec(KerasTensor)` | a functional model's `output`, else `compute_output_signature` |
 
@@ -28,7 +29,10 @@ from typing import Any
 
 import tensorflow as tf
 
+from runner import keras_workarounds
 from strategies.errors import ConfigError
+
+_MODEL, _OPTIMIZER, _METRIC = "Model", "optimizers.Optimizer", "metrics.Metric"  # Their classes in either Keras.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,30 +54,18 @@ class KerasVersion:
 
   def owns(self, value: Any) -> bool:
     """Whether `value` is a model, optimizer or metric of this Keras."""
-    return self.is_model(value) or self.is_optimizer(value) or self.is_metric(value)
+    return any(self.is_instance(value, kind) for kind in (_MODEL, _OPTIMIZER, _METRIC))
 
-  def is_model(self, value: Any) -> bool:
-    """Whether `value` is a model of this Keras."""
-    return self._is_instance(value, lambda module: module.Model)
-
-  def is_optimizer(self, value: Any) -> bool:
-    """Whether `value` is an optimizer of this Keras."""
-    return self._is_instance(value, lambda module: module.optimizers.Optimizer)
-
-  def is_metric(self, value: Any) -> bool:
-    """Whether `value` is a metric of this Keras."""
-    return self._is_instance(value, lambda module: module.metrics.Metric)
-
-  def _is_instance(self, value: Any, class_in: Any) -> bool:
-    """Whether `value` is an instance of `class_in(module)`; False while the module is not imported (none exists)."""
-    module = sys.modules.get(self.module_name)
-    return module is not None and isinstance(value, class_in(module))
+  def is_instance(self, value: Any, class_path: str) -> bool:
+    """Whether `value` is an instance of the module's class at `class_path` (False while it is not imported)."""
+    found = sys.modules.get(self.module_name)
+    for name in class_path.split("."):
+      found = getattr(found, name, None)
+    return isinstance(found, type) and isinstance(value, found)
 
   def loss_scale_optimizer(self, optimizer: Any) -> Any:
     """Returns `optimizer` wrapped in this Keras's `LossScaleOptimizer` (dynamic scale), unless it is one."""
-    if self.scales_loss(optimizer):
-      return optimizer
-    return self.module.mixed_precision.LossScaleOptimizer(optimizer)
+    return optimizer if self.scales_loss(optimizer) else self.module.mixed_precision.LossScaleOptimizer(optimizer)
 
   def scales_loss(self, optimizer: Any) -> bool:
     """Whether `optimizer` is this Keras's `LossScaleOptimizer`."""
@@ -109,20 +101,18 @@ class KerasVersion:
     """
     if self is KERAS_3:
       return optimizer.learning_rate
-    inner = getattr(optimizer, "inner_optimizer", optimizer)  # Under a LossScaleOptimizer.
-    schedule = getattr(inner, "_learning_rate", None)
+    schedule = keras_workarounds.tf_keras_learning_rate(optimizer)
     if isinstance(schedule, self.module.optimizers.schedules.LearningRateSchedule):
-      return schedule(inner.iterations)
-    return inner.learning_rate
+      return schedule(optimizer.iterations)
+    return optimizer.learning_rate
 
   def optimizer_variables(self, optimizer: Any) -> list[Any]:
     """Every variable of a built `optimizer`: step count, slots, the rest (Keras 3: a property; tf_keras: a call)."""
     return list(optimizer.variables if self is KERAS_3 else optimizer.variables())
 
   def build_optimizer(self, optimizer: Any, variables: list[Any]) -> None:
-    """Makes `optimizer`'s slot variables for `variables` unless it has them."""
-    built = optimizer.built if self is KERAS_3 else getattr(optimizer, "_built", False)
-    if not built:
+    """Makes `optimizer`'s slot variables for `variables` unless it has them (tf_keras's `build` checks that itself)."""
+    if self is not KERAS_3 or not optimizer.built:
       optimizer.build(variables)
 
   @contextlib.contextmanager
@@ -147,12 +137,13 @@ class KerasVersion:
         outputs = model.compute_output_spec(
             tf.nest.map_structure(lambda s: keras_tensor(s.shape, s.dtype), features_spec)
         )
-      elif getattr(model, "_is_graph_network", False):  # A functional tf_keras model: its declared outputs.
-        outputs = model.output
       else:
-        outputs = model.compute_output_signature(features_spec)
+        try:
+          outputs = model.output  # A functional tf_keras model: its declared outputs.
+        except AttributeError:  # A subclassed one has none.
+          outputs = model.compute_output_signature(features_spec)
       return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
-    except (ValueError, TypeError, NotImplementedError, AttributeError):
+    except (ValueError, TypeError, NotImplementedError, AttributeError, RuntimeError):
       return None
 
 
@@ -168,17 +159,17 @@ def of(value: Any) -> KerasVersion | None:
 
 def is_model(value: Any) -> bool:
   """Whether `value` is a model of either Keras."""
-  return any(version.is_model(value) for version in VERSIONS)
+  return any(version.is_instance(value, _MODEL) for version in VERSIONS)
 
 
 def is_optimizer(value: Any) -> bool:
   """Whether `value` is an optimizer of either Keras."""
-  return any(version.is_optimizer(value) for version in VERSIONS)
+  return any(version.is_instance(value, _OPTIMIZER) for version in VERSIONS)
 
 
 def is_metric(value: Any) -> bool:
   """Whether `value` is a metric of either Keras (a task's metrics may be of either, whatever the model's)."""
-  return any(version.is_metric(value) for version in VERSIONS)
+  return any(version.is_instance(value, _METRIC) for version in VERSIONS)
 
 
 def legacy_optimizer(optimizer: Any) -> tuple[str, str] | None:
@@ -187,10 +178,9 @@ def legacy_optimizer(optimizer: Any) -> tuple[str, str] | None:
   The Trainer takes the current optimizers of either Keras, which the legacy
   ones (OptimizerV2) are not.
   """
-  module = sys.modules.get(TF_KERAS.module_name)
-  if module is None or not isinstance(optimizer, module.optimizers.legacy.Optimizer):
+  if not TF_KERAS.is_instance(optimizer, "optimizers.legacy.Optimizer"):
     return None
-  name = type(optimizer).__name__
+  module, name = TF_KERAS.module, type(optimizer).__name__
   if getattr(module.optimizers.legacy, name, None) is type(optimizer) and hasattr(module.optimizers, name):
     return f"tf_keras.optimizers.legacy.{name}", f"tf_keras.optimizers.{name} (it takes the same arguments)"
   return f"{name} (a tf_keras.optimizers.legacy.Optimizer)", "a subclass of tf_keras.optimizers.Optimizer"

@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from runner.data import checks as data_checks
 from runner.training import keras_versions
-from runner.training import traced_calls
 from strategies import sharded_variables
 from strategies.errors import ConfigError
 
@@ -224,7 +223,6 @@ class TrainLoop:
     if self._looping:
       self._make_totals()
     self.function = tf.function(self._many_steps if self._looping else self._one_step)
-    self._caller: traced_calls.FlatCall | None = None  # The call for the last iterator.
 
   def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> TrainLoopResult:
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
@@ -238,16 +236,17 @@ class TrainLoop:
       tf.errors.OpError: as a step raised it (e.g. `OutOfRangeError`: the
         data ran out); the global step counts the steps before it.
     """
-    stop = self._stop_values[stop_signal]
+    return self._decoded(self._vector(iterator, num_steps, self._stop_values[stop_signal]))
+
+  def _vector(self, iterator: Any, num_steps: int, stop: tf.Tensor) -> Any:
+    """Calls the function; returns its vector (see `__call__`)."""
     if not self._looping:
-      vector = self._call(iterator, stop).numpy()
-    else:
-      try:
-        vector = self._call(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
-      except tf.errors.OpError:
-        self._step.assign_add(self._steps_in(self._totals.numpy()))
-        raise
-    return self._decoded(vector)
+      return self.function(iterator, stop).numpy()
+    try:
+      return self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+    except tf.errors.OpError:
+      self._step.assign_add(self._steps_in(self._totals.numpy()))
+      raise
 
   def trace(self, iterator: Any) -> bool:
     """Traces the loop's function for `iterator` without running a step; returns whether it was traced now.
@@ -261,9 +260,9 @@ class TrainLoop:
     if self.function.experimental_get_tracing_count():
       return False
     if self._looping:
-      self._call(iterator, tf.constant(0, tf.int32), self._stop_values[None])
+      self.function(iterator, tf.constant(0, tf.int32), self._stop_values[None])
     else:
-      self._caller_for(iterator, self._stop_values[None])
+      self.function.get_concrete_function(iterator, self._stop_values[None])
     return True
 
   def _make_totals(self) -> None:
@@ -272,16 +271,9 @@ class TrainLoop:
       self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
       self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
 
-  def _call(self, iterator: Any, *tensors: tf.Tensor) -> Any:
-    return self._caller_for(iterator, *tensors)(*tensors)
-
-  def _caller_for(self, iterator: Any, *tensors: tf.Tensor) -> traced_calls.FlatCall:
-    if self._caller is None or self._caller.fixed is not iterator:
-      self._caller = traced_calls.FlatCall(self.function, iterator, *tensors)
-    return self._caller
-
   def _steps_in(self, totals: Any) -> int:
-    return int(round(float(totals[1]) / self._strategy.num_replicas_in_sync))
+    # A replica that raised part-way counts one step less (unchecked loops): the steps every replica finished.
+    return int(math.floor(float(totals[1]) / self._strategy.num_replicas_in_sync + 1e-6))
 
   def _decoded(self, vector: Any) -> TrainLoopResult:
     size = len(self._names)
@@ -301,10 +293,14 @@ class TrainLoop:
         labels_out_of_range=not math.isfinite(last["label_range"]),
     )
 
+  def _step_values(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
+    """Runs one step; returns its values summed over replicas."""
+    return self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
+
   def _one_step(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
       metric.reset_state()
-    values = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
+    values = self._step_values(iterator, stop)
     with tf.control_dependencies([values]):  # Not advanced by a step that raised (e.g. a loss op on a bad label).
       self._step.assign_add(1)
     return self._results(values, values)
@@ -315,9 +311,7 @@ class TrainLoop:
     self._totals.assign(tf.zeros_like(self._totals))
 
     def step(i: tf.Tensor) -> tf.Tensor:
-      values = self._strategy.reduce(
-          SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None
-      )  # One step, summed over replicas.
+      values = self._step_values(iterator, stop)
       self._totals.assign_add(values)
       self._last.assign(values)
       return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
@@ -359,19 +353,14 @@ class TrainLoop:
       self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
   ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
     loss, outputs, gradients = self._apply_update(features, labels, sample_weight)
-    # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
-    gradient_check = tf.constant(0.0) if self._loss_scale else finite_sum([g for g in gradients if g is not None])
-    label_range_check = tf.math.log(tf.cast(labels_in(labels, self._valid_labels), tf.float32))
-    return (
-        loss,
-        outputs,
-        (
-            gradient_check,
-            finite_sum(tf.nest.flatten(features, expand_composites=True)),
-            finite_sum([labels]),
-            label_range_check,
-        ),
+    checks = (
+        # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
+        tf.constant(0.0) if self._loss_scale else finite_sum([g for g in gradients if g is not None]),
+        finite_sum(tf.nest.flatten(features, expand_composites=True)),
+        finite_sum([labels]),
+        tf.math.log(tf.cast(labels_in(labels, self._valid_labels), tf.float32)),
     )
+    return loss, outputs, checks
 
   def _loss_and_gradients(
       self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
@@ -465,8 +454,7 @@ class EvalLoop:
 
   def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
     """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
-    steps = tf.constant(max_steps, tf.int64)
-    values = traced_calls.FlatCall(self.function, iterator, steps)(steps).numpy()
+    values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
     results = {
         "loss": float(values[0]),
         **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
@@ -479,39 +467,20 @@ class EvalLoop:
       metric.reset_state()
     replicas = float(self._strategy.num_replicas_in_sync)
 
-    def step(
-        steps: tf.Tensor, unused_done: tf.Tensor, loss_sum: tf.Tensor, count: tf.Tensor, bad_labels: tf.Tensor
-    ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    def step(steps: tf.Tensor, unused_done: tf.Tensor, totals: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
       # [weighted loss sum, real examples, replicas with a full batch, replicas with any real example,
       #  replicas with a label outside valid_labels]
       sums = self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator),)), axis=None)
-      done = sums[3] == 0.0
-      if self._single_pipeline:
-        done |= sums[2] < replicas
-      return (
-          steps + 1,
-          done,
-          loss_sum + tf.cast(sums[0], tf.float64),
-          count + tf.cast(sums[1], tf.int64),
-          bad_labels + sums[4],
-      )
+      done = (sums[3] == 0.0) | (sums[2] < replicas) if self._single_pipeline else sums[3] == 0.0
+      return steps + 1, done, totals + tf.cast(tf.gather(sums, [0, 1, 4]), tf.float64)
 
-    _, _, loss_sum, count, bad_labels = tf.while_loop(
-        lambda steps, done, *_: tf.logical_not(done) & (steps < max_steps),
+    _, _, totals = tf.while_loop(  # totals: [weighted loss sum, real examples, labels outside valid_labels]
+        lambda steps, done, _: tf.logical_not(done) & (steps < max_steps),
         step,
-        [
-            tf.constant(0, tf.int64),
-            tf.constant(False),
-            tf.constant(0.0, tf.float64),
-            tf.constant(0, tf.int64),
-            tf.constant(0.0),
-        ],
+        [tf.constant(0, tf.int64), tf.constant(False), tf.zeros([3], tf.float64)],
     )
-    loss = loss_sum / tf.cast(tf.maximum(count, 1), tf.float64)
-    results = [loss, tf.cast(count, tf.float64), tf.cast(bad_labels, tf.float64)] + [
-        tf.cast(_scalar(metric), tf.float64) for metric in self._metrics
-    ]
-    return tf.stack(results)
+    loss = totals[0] / tf.maximum(totals[1], 1.0)
+    return tf.stack([loss, totals[1], totals[2]] + [tf.cast(_scalar(metric), tf.float64) for metric in self._metrics])
 
   def _replica_step(self, batch: Sequence[Any]) -> Any:
     features, labels, weight, mask = batch

@@ -34,7 +34,6 @@ from typing import Any
 
 from absl import logging
 import tensorflow as tf
-from tensorflow.python.distribute import distribute_lib  # noqa: TID251
 
 from runner import interfaces
 from runner.data import pipeline as input_pipeline
@@ -84,14 +83,23 @@ def coordinator_for(strategy: tf.distribute.Strategy, *, jit_compile: bool) -> A
 
 def num_workers(strategy: tf.distribute.Strategy) -> int:
   """The number of worker tasks of a ParameterServerStrategy."""
-  return strategy.extended._num_workers  # noqa: SLF001
+  return cluster_spec(strategy).num_tasks("worker")
+
+
+def cluster_spec(strategy: tf.distribute.Strategy) -> tf.train.ClusterSpec:
+  """The cluster of a ParameterServerStrategy: its resolver's, or TF_CONFIG's under TensorFlow's own class.
+
+  (TensorFlow's class returns None for `cluster_resolver`; `strategies.ParameterServerStrategy` its resolver.)
+  """
+  return (strategy.cluster_resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()).cluster_spec()
 
 
 def evaluation_strategy(strategy: tf.distribute.Strategy) -> tf.distribute.Strategy:
-  """The strategy evaluation runs under: TensorFlow's default one (the coordinator itself) for parameter servers."""
-  if is_parameter_server(strategy):
-    return distribute_lib._get_default_strategy()  # noqa: SLF001
-  return strategy
+  """The strategy evaluation runs under: TensorFlow's default one (the coordinator itself) for parameter servers.
+
+  Called outside any strategy's scope (as the Trainer calls it), where `tf.distribute.get_strategy()` is that one.
+  """
+  return tf.distribute.get_strategy() if is_parameter_server(strategy) else strategy
 
 
 class _WorkerShare(interfaces.DatasetProvider):
@@ -284,7 +292,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
 
   def _warn_stalled(self, first: int, seconds: float) -> None:
     late = [index for index, loop in enumerate(self._finished.numpy().tolist()) if loop != first]
-    addresses = self._coordinator.strategy.cluster_resolver.cluster_spec().job_tasks("worker")
+    addresses = cluster_spec(self._coordinator.strategy).job_tasks("worker")
     logging.warning(
         "%s has not finished its steps of the loop from step %d after %.1f s (%d x the median of the last loops, "
         "at least %g s): it is stalled or far slower than the other workers; the loop waits for it.",
@@ -368,7 +376,7 @@ def lost_ps(error: Exception, strategy: tf.distribute.Strategy, *, step: int, sa
     step: the last global step the coordinator knew.
     saved_step: the step of the latest checkpoint, or None.
   """
-  addresses = strategy._cluster_resolver.cluster_spec().job_tasks("ps")  # noqa: SLF001
+  addresses = cluster_spec(strategy).job_tasks("ps")
   gone = [i for i, address in enumerate(addresses) if not peers.listening(address)]
   gone = gone or sorted({int(i) for i in _PS_TASK.findall(getattr(error, "message", str(error)))})
   named = " and ".join(f"ps:{i} ({addresses[i]})" for i in gone) or "a parameter server"

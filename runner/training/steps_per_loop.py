@@ -34,7 +34,7 @@ the largest divisor of `eval_every` and `checkpoint_every` (`fixed_auto`);
 `tpu_check` builds its steps with that value too.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 import math
 import statistics
 from typing import Any, cast
@@ -49,7 +49,7 @@ OVERHEAD_SHARE = 0.02
 REPORT_SECONDS = 10.0
 DEFAULT = 100
 ON_TPU = 1000
-_FIT_SPAN = 4  # Loop sizes this far apart fit a call's cost (MeasuredStepsPerLoop._fitted).
+_FIT_SPAN = 4  # Loop sizes this far apart fit a call's cost (MeasuredStepsPerLoop._fit).
 _MOST_SIZES_FITTED = 8  # Loop sizes remembered for that fit; the least recently run go first.
 
 
@@ -166,13 +166,13 @@ class MeasuredStepsPerLoop:
     known = [cadence for cadence in cadences if cadence is not None]
     self._cadence = math.gcd(*known) if known else None
     self.most = most if self._cadence is None else _largest_divisor_at_most(self._cadence, most)
-    self._overhead_share = overhead_share
+    self._share = overhead_share / (1.0 - overhead_share)
     self._report_seconds = report_seconds
-    self._call_seconds: float | None = None  # A call of zero steps.
+    self._empty_call: float | None = None  # A call of zero steps.
+    self._call = 0.0  # A call's own cost: the empty call's, or the fitted one (`_fit`).
     self._between_loops: list[float] = []
     self._loop_seconds: dict[int, list[float]] = {}  # steps -> the seconds of the latest warm loops of that many steps
-    self._fitted_call_seconds: float | None = None  # The call's cost as `_fitted` gave it after the latest loop.
-    self._step_seconds: float | None = None
+    self.step_seconds: float | None = None
     self.size = min(FIRST, self.most)
 
   def next_size(self, step: int, end: int) -> int:
@@ -186,11 +186,11 @@ class MeasuredStepsPerLoop:
   @property
   def needs_call_overhead(self) -> bool:
     """Whether a call's own cost is still to be recorded (`record_call_overhead`): only once per instance."""
-    return self._call_seconds is None
+    return self._empty_call is None
 
   def record_call_overhead(self, seconds: float) -> None:
     """Records the time of a call that runs no step."""
-    self._call_seconds = seconds
+    self._empty_call = self._call = seconds
 
   def record_loop(self, *, steps: int, seconds: float, host_seconds: float | None = None) -> None:
     """Records a loop of `steps` steps that took `seconds`, and the host's time since the loop before; updates `size`.
@@ -206,90 +206,56 @@ class MeasuredStepsPerLoop:
     if host_seconds is not None:
       self._between_loops = (self._between_loops + [host_seconds])[-5:]
       if steps:
-        self._loop_seconds.pop(steps, None)  # Re-inserted last: the dict drops its least recently seen sizes.
-        self._loop_seconds[steps] = (self._loop_seconds.get(steps, []) + [seconds])[-5:]
-        while len(self._loop_seconds) > _MOST_SIZES_FITTED:
+        self._loop_seconds[steps] = (self._loop_seconds.pop(steps, []) + [seconds])[-5:]  # Now the latest size.
+        while len(self._loop_seconds) > _MOST_SIZES_FITTED:  # The least recently run size goes.
           del self._loop_seconds[next(iter(self._loop_seconds))]
-    if steps:
-      self._step_seconds = max(seconds - (self._call_seconds or 0.0), 1e-9) / steps
-    fitted = self._fitted()
-    self._fitted_call_seconds = None if fitted is None else fitted[0]
-    if fitted is not None:
-      self._step_seconds = fitted[1]
-    wanted = self._wanted()
-    if wanted is not None and not self.size / 2 < wanted < self.size * 2:
-      self.size = wanted
+    if not steps:
+      return
+    self._call = self._empty_call or 0.0
+    self.step_seconds = max(seconds - self._call, 1e-9) / steps
+    self._fit()
+    host = self._call + (statistics.median(self._between_loops) if self._between_loops else 0.0)
+    cap = min(self.most, max(1, int(self._report_seconds / self.step_seconds)))
+    raw = host / (self._share * self.step_seconds)
+    wanted = _round_down(cap) if raw > cap else _round_up(raw)
+    if self._cadence is not None:
+      wanted = min(d for d in _divisors(self._cadence) if d >= min(wanted, self._cadence))
+      wanted = wanted if wanted <= cap else _largest_divisor_at_most(self._cadence, cap)
+    if not self.size / 2 < wanted < self.size * 2:
+      self.size = max(1, wanted)
 
-  @property
-  def figures(self) -> tuple[float | None, float | None, float | None]:
-    """`(call seconds, host seconds between loops, step seconds)` as last measured (None: not yet)."""
-    between = statistics.median(self._between_loops) if self._between_loops else None
-    return self._call_cost(), between, self._step_seconds
-
-  def _call_cost(self) -> float | None:
-    """A call's own cost: fitted from loops of different sizes (`_fitted`), at least a zero-step call's time."""
-    return self._call_seconds if self._fitted_call_seconds is None else self._fitted_call_seconds
-
-  def _fitted(self) -> tuple[float, float] | None:
-    """`(call seconds, step seconds)` of the line through the median times of a small and a large loop size.
+  def _fit(self) -> None:
+    """Sets the call's cost and the step time from the line through a small and a large loop size's median times.
 
     A call costs more than a call of zero steps: its first step wakes
     threads and the input's prefetch. A line through the times of the
     smallest loop and the latest large one (at least `_FIT_SPAN` times as
     many steps) shows that cost as its intercept, which the small loop pins
     down (a large loop's noise moves it by little); it is never taken below
-    the zero-step call's time. None until such loops have run.
+    the zero-step call's time. Nothing changes until such loops have run.
     """
-    if len(self._loop_seconds) < 2:
-      return None
-    small, small_times = min(self._loop_seconds.items())
-    # The large loop: the latest size far enough from the small one (the dict holds sizes in the order last run).
-    large = next((size for size in reversed(self._loop_seconds) if size >= _FIT_SPAN * small), None)
+    small, small_times = min(self._loop_seconds.items(), default=(0, []))
+    large = next((size for size in reversed(self._loop_seconds) if small and size >= _FIT_SPAN * small), None)
     if large is None:
-      return None
-    large_times = self._loop_seconds[large]
-    small_seconds, large_seconds = statistics.median(small_times), statistics.median(large_times)
+      return
+    small_seconds, large_seconds = statistics.median(small_times), statistics.median(self._loop_seconds[large])
     step_seconds = (large_seconds - small_seconds) / (large - small)
-    if step_seconds <= 0:
-      return None
-    return max(small_seconds - small * step_seconds, self._call_seconds or 0.0), step_seconds
-
-  def _wanted(self) -> int | None:
-    if self._step_seconds is None:
-      return None
-    host = (self._call_cost() or 0.0) + (statistics.median(self._between_loops) if self._between_loops else 0.0)
-    share = self._overhead_share / (1.0 - self._overhead_share)
-    steps = _round_up(math.ceil(host / (share * self._step_seconds)))
-    cap = min(self.most, max(1, int(self._report_seconds / self._step_seconds)))
-    if steps > cap:
-      steps = _round_down(cap)
-    if self._cadence is not None:
-      steps = min(d for d in _divisors(self._cadence) if d >= min(steps, self._cadence))
-      steps = steps if steps <= cap else _largest_divisor_at_most(self._cadence, cap)
-    return max(1, steps)
+    if step_seconds > 0:
+      self.step_seconds = step_seconds
+      self._call = max(small_seconds - small * step_seconds, self._empty_call or 0.0)
 
 
-def _nice_numbers() -> Iterator[int]:
-  scale = 1
-  while True:
-    for factor in (1, 2, 5):
-      yield factor * scale
-    scale *= 10
+_NICE = [factor * 10**power for power in range(8) for factor in (1, 2, 5)]  # 1, 2, 5, 10, 20, 50, ...
 
 
 def _round_up(steps: float) -> int:
   """The smallest of 1, 2, 5, 10, 20, 50, ... at least `steps`."""
-  return next(n for n in _nice_numbers() if n >= steps)
+  return next(n for n in _NICE if n >= steps)
 
 
 def _round_down(steps: float) -> int:
   """The largest of 1, 2, 5, 10, 20, 50, ... at most `steps` (at least 1)."""
-  below = 1
-  for n in _nice_numbers():
-    if n > steps:
-      break
-    below = n
-  return below
+  return max(n for n in _NICE if n <= max(steps, 1))
 
 
 def _divisors(number: int) -> list[int]:

@@ -30,7 +30,6 @@ from runner.outputs import progress_output
 from runner.outputs import reports
 from runner.training import controller as controller_lib
 from runner.training import export
-from runner.training import gradient_registrations
 from runner.training import loops
 from runner.training import model_parts
 from runner.training import options as trainer_options
@@ -42,6 +41,7 @@ from strategies import checks
 from strategies import description
 from strategies import peers
 from strategies import sharded_variables
+from strategies import tensorflow_workarounds
 from strategies.errors import ConfigError
 
 _ALL_STEPS = 2**62
@@ -159,7 +159,7 @@ class Trainer:
         profile_steps=profile_steps,
     )
     self._strategy = strategy
-    gradient_registrations.release_when_collected(self, strategy)  # What tracing its steps leaves in TensorFlow.
+    tensorflow_workarounds.release_gradients_when_collected(self, strategy)  # What tracing its steps leaves.
     self._coordinator = parameter_server_loops.coordinator_for(strategy, jit_compile=jit_compile)
     self._task = task
     # The task's preprocess, when it has its own (None: the model takes the features as batched).

@@ -23,8 +23,6 @@ import tensorflow as tf
 
 from runner.training import loops
 
-_VALUES = ("loss", "replicas", "label_range")  # Summed per replica over the loop's steps.
-
 
 class UncheckedTrainLoop(loops.TrainLoop):
   """A looping `loops.TrainLoop` whose steps carry no per-step check; the loop tells whether it stayed finite.
@@ -49,10 +47,11 @@ class UncheckedTrainLoop(loops.TrainLoop):
         only when given: pass None where the task's loss fails by itself on
         a label out of range (an op error, or a NaN loss).
     """
-    self._state = state
+    self._state = [v for v in state if tf.as_dtype(v.dtype).is_floating]
     super().__init__(looping=True, multi_worker=False, **arguments)
     self._unchecked_update = loops.maybe_xla(self._apply_update, self._whole_step_xla)
     self.function = tf.function(self._unchecked_steps)
+    self._finite_sums = tf.function(lambda: tf.concat([self._totals.read_value(), [self._state_sum()]], axis=0))
 
   def run(self, iterator: Any, num_steps: int) -> tuple[loops.TrainLoopResult, bool]:
     """Runs `num_steps` steps; returns the `TrainLoopResult` and whether the loss and every variable stayed finite.
@@ -61,71 +60,58 @@ class UncheckedTrainLoop(loops.TrainLoop):
       tf.errors.OpError: as a step raised it; the global step counts the
         steps before it (see `finite_so_far`).
     """
-    try:
-      vector = self._call(iterator, tf.constant(num_steps, tf.int32), self._stop_values[None]).numpy()
-    except tf.errors.OpError:
-      self._step.assign_add(self._steps_run(self._sums.numpy()))
-      raise
-    size = len(_VALUES)
-    steps_run = self._steps_run(vector)
+    vector = self._vector(iterator, num_steps, self._stop_values[None])
+    steps_run = self._steps_in(vector)
     result = loops.TrainLoopResult(
         steps_run=steps_run,
         loss=float(vector[0]) / steps_run if steps_run else math.nan,
-        learning_rate=float(vector[size + 1]),
-        metrics={metric.name: value for metric, value in zip(self._metrics, vector[size + 2 :].tolist())},
+        learning_rate=float(vector[4]),
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[5:].tolist())},
     )
-    return result, bool(math.isfinite(float(vector[:size].sum() + vector[size])))
+    return result, bool(math.isfinite(float(vector[:4].sum())))
 
   def finite_so_far(self) -> bool:
     """Whether the loss summed so far and every variable are finite (after a call raised part-way)."""
     return bool(math.isfinite(float(self._finite_sums().numpy().sum())))
 
   def _make_totals(self) -> None:
-    with self._strategy.scope():
-      self._sums = tf.Variable(
-          tf.zeros([len(_VALUES)]),
+    with self._strategy.scope():  # [loss, replicas, label range], summed over the replicas when read.
+      self._totals = tf.Variable(
+          tf.zeros([3]),
           trainable=False,
           synchronization=tf.VariableSynchronization.ON_READ,
           aggregation=tf.VariableAggregation.SUM,
           name="unchecked_loop_sums",
       )
-    self._finite_sums = tf.function(self._sums_and_state_sum)
 
-  def _steps_run(self, sums: Any) -> int:
-    # A replica that raised part-way counts one step less: the steps every replica finished.
-    return int(math.floor(float(sums[1]) / self._strategy.num_replicas_in_sync + 1e-6))
-
-  def _sums_and_state_sum(self) -> tf.Tensor:
-    floating = [tf.convert_to_tensor(v) for v in self._state if tf.as_dtype(v.dtype).is_floating]
-    return tf.concat([self._sums.read_value(), [loops.finite_sum(floating)]], axis=0)
+  def _state_sum(self) -> tf.Tensor:
+    return loops.finite_sum([tf.convert_to_tensor(v) for v in self._state])
 
   def _unchecked_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
     del stop  # One worker: its own signal is read between loops.
     for metric in self._metrics:
       metric.reset_state()
-    self._sums.assign(tf.zeros_like(self._sums))
+    self._totals.assign(tf.zeros_like(self._totals))
 
     def step(i: tf.Tensor) -> tf.Tensor:
       self._strategy.run(self._unchecked_replica_step, args=(next(iterator),))
       return i + 1
 
     tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
-    sums = self._sums_and_state_sum()
+    sums = self._totals.read_value()
     replicas = self._strategy.num_replicas_in_sync
     self._step.assign_add(tf.cast(tf.math.floor(sums[1] / replicas + 1e-6), self._step.dtype))
-    return self._results(sums, tf.zeros([0]))
+    return self._results(tf.concat([sums, [self._state_sum()]], axis=0), tf.zeros([0]))
 
   def _unchecked_replica_step(self, batch: Sequence[Any]) -> None:
     sample_weight = batch[2] if len(batch) == 3 else None
     loss, outputs, _ = self._unchecked_update(batch[0], batch[1], sample_weight)
     for metric in self._metrics:
       metric.update_state(batch[1], outputs, sample_weight=sample_weight)
-    label_range = (
-        tf.constant(0.0)
-        if self._valid_labels is None
-        else tf.math.log(tf.cast(loops.labels_in(batch[1], self._valid_labels), tf.float32))
-    )
-    self._sums.assign_add(tf.stack([loss, 1.0, label_range]))
+    in_range = tf.constant(0.0)
+    if self._valid_labels is not None:
+      in_range = tf.math.log(tf.cast(loops.labels_in(batch[1], self._valid_labels), tf.float32))
+    self._totals.assign_add(tf.stack([loss, 1.0, in_range]))
 
 
 class RerunChecked:

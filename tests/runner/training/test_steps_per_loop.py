@@ -24,8 +24,7 @@ def test_the_first_loop_has_one_step_then_the_size_keeps_the_host_under_two_perc
   # A 1 ms call and 250 us steps: 1 ms / (0.02 / 0.98 * 250 us) = 196 -> 200. With 1 ms of actions between
   # loops too: 2 ms / (0.02 / 0.98 * 250 us) = 392 -> 500.
   assert _after(auto, (1, 0.00125, None), (200, 0.051, 0.001)) == [200, 500]
-  call, host, step = auto.figures
-  assert (call, host) == (0.001, 0.001) and step == pytest.approx(0.00025)
+  assert auto.step_seconds == pytest.approx(0.00025)
   assert (2 * 0.001) / (2 * 0.001 + 500 * 0.00025) < steps_per_loop.OVERHEAD_SHARE
 
 
@@ -56,8 +55,7 @@ def test_the_call_cost_is_fitted_from_loops_of_different_sizes():
   # 50 steps in 22.5 ms: the line through (1, 2.5 ms) and (50, 22.5 ms) has 20/49 ms steps and a call of
   # 2.5 - 20/49 = 2.09 ms, four times the zero-step call: (2.09 + 0.5) ms / (0.02 / 0.98 * 0.408 ms) = 311 -> 500.
   assert _after(auto, (50, 0.0225, 0.0005)) == [500]
-  call, host, step = auto.figures
-  assert call == pytest.approx(0.0025 - 0.02 / 49) and host == 0.0005 and step == pytest.approx(0.02 / 49)
+  assert auto._call == pytest.approx(0.0025 - 0.02 / 49) and auto.step_seconds == pytest.approx(0.02 / 49)
   # Later loops of one size keep the fit: the size stays.
   assert _after(auto, (500, 0.206, 0.0005), (500, 0.21, 0.0005)) == [500, 500]
 
@@ -66,7 +64,7 @@ def test_a_fit_never_puts_a_call_below_a_zero_step_call():
   auto = steps_per_loop.MeasuredStepsPerLoop()
   auto.record_call_overhead(0.001)
   _after(auto, (1, 0.01, None), (1, 0.0011, 0.0), (100, 0.2, 0.0))  # The line's intercept would be negative.
-  assert auto.figures[0] == 0.001
+  assert auto._call == 0.001
 
 
 @pytest.mark.parametrize(

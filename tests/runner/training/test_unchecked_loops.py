@@ -18,7 +18,7 @@ from testlib import trainer_testlib
 STEPS_PER_LOOP = 4
 
 
-@pytest.fixture(name="strategy", params=["one_device", "mirrored2"])
+@pytest.fixture(name="strategy")
 def fixture_strategy(request, cpu_devices):
   if request.param == "one_device":
     return tf.distribute.OneDeviceStrategy("/cpu:0")
@@ -98,7 +98,13 @@ def _state(trainer):
   return [np.array(tf.convert_to_tensor(v)) for v in variables]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# Every case on one device; two of them (the data's check and the loss's) on two replicas too, where the sums per
+# replica are summed when read.
+@pytest.mark.parametrize(
+    "strategy, case",
+    [("one_device", case) for case in sorted(CASES)] + [("mirrored2", "nan_features"), ("mirrored2", "divergence")],
+    indirect=["strategy"],
+)
 def test_an_unchecked_loop_stops_at_the_first_bad_step_with_the_checked_message(strategy, case, tmp_path):
   checked_error, checked = _failed_run(strategy, case, 1, str(tmp_path / "checked"))
   unchecked_error, unchecked = _failed_run(strategy, case, STEPS_PER_LOOP, str(tmp_path / "unchecked"))
