@@ -44,6 +44,7 @@ setuptools.setup(
         "test": [
             "pytest>=7",
             "pytest-xdist>=3",  # The suite runs its files in two processes (-n 2 --dist loadfile).
+            "portpicker>=1.5",  # Also a requirement of the package (the launcher); the tests' ports too.
             "scikit-learn>=1.0",
             "tensorboard>=2.16",
             "tensorboard-plugin-profile>=2.16",

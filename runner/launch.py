@@ -538,7 +538,8 @@ def main(argv: Sequence[str]) -> int:
   """Runs the command line `argv`; returns the exit status."""
   if any(argument in _HELP for argument in argv[1 : argv.index("--") if "--" in argv else None]):
     print(__doc__)
-    print(flags.FLAGS.module_help(sys.modules[__name__]).partition("\n")[2])  # Not its module's name: __main__ or not.
+    # The flags without their module's name, which is __main__ under `python -m` and runner.launch in the script.
+    print(flags.FLAGS.module_help(sys.modules[__name__]).strip().partition("\n")[2])
     return 0
   try:
     options = _parse(argv)
