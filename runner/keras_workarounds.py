@@ -3,7 +3,7 @@
 The only module of `strategies/` and `runner/` that reads `keras.src`, `tf_keras.src` or a private attribute
 (`obj._name`) of a Keras object (TensorFlow's are in `strategies/tensorflow_workarounds.py`). Each function says
 which Keras behaviour it works around and the versions it was checked against (`CHECKED_WITH`);
-`tests/project/test_workarounds.py` runs each one against the installed Keras and fails loudly when that
+`tests/project/test_workarounds_*.py` run each one against the installed Keras and fails loudly when that
 behaviour changes.
 """
 

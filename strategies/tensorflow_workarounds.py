@@ -3,7 +3,7 @@
 The only module of `strategies/` and `runner/` that reads `tensorflow.python` or a private attribute
 (`obj._name`) of a TensorFlow object (Keras's are in `runner/keras_workarounds.py`). Each function says which
 TensorFlow behaviour it works around and the version it was checked against (`CHECKED_WITH`);
-`tests/project/test_workarounds.py` runs each one against the installed TensorFlow and fails loudly when
+`tests/project/test_workarounds_*.py` run each one against the installed TensorFlow and fails loudly when
 that behaviour changes.
 """
 
