@@ -599,7 +599,7 @@ class TFRecordFiles(DatasetProvider):
 
     counts = self.record_counts(files) if repeated and start else None
     if counts is None:
-      share = repeated and self._has_records(files, 1 if by_file else pipeline + 1)
+      share = int(repeated and self._has_records(files, 1 if by_file else pipeline + 1))  # Its size is not needed.
     else:
       share = sum(counts) if by_file else len(range(pipeline, sum(counts), pipelines))
     if not share:  # One epoch, or nothing to repeat: an empty stream, as repeating an empty dataset gives.
