@@ -15,24 +15,6 @@ import numpy as np
 from strategies import checks
 from strategies.errors import ConfigError
 
-_NO_SKLEARN = (
-    "Dataset 'digits' needs scikit-learn, which is not installed: "
-    "pip install 'tf-runner[examples]' (or pip install scikit-learn)."
-)
-
-
-def _sklearn_datasets() -> Any:
-  """Returns `sklearn.datasets`, imported on first use.
-
-  Raises:
-    ConfigError: scikit-learn is not installed.
-  """
-  try:
-    from sklearn import datasets as sklearn_datasets  # noqa: PLC0415
-  except ImportError:
-    raise ConfigError(_NO_SKLEARN) from None
-  return sklearn_datasets
-
 
 def digits(config: Any, split: str) -> Any:
   """scikit-learn's 1797 8x8 handwritten digits (offline), 10 classes.
@@ -46,7 +28,9 @@ def digits(config: Any, split: str) -> Any:
     config: `config.data` with `test_fraction` and `seed`.
     split: 'train' or 'eval'.
   """
-  bunch = _sklearn_datasets().load_digits()
+  from sklearn import datasets as sklearn_datasets  # noqa: PLC0415  Installed: `check_digits` ran first.
+
+  bunch = sklearn_datasets.load_digits()
   features, labels = (bunch.data / 16.0).astype(np.float32), bunch.target.astype(np.int32)
   order = np.random.RandomState(config.seed).permutation(len(labels))
   num_eval = math.ceil(len(labels) * config.test_fraction)
@@ -61,7 +45,10 @@ def check_digits(config: Any) -> None:
   if not 0.0 < config.test_fraction < 1.0:
     raise ConfigError(f"config.data.test_fraction must be in (0, 1), got {config.test_fraction!r}.")
   if importlib.util.find_spec("sklearn") is None:
-    raise ConfigError(_NO_SKLEARN)
+    raise ConfigError(
+        "Dataset 'digits' needs scikit-learn, which is not installed: "
+        "pip install 'tf-runner[examples]' (or pip install scikit-learn)."
+    )
 
 
 def synthetic(config: Any, split: str) -> Any:

@@ -13,13 +13,12 @@ What is checked, and when:
 - in every step, from the batch's smallest and largest label (a few scalar
   ops, reduced with the loss; see `runner.training.loops`): a label outside that range,
   such as a class id the model has no output for. The step stops training;
-  `first_label_outside` then reads the data again to name an example and its
-  label (`labels_out_of_range_error`);
-- at the step that meets it, a file that cannot be read (`read_error`): for
-  `runner.data.TFRecordFiles`, the file and the record are found by reading
-  the files again, on this error path only. Data read before the first step
-  (whether it holds a record; the record counts a resume starts from) fails
-  the same way, at the first step;
+  `step_error` then reads the data again to name an example and its label;
+- at the step that meets it, a file that cannot be read or a record that
+  cannot be parsed (`step_error`): for `runner.data.TFRecordFiles`, the file
+  and the record are found by reading the files again, on this error path
+  only. Data read before the first step (whether it holds a record; the
+  record counts a resume starts from) fails the same way, at the first step;
 - evaluation data that holds no examples (`no_evaluation_examples_error`):
   before training where that is known cheaply (`providers.holds_no_examples`),
   else when an evaluation counts none.
@@ -45,8 +44,7 @@ class LabelsOutOfRangeError(DataError):
   """A batch held a label outside the range the task gave (`label_range`), found inside a compiled loop.
 
   The loop can tell only that some label was outside, and at which step; the
-  Trainer replaces this error by `labels_out_of_range_error`, which names the
-  label.
+  Trainer replaces this error by `step_error`'s, which names the label.
 
   Attributes:
     step: the training step whose batch held it (None: an evaluation's).
@@ -58,17 +56,35 @@ class LabelsOutOfRangeError(DataError):
     self.step = step
 
 
-_RECORDS_PER_READ = 4096
-_LABELS_PER_READ = 4096
+_READ_AT_ONCE = 4096  # Records (or labels) per batch where the data is read again to name a mistake.
 _LABELS_READ = 1_000_000
 _ANNOTATIONS = re.compile(r"\{\{[^}]*\}\}|\[Op:[^\]]*\].*$")
+_PARSER_REASON = re.compile(  # The reasons of TensorFlow's Example parser.
+    r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
+    r"Can't parse serialized Example|values != expected)[^\n]*"
+)
+_BATCHED = (
+    "The Trainer batches the data itself; return an unbatched dataset of one example per element (drop the "
+    ".batch(...))."
+)
+_PAD = "Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or tf.sparse.to_dense)."
+# First layers of a keras.Sequential model that take one tensor (the built-in models start with Flatten).
+_ONE_TENSOR_LAYERS = (
+    keras.layers.Flatten,
+    keras.layers.Dense,
+    keras.layers.Conv1D,
+    keras.layers.Conv2D,
+    keras.layers.Conv3D,
+    keras.layers.Embedding,
+)
 
 
 def declared_features_spec(model: Any) -> Any:
   """Returns the per-example features spec a model declares (`keras.Input`), or None.
 
-  A nest like the model's inputs, each a `tf.TensorSpec` without the batch
-  dimension; None for a model that builds from its first batch.
+  A nest like the model's inputs, each a `tf.TensorSpec` (or, for a tf_keras
+  `Input(type_spec=...)`, a composite spec) without the batch dimension; None
+  for a model that builds from its first batch.
   """
   try:
     structure = model.input  # A functional model's inputs, in their structure (a dict, a list, a tensor).
@@ -79,15 +95,14 @@ def declared_features_spec(model: Any) -> Any:
     if not inputs:
       return None
     structure = inputs[0] if len(inputs) == 1 else list(inputs)
-  return tf.nest.map_structure(_per_example, structure)
 
+  def per_example(symbolic_input: Any) -> Any:
+    batched = getattr(symbolic_input, "type_spec", None)  # tf_keras; Keras 3's inputs are dense.
+    if batched is None or not is_composite(batched):
+      return tf.TensorSpec(symbolic_input.shape[1:], symbolic_input.dtype)
+    return tf.data.Dataset.from_generator(lambda: iter(()), output_signature=batched).unbatch().element_spec
 
-def _per_example(symbolic_input: Any) -> Any:
-  """The spec of one example of a model's symbolic input: dense, or composite (a tf_keras `Input(type_spec=...)`)."""
-  type_spec = getattr(symbolic_input, "type_spec", None)  # tf_keras; Keras 3's inputs are dense.
-  if type_spec is not None and is_composite(type_spec):
-    return type_spec._unbatch()  # noqa: SLF001  The batchable TypeSpec protocol tf.data itself uses.
-  return tf.TensorSpec(symbolic_input.shape[1:], symbolic_input.dtype)
+  return tf.nest.map_structure(per_example, structure)
 
 
 def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
@@ -107,23 +122,21 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
       does not fit the model's input. The message names the element spec (or
       the keys) and the model's input.
   """
-  features = element_spec[0]
-  where = f"The {purpose} data"
-  parts = tf.nest.flatten(element_spec[:2])
-  if all(isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None for s in parts):
+  features, where = element_spec[0], f"The {purpose} data"
+  if all(
+      isinstance(s, tf.TensorSpec) and s.shape.rank and s.shape[0] is None for s in tf.nest.flatten(element_spec[:2])
+  ):
     raise DataError(
         f"{where} looks batched: every part of its elements has a first dimension of unknown size (element spec "
-        f"{_spec(element_spec)}). The Trainer batches the data itself; return an unbatched dataset of one example "
-        "per element (drop the .batch(...))."
+        f"{_spec(element_spec)}). {_BATCHED}"
     )
   if expected is None:
     for path, spec in leaves(features):
       if is_composite(spec):
         raise DataError(
             f"{where}'s features{path} are {_kind(spec)} ({_spec(spec)}), but the Trainer batches dense tensors of "
-            "one shape for a model that builds from its first batch. Pad or cut them to a fixed length in the "
-            "dataset (e.g. ragged.to_tensor(shape=[N]) or tf.sparse.to_dense), or declare the model's input "
-            "(keras.Input(type_spec=...) in tf_keras), which may be composite."
+            f"one shape for a model that builds from its first batch. {_PAD[:-1]}, or declare "
+            "the model's input (keras.Input(type_spec=...) in tf_keras), which may be composite."
         )
       if not spec.shape.is_fully_defined():
         raise DataError(
@@ -148,50 +161,30 @@ def check_features(element_spec: Any, expected: Any, *, purpose: str) -> None:
   for (path, spec), want in zip(leaves(features), tf.nest.flatten(expected)):
     if is_composite(spec) or is_composite(want):
       if not (is_composite(spec) and is_composite(want) and want.is_compatible_with(spec)):
+        pad = f" {_PAD}" if is_composite(spec) and not is_composite(want) else ""
         raise DataError(
             f"{where}'s features{path} are {_kind(spec)} ({_spec(spec)}) per example, but the model's input takes "
-            f"{_kind(want)} ({_spec(want)})."
-            + (
-                " Pad or cut them to a fixed length in the dataset (e.g. ragged.to_tensor(shape=[N]) or "
-                "tf.sparse.to_dense)."
-                if is_composite(spec) and not is_composite(want)
-                else ""
-            )
+            f"{_kind(want)} ({_spec(want)}).{pad}"
         )
       continue
+    got = f"{where}'s features{path} have shape {_shape(spec.shape)} per example"
     if spec.shape.rank == want.shape.rank + 1 and want.shape.is_compatible_with(spec.shape[1:]):
       raise DataError(
-          f"{where}'s features{path} have shape {_shape(spec.shape)} per example, one dimension more than the "
-          f"model's input {_shape(want.shape)}: the dataset looks batched. The Trainer batches the data itself; "
-          "return an unbatched dataset of one example per element (drop the .batch(...))."
+          f"{got}, one dimension more than the model's input {_shape(want.shape)}: the dataset looks batched. "
+          + _BATCHED
       )
     if not want.shape.is_compatible_with(spec.shape):
-      raise DataError(
-          f"{where}'s features{path} have shape {_shape(spec.shape)} per example (element spec "
-          f"{_spec(element_spec)}), but the model's input takes {_shape(want.shape)}."
-      )
+      raise DataError(f"{got} (element spec {_spec(element_spec)}), but the model's input takes {_shape(want.shape)}.")
     if (spec.dtype == tf.string) != (want.dtype == tf.string):
       raise DataError(
           f"{where}'s features{path} are {spec.dtype.name}, but the model's input takes {want.dtype.name}. Convert "
           "them in the dataset (e.g. tf.strings.to_number), or give the model an input of that dtype."
       )
-    varying = [i for i, (got, need) in enumerate(zip(spec.shape, want.shape)) if got is None and need is not None]
-    if varying:
+    if any(have is None and need is not None for have, need in zip(spec.shape, want.shape)):
       raise DataError(
-          f"{where}'s features{path} have shape {_shape(spec.shape)} per example, of varying length, but the "
-          f"model's input takes the fixed shape {_shape(want.shape)}. Pad or cut every example to that shape in "
-          "the dataset (then tf.ensure_shape)."
+          f"{got}, of varying length, but the model's input takes the fixed shape {_shape(want.shape)}. Pad or cut "
+          "every example to that shape in the dataset (then tf.ensure_shape)."
       )
-
-
-_ONE_TENSOR_LAYERS = (
-    keras.layers.Flatten,
-    keras.layers.Dense,
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.Embedding,
-)
 
 
 def check_one_tensor_for_sequential(element_spec: Any, model: Any, *, purpose: str) -> None:
@@ -216,16 +209,14 @@ def check_one_tensor_for_sequential(element_spec: Any, model: Any, *, purpose: s
   ):
     return
   if isinstance(features, dict):
-    got = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}"
-    combine = f"tf.concat([features[{sorted(features)[0]!r}], ...], axis=-1) after flattening each"
+    got, first = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}", repr(sorted(features)[0])
   else:
-    got = f"a {type(features).__name__} of {len(features)} part(s)"
-    combine = "tf.concat([features[0], ...], axis=-1) after flattening each"
+    got, first = f"a {type(features).__name__} of {len(features)} part(s)", "0"
   raise DataError(
       f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
-      f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset ({combine}), "
-      "or use a model with one keras.Input per part (a functional keras.Model, as an import path in "
-      "config.model.name)."
+      f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset "
+      f"(tf.concat([features[{first}], ...], axis=-1) after flattening each), or use a model with one keras.Input "
+      "per part (a functional keras.Model, as an import path in config.model.name)."
   )
 
 
@@ -272,6 +263,15 @@ def no_evaluation_examples_error() -> DataError:
 def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | None, purpose: str) -> DataError:
   """Returns the DataError that `error`, raised while stepping through `data`, stands for; re-raises another error.
 
+  The data is read again, on this error path only, to name what is wrong: a
+  damaged TFRecord file and its first bad record (the files of a
+  `runner.data.TFRecordFiles`, or those a plain `tf.data.TFRecordDataset`
+  pipeline holds as constants in its graph); a record `parse_fn` rejects,
+  the feature and what the record holds against what `parse_fn` reads (its
+  `tf.io.parse_*example` features, from its traced graph; for a plain
+  pipeline, the Example parser's reason); an example whose label is outside
+  `valid_labels` (in the first `_LABELS_READ`).
+
   Args:
     error: a `tf.errors.DataLossError` (a file cannot be read), a
       `tf.errors.InvalidArgumentError` (a record cannot be parsed, or an op
@@ -281,33 +281,29 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
     step: the step that met it (for evaluation: None).
     purpose: what the data is for, e.g. "training".
   """
-  if isinstance(error, tf.errors.DataLossError):
-    return read_error(error, data, step=step, purpose=purpose)
-  try:  # The data is read again to name the record or the label: a damaged file further on is named instead.
+  at = f" at step {step}" if step is not None else ""
+  try:  # A damaged file, met here or while reading the data again, is named by the `except` below.
+    if isinstance(error, tf.errors.DataLossError):
+      raise error
     if isinstance(error, tf.errors.InvalidArgumentError):
-      not_parsed = parse_error(error, data, step=step, purpose=purpose)
+      not_parsed = _parse_error(error, data, f"The {purpose} data cannot be parsed{at}")
       if not_parsed is not None:
         return not_parsed
-    found = first_label_outside(data, valid_labels)
+    found = _first_label_outside(data, valid_labels)
   except tf.errors.DataLossError as damaged:
-    return read_error(damaged, data, step=step, purpose=purpose)
+    files, compression_type = _files_of(data)
+    bad = _first_failing(files, compression_type)
+    if bad is None:
+      return DataError(
+          f"The {purpose} data cannot be read{at}: {_reason(damaged.message)}. A file it reads is damaged or "
+          "truncated; rewrite it or leave it out."
+      )
+    return DataError(
+        f"The {purpose} data cannot be read{at}: {bad[0]} is damaged at record {bad[1]} (counting from 0; "
+        f"{bad[3]}). Replace or re-write that file, or leave it out of the data."
+    )
   if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
-  return labels_out_of_range_error(found, valid_labels, step=step, purpose=purpose)
-
-
-def labels_out_of_range_error(
-    found: tuple[int, Any] | None, valid_labels: Any, *, step: int | None, purpose: str
-) -> DataError:
-  """Returns the DataError for a step whose batch held a label outside `valid_labels`.
-
-  Args:
-    found: `first_label_outside(data, valid_labels)`: an example and its label,
-      or None.
-    valid_labels: the `runner.tasks.LabelRange` the labels broke.
-    step: the step whose batch held it (for evaluation: None).
-    purpose: what the data is for, e.g. "training".
-  """
   where = f"The {purpose} data's batch of step {step}" if step is not None else f"The {purpose} data"
   example = (
       f"example {found[0]} of the data (counting from 0) has label {found[1]}"
@@ -319,18 +315,13 @@ def labels_out_of_range_error(
   )
 
 
-def first_label_outside(data: Any, valid_labels: Any) -> tuple[int, Any] | None:
-  """Returns `(example number, label)` of the first label of `data` outside `valid_labels`, or None.
-
-  Reads the data again from its start, at most `_LABELS_READ` examples: for
-  the error path only. None when `valid_labels` is None.
-  """
+def _first_label_outside(data: Any, valid_labels: Any) -> tuple[int, Any] | None:
+  """Returns `(example number, label)` of the first label of `data` outside `valid_labels` (if any), or None."""
   if valid_labels is None:
     return None
   dataset = data.get_dataset(tf.distribute.InputContext())
-  labels = dataset.map(lambda *element: element[1]).take(_LABELS_READ).batch(_LABELS_PER_READ)
   first = 0
-  for batch in labels.as_numpy_iterator():
+  for batch in dataset.map(lambda *element: element[1]).take(_LABELS_READ).batch(_READ_AT_ONCE).as_numpy_iterator():
     values = batch.reshape(len(batch), -1)
     bad = (values < valid_labels.low) | (values >= valid_labels.high)
     if valid_labels.integer:
@@ -342,115 +333,95 @@ def first_label_outside(data: Any, valid_labels: Any) -> tuple[int, Any] | None:
   return None
 
 
-def read_error(error: Exception, data: Any, *, step: int | None, purpose: str) -> DataError:
-  """Returns the DataError for data that could not be read (a `tf.errors.DataLossError`).
-
-  The TFRecord files the data reads (a `runner.data.TFRecordFiles`' files, or
-  the file names a plain `tf.data.TFRecordDataset` pipeline holds as
-  constants) are read again, in order, to name the first damaged one and the
-  number of its first bad record.
-  """
-  at = f" at step {step}" if step is not None else ""
-  if isinstance(data, data_lib.TFRecordFiles) and data.files:
-    files, compression_type = data.files, data.compression_type
-  else:
-    files, compression_type = _tfrecord_files(data.get_dataset(tf.distribute.InputContext()))
-  found = _first_bad_record(files, compression_type) if files else None
-  if found is not None:
-    path, record, detail = found
-    return DataError(
-        f"The {purpose} data cannot be read{at}: {path} is damaged at record {record} (counting from 0; "
-        f"{detail}). Replace or re-write that file, or leave it out of the data."
-    )
-  return DataError(
-      f"The {purpose} data cannot be read{at}: {_reason(getattr(error, 'message', str(error)))}. A file it reads "
-      "is damaged or truncated; rewrite it or leave it out."
-  )
-
-
-def parse_error(error: Exception, data: Any, *, step: int | None, purpose: str) -> DataError | None:
-  """Returns the DataError for records that `data`'s parse function rejects, or None for another error.
-
-  For a `runner.data.TFRecordFiles`, its files are read again with its
-  `parse_fn`, in order, to name the first record it rejects, the feature and
-  what the record holds against what `parse_fn` reads (its
-  `tf.io.parse_single_example` features, from its traced graph). For other
-  data, an error of TensorFlow's Example parser is named with its reason and
-  the TFRecord files the dataset's graph holds.
-
-  Args:
-    error: the `tf.errors.InvalidArgumentError` raised while reading `data`.
-    data: what was read, as given to the Trainer.
-    step: the step that met it (for evaluation: None).
-    purpose: what the data is for, e.g. "training".
-  """
-  at = f" at step {step}" if step is not None else ""
-  where = f"The {purpose} data cannot be parsed{at}"
+def _parse_error(error: Exception, data: Any, where: str) -> DataError | None:
+  """Returns the DataError for records that `data`'s parse function rejects, or None for another error."""
   if isinstance(data, data_lib.TFRecordFiles):
-    found = _first_record_not_parsed(data)
+    found = _first_failing(data.files, data.compression_type, data.parse_fn)
     if found is None:
       return None
-    path, record_number, record, reason = found
+    path, number, record, reason = found
     return DataError(
-        f"{where}: {path}, record {record_number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
+        f"{where}: {path}, record {number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
         "Write the files with the features parse_fn reads, or change the features it reads."
     )
   said = _PARSER_REASON.search(getattr(error, "message", str(error)))
   if said is None:
     return None
-  reason = " ".join(said.group().split()).rstrip(".")
-  files, _ = _tfrecord_files(data.get_dataset(tf.distribute.InputContext()))
+  files, _ = _files_of(data)
   in_files = f" in a record of {', '.join(files)}" if files else ""
   return DataError(
-      f"{where}: TensorFlow's Example parser says{in_files}: {reason}. Write the files with the features the "
-      "parse function reads, or change the features it reads (runner.data.TFRecordFiles names the file and record)."
+      f"{where}: TensorFlow's Example parser says{in_files}: {' '.join(said.group().split()).rstrip('.')}. Write the "
+      "files with the features the parse function reads, or change the features it reads "
+      "(runner.data.TFRecordFiles names the file and record)."
   )
 
 
-_PARSER_REASON = re.compile(
-    r"(Feature|Key): [^\n]*(required but could not be found|Data types don't match|"
-    r"Can't parse serialized Example|values != expected)[^\n]*"
-)  # Example parser's reasons.
+def _files_of(data: Any) -> tuple[Sequence[str], str | None]:
+  """Returns `(paths, compression type)` of the TFRecord files `data` reads, where they can be told; else ([], None).
+
+  A `TFRecordFiles`' files; for other data, the existing files named by string
+  constants in the graph of its dataset (a pipeline built on
+  `tf.data.TFRecordDataset(files)` holds them so, in its main graph or its
+  functions' graphs).
+  """
+  if isinstance(data, data_lib.TFRecordFiles):
+    return data.files, data.compression_type
+  variant = tf.data.experimental.to_variant(data.get_dataset(tf.distribute.InputContext()))
+  try:
+    graph = tf.compat.v1.GraphDef.FromString(tf.raw_ops.DatasetToGraphV2(input_dataset=variant).numpy())
+  except (TypeError, ValueError, tf.errors.OpError):
+    return [], None
+  strings = []
+  for node in [*graph.node, *(node for function in graph.library.function for node in function.node_def)]:
+    if node.op == "Const" and node.attr["value"].tensor.dtype == tf.string.as_datatype_enum:
+      strings += [value.decode(errors="replace") for value in tf.make_ndarray(node.attr["value"].tensor).ravel()]
+  paths = [s for s in dict.fromkeys(strings) if ("/" in s or "." in s) and tf.io.gfile.exists(s)]
+  compression_type = next((s for s in strings if s in ("GZIP", "ZLIB")), None)
+  return [path for path in paths if not tf.io.gfile.isdir(path)], compression_type
 
 
-def _first_record_not_parsed(data: Any) -> tuple[str, int, bytes, str] | None:
-  """Returns `(path, record number, serialized record, TensorFlow's reason)` of the first record `parse_fn` rejects."""
-  for path in data.files:
-    good = 0
-    records = tf.data.TFRecordDataset(path, compression_type=data.compression_type)
+def _first_failing(
+    files: Sequence[str], compression_type: str | None, parse_fn: Callable[..., Any] | None = None
+) -> tuple[str, int, Any, str] | None:
+  """Returns `(path, record number, record, TensorFlow's reason)` of the first record that cannot be read or parsed.
+
+  Reads `files` in order, in batches, then the failing batch record by
+  record: without `parse_fn` for the first record that cannot be read
+  (`tf.errors.DataLossError`), with it for the first one it rejects
+  (`tf.errors.InvalidArgumentError`). None when there is none.
+  """
+  error_type = tf.errors.DataLossError if parse_fn is None else tf.errors.InvalidArgumentError
+  for path in files:
+    records, good = tf.data.TFRecordDataset(path, compression_type=compression_type), 0
     try:
-      for batch in records.map(data.parse_fn).batch(_RECORDS_PER_READ):
+      for batch in (records if parse_fn is None else records.map(parse_fn)).batch(_READ_AT_ONCE):
         good += int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    except tf.errors.InvalidArgumentError:
-      for record in records.skip(good):
-        try:
-          data.parse_fn(record)
-        except tf.errors.InvalidArgumentError as e:
-          return path, good, record.numpy(), _reason(e.message)
-        good += 1
+    except error_type:
+      record = None
+      try:
+        for record in records.skip(good):
+          if parse_fn is not None:
+            parse_fn(record)
+          good += 1
+      except error_type as e:
+        return path, good, record, _reason(e.message)
   return None
 
 
-def _parse_mismatch(parse_fn: Callable[..., Any], record: bytes, reason: str) -> str:
+def _parse_mismatch(parse_fn: Callable[..., Any], record: Any, reason: str) -> str:
   """Says which feature of `record` `parse_fn` rejects: what the record holds and what parse_fn reads.
 
   Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
   cannot be told (e.g. a parse function that is not `tf.io.parse_*example`).
   """
   wanted = _features_read(parse_fn)
-  name = next(
-      (
-          key
-          for key in sorted(wanted, key=len, reverse=True)  # The longest: 'a.b' before 'a'.
-          if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)
-      ),
-      None,
-  )
+  longest_first = sorted(wanted, key=len, reverse=True)  # 'a.b' before 'a'.
+  name = next((key for key in longest_first if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
   try:
-    features = tf.train.Example.FromString(record).features.feature
+    features = tf.train.Example.FromString(record.numpy()).features.feature
   except Exception:  # noqa: BLE001  # Not an Example: a DecodeError of the protobuf.
     return f"it is not a tf.train.Example ({reason})"
-  held = ", ".join(f"{name} ({_held(features[name])})" for name in sorted(features)) or "no features"
+  held = ", ".join(f"{key} ({_held(features[key])})" for key in sorted(features)) or "no features"
   if name is None:
     return f"{reason} (the record holds {held})"
   dtype, shape = wanted[name]
@@ -468,13 +439,14 @@ def _features_read(parse_fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
     return {}
   wanted = {}
   for op in graph.get_operations():
-    if op.type != "ParseExampleV2":
-      continue
-    sparse_keys, dense_keys, ragged_keys = (tf.get_static_value(op.inputs[i]) for i in (2, 3, 4))
-    for key, dtype, shape in zip(dense_keys, op.get_attr("Tdense"), op.get_attr("dense_shapes")):
-      wanted[key.decode()] = (dtype, tf.TensorShape(shape))
-    for keys, types in ((sparse_keys, op.get_attr("sparse_types")), (ragged_keys, op.get_attr("ragged_value_types"))):
-      for key, dtype in zip(keys, types):
+    if op.type == "ParseExampleV2":
+      sparse_keys, dense_keys, ragged_keys = (tf.get_static_value(op.inputs[i]) for i in (2, 3, 4))
+      for key, dtype, shape in zip(dense_keys, op.get_attr("Tdense"), op.get_attr("dense_shapes")):
+        wanted[key.decode()] = (dtype, tf.TensorShape(shape))
+      for key, dtype in [
+          *zip(sparse_keys, op.get_attr("sparse_types")),
+          *zip(ragged_keys, op.get_attr("ragged_value_types")),
+      ]:
         wanted[key.decode()] = (dtype, None)
   return wanted
 
@@ -482,9 +454,7 @@ def _features_read(parse_fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
 def _held(feature: Any) -> str:
   """'float_list of 8 values' for a `tf.train.Feature`."""
   kind = feature.WhichOneof("kind")
-  if kind is None:
-    return "no values"
-  return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}"
+  return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}" if kind else "no values"
 
 
 def _values(shape: Any) -> str:
@@ -493,46 +463,6 @@ def _values(shape: Any) -> str:
     return "any number of values"
   count = int(np.prod(shape.as_list()))
   return f"{count} value{'s' if count != 1 else ''}"
-
-
-def _tfrecord_files(dataset: Any) -> tuple[list[str], str]:
-  """Returns `(paths, compression type)`: the existing files named by string constants in `dataset`'s graph.
-
-  A pipeline built on `tf.data.TFRecordDataset(files)` holds its file names
-  as constants (in the main graph, or in its functions' graphs); ([], '')
-  when none are found or the graph cannot be read.
-  """
-  try:
-    graph = tf.compat.v1.GraphDef.FromString(dataset._as_serialized_graph().numpy())  # noqa: SLF001
-  except (AttributeError, TypeError, ValueError, tf.errors.OpError):
-    return [], ""
-  nodes = list(graph.node) + [node for function in graph.library.function for node in function.node_def]
-  strings = []
-  for node in nodes:
-    if node.op == "Const" and node.attr["value"].tensor.dtype == tf.string.as_datatype_enum:
-      strings += [value.decode(errors="replace") for value in tf.make_ndarray(node.attr["value"].tensor).ravel()]
-  compression = [value for value in strings if value in ("GZIP", "ZLIB")]
-  paths = [value for value in dict.fromkeys(strings) if "/" in value or "." in value]
-  return [path for path in paths if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)], (
-      compression[0] if compression else ""
-  )
-
-
-def _first_bad_record(files: Sequence[str], compression_type: str | None) -> tuple[str, int, str] | None:
-  """Returns `(path, record number, TensorFlow's reason)` of the first record that fails to read, or None."""
-  for path in files:
-    good = 0
-    records = tf.data.TFRecordDataset(path, compression_type=compression_type)
-    try:
-      for batch in records.batch(_RECORDS_PER_READ):
-        good += int(tf.shape(batch)[0])
-    except tf.errors.DataLossError:
-      try:
-        for _ in records.skip(good):
-          good += 1
-      except tf.errors.DataLossError as e:
-        return path, good, _reason(e.message)
-  return None
 
 
 def leaves(nest: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -561,11 +491,12 @@ def is_composite(spec: Any) -> bool:
 
 
 def _kind(spec: Any) -> str:
-  if isinstance(spec, tf.RaggedTensorSpec):
-    return "ragged"
-  if isinstance(spec, tf.SparseTensorSpec):
-    return "sparse"
-  return f"a {type(spec).__name__.removesuffix('Spec')}" if is_composite(spec) else "dense"
+  """'dense', 'ragged', 'sparse' or e.g. 'a GraphTensor', for messages."""
+  if not is_composite(spec):
+    return "dense"
+  return {tf.RaggedTensorSpec: "ragged", tf.SparseTensorSpec: "sparse"}.get(
+      type(spec), f"a {type(spec).__name__.removesuffix('Spec')}"
+  )
 
 
 def _shape(shape: Any) -> str:

@@ -7,9 +7,12 @@ How a provider shards across input pipelines is its `sharding` policy, one of
 `SHARDING` ('auto', 'file' or 'data'; what each means: `runner.sharding_policies`).
 """
 
+import bisect
 from collections.abc import Callable, Sequence
 import concurrent.futures
+import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -20,7 +23,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from runner.data import record_positions
 from runner.interfaces import DatasetProvider
 from runner.workdir import remote
 from strategies.errors import ConfigError
@@ -86,10 +88,8 @@ def known_num_examples(data: Any) -> int | None:
   if isinstance(data, InMemory):
     return data.num_examples
   dataset = data.dataset if isinstance(data, DatasetShards) else data
-  if isinstance(dataset, tf.data.Dataset):
-    cardinality = int(dataset.cardinality())
-    return cardinality if cardinality >= 0 else None
-  return None
+  cardinality = int(dataset.cardinality()) if isinstance(dataset, tf.data.Dataset) else -1
+  return cardinality if cardinality >= 0 else None
 
 
 def holds_no_examples(data: Any) -> bool:
@@ -100,14 +100,12 @@ def holds_no_examples(data: Any) -> bool:
   where it is not known, or a file cannot be read (that is named where the
   data is read).
   """
-  if known_num_examples(data) == 0:
-    return True
   if isinstance(data, TFRecordFiles):
     try:
       return next(iter(tf.data.TFRecordDataset(data.files, compression_type=data.compression_type)), None) is None
     except tf.errors.DataLossError:
       return False
-  return False
+  return known_num_examples(data) == 0
 
 
 def description(provider: DatasetProvider) -> str:
@@ -135,8 +133,8 @@ def description(provider: DatasetProvider) -> str:
   return f"a {type(provider).__name__}"
 
 
-def stateless_seed(seed: int, *values: Any) -> tf.Tensor:
-  """Returns the key of tf.random's stateless ops (e.g. `index_shuffle`) for `seed` with each of `values` folded in.
+def _key(seed: int, *values: Any) -> tf.Tensor:
+  """Returns the key of tf.random's stateless ops for `seed` with each of `values` folded in.
 
   The same inputs give the same key in a traced function and eagerly.
   """
@@ -144,11 +142,6 @@ def stateless_seed(seed: int, *values: Any) -> tf.Tensor:
   for value in values:
     key = tf.random.experimental.stateless_fold_in(key, tf.cast(value, tf.int64))
   return key
-
-
-def _permuted(index: Any, size: Any, seed: tf.Tensor) -> tf.Tensor:
-  """Returns the place of `index` (a scalar or a vector, int64) in the permutation of `[0, size)` that `seed` picks."""
-  return tf.random.experimental.index_shuffle(index, seed, tf.cast(size, tf.int64) - 1)
 
 
 def _positions_from(start: int, step: int = 1) -> tf.data.Dataset:
@@ -159,11 +152,6 @@ def _positions_from(start: int, step: int = 1) -> tf.data.Dataset:
   pipeline per run, which a sweep of runs in one process accumulates.
   """
   return tf.data.Dataset.range(start, _ENDLESS, step).repeat()  # Endless in cardinality too, as a counter is.
-
-
-def _drawn_seed(seed: int | None) -> int:
-  """Returns `seed`, or for None one drawn now (a random order, the same for the rest of this provider's life)."""
-  return random.SystemRandom().randrange(2**31) if seed is None else seed
 
 
 def starts_at_any_position(provider: DatasetProvider) -> bool:
@@ -228,7 +216,7 @@ class InMemory(DatasetProvider):
     self.num_examples = counts.pop()
     self.shuffle = shuffle
     self.seed = seed
-    self._stream_seed = _drawn_seed(seed)
+    self._stream_seed = random.SystemRandom().randrange(2**31) if seed is None else seed
 
   # Examples gathered at once where a stream is read one by one (`get_dataset`).
   _GATHERED_AT_ONCE = 1024
@@ -268,10 +256,12 @@ class InMemory(DatasetProvider):
 
     def examples(positions: tf.Tensor) -> Any:
       epochs, indices = positions // share_size, positions % share_size
-      if self.shuffle:  # One permutation per epoch the positions are in (one or two, unless batches exceed the share).
+      if self.shuffle:  # One permutation per epoch the positions are in.
         epochs_in, epoch_of = tf.unique(epochs)
         orders = tf.map_fn(
-            lambda epoch: _permuted(indices, share_size, stateless_seed(self._stream_seed, epoch, pipeline)),
+            lambda epoch: tf.random.experimental.index_shuffle(
+                indices, _key(self._stream_seed, epoch, pipeline), tf.constant(share_size - 1, tf.int64)
+            ),
             epochs_in,
             fn_output_signature=tf.int64,
         )
@@ -335,26 +325,25 @@ class FromFunction(DatasetProvider):
     if self.sharding in ("file", "data"):
       self._say_once(
           logging.warning,
-          "FromFunction: sharding=%r does not apply; the function %r decides how each input "
-          "pipeline's data is sharded.",
-          self.sharding,
-          _name(self.dataset_fn),
+          f"FromFunction: sharding={self.sharding!r} does not apply; the function {_name(self.dataset_fn)!r} decides "
+          "how each input pipeline's data is sharded.",
       )
-    return _returned_dataset(self.dataset_fn, self.dataset_fn(input_context))
+    return _called(self.dataset_fn, input_context)
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`: `repeated_dataset_fn`'s stream, else the default's (read, skipped)."""
     if self.repeated_dataset_fn is None:
       return super().get_repeated_dataset(input_context, start)
-    return _returned_dataset(self.repeated_dataset_fn, self.repeated_dataset_fn(input_context, start))
+    return _called(self.repeated_dataset_fn, input_context, start)
 
 
 def _name(function: Callable[..., Any]) -> Any:
   return getattr(function, "__name__", function)
 
 
-def _returned_dataset(function: Callable[..., Any], dataset: Any) -> tf.data.Dataset:
-  """Returns `dataset`, what `function` returned, if it is a `tf.data.Dataset`; else raises TypeError naming both."""
+def _called(function: Callable[..., Any], *args: Any) -> tf.data.Dataset:
+  """Returns what `function(*args)` returns if it is a `tf.data.Dataset`; else raises TypeError naming both."""
+  dataset = function(*args)
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(
         f"The dataset function {_name(function)!r} must return a tf.data.Dataset, returned {type(dataset).__name__}."
@@ -384,7 +373,7 @@ class TFRecordFiles(DatasetProvider):
   docs/benchmarks.md#input-and-evaluation). Shuffled, the file order (by
   file) is drawn anew each epoch, and each consecutive block of
   `shuffle_buffer_size` records is permuted, anew each epoch
-  (`tf.random.experimental.index_shuffle`): where a record lands is a
+  (`tf.random.experimental.stateless_shuffle`): where a record lands is a
   function of its position, the seed and the epoch.
 
   So the repeated stream starts at any position without reading what comes
@@ -392,7 +381,7 @@ class TFRecordFiles(DatasetProvider):
   when a stream first starts past 0, once per provider, reading every file
   once: the cost of a resume does not grow with its step, but with the
   data; a run from step 0 counts nothing) the round, turn and record it falls
-  in are computed (`runner.data.record_positions`); the files of that round
+  in are computed (`_turns_from`); the files of that round
   are entered by skipping records unparsed (TFRecord framing is read, not
   the data; a GZIP or ZLIB file is decompressed up to there), and a
   shuffled stream reads the one block it starts in. With `seed=None` the
@@ -463,17 +452,17 @@ class TFRecordFiles(DatasetProvider):
     self.parse_fn = parse_fn
     self.shuffle_buffer_size = shuffle_buffer_size
     self.seed = seed
-    self._stream_seed = _drawn_seed(seed)
+    self._stream_seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     self.compression_type = compression_type
     self._record_counts: dict[str, int] = {}  # Path -> records, counted once (`record_counts`).
 
   def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     """As `DatasetProvider.get_dataset`: this input pipeline's records (epoch 0 of its stream), parsed."""
-    return self._parsed(self._stream(input_context, repeated=False, start=0, as_turns=False))
+    return self._parsed(self._stream(input_context, repeated=False, start=0))
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`, started at `start` without reading the records before it."""
-    return self._parsed(self._stream(input_context, repeated=True, start=start, as_turns=False))
+    return self._parsed(self._stream(input_context, repeated=True, start=start))
 
   def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_batches`; a batch of records is parsed at once where `parse_fn` vectorizes."""
@@ -495,47 +484,29 @@ class TFRecordFiles(DatasetProvider):
     with tf.init_scope():  # Eager even where a dataset function is traced (parameter servers' per-worker datasets).
       for path in files:
         if path not in counts:
-          batches = tf.data.TFRecordDataset(path, compression_type=self.compression_type).batch(4096)
+          batches = self._records(path).batch(4096)
           counts[path] = int(batches.reduce(tf.constant(0, tf.int64), lambda n, batch: n + tf.size(batch, tf.int64)))
     return [counts[path] for path in files]
 
-  def _has_records(self, files: Sequence[str], at_least: int) -> bool:
-    """Whether `files` hold at least `at_least` records together; reads at most that many."""
-    with tf.init_scope():
-      records = tf.data.TFRecordDataset(files, compression_type=self.compression_type).take(at_least)
-      return int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)) == at_least
+  def _records(self, path: Any) -> tf.data.Dataset:
+    return tf.data.TFRecordDataset(path, compression_type=self.compression_type)
 
   def _by_file(self, num_pipelines: int) -> bool:
     """Returns whether `num_pipelines` pipelines shard by file; says once when 'file' or 'auto' falls back."""
-    if self.sharding == "data":
-      return False
-    if len(self.files) >= num_pipelines:
-      return True
+    if self.sharding == "data" or len(self.files) >= num_pipelines:
+      return self.sharding != "data"
     self._say_once(
         logging.warning if self.sharding == "file" else logging.info,
-        "TFRecordFiles: %d file(s) match %r for %d input pipelines, too few to shard by file; sharding by "
-        "example (sharding=%r): every pipeline reads every file and keeps one record in %d.",
-        len(self.files),
-        self.file_pattern,
-        num_pipelines,
-        self.sharding or "auto",
-        num_pipelines,
+        f"TFRecordFiles: {len(self.files)} file(s) match {self.file_pattern!r} for {num_pipelines} input pipelines, "
+        f"too few to shard by file; sharding by example (sharding={self.sharding or 'auto'!r}): every pipeline reads "
+        f"every file and keeps one record in {num_pipelines}.",
     )
     return False
-
-  def _file_order(self, num_files: int, epoch: Any, pipeline: int, by_file: bool) -> tf.Tensor:
-    """The indices of this pipeline's files in epoch `epoch`'s order: shuffled per epoch when sharding by file."""
-    indices = tf.range(num_files, dtype=tf.int64)
-    if by_file and self.shuffle_buffer_size:
-      return _permuted(indices, num_files, stateless_seed(self._stream_seed, epoch, pipeline, -1))
-    return indices
 
   def _turns_of(self, paths: Any, skips: Any) -> tf.data.Dataset:
     """One round: the files `paths` (at most `FILES_READ_AT_ONCE`), each from record `skips[i]`, in turns."""
     return tf.data.Dataset.from_tensor_slices((paths, tf.cast(skips, tf.int64))).interleave(
-        lambda path, skip: tf.data.TFRecordDataset(path, compression_type=self.compression_type)
-        .skip(skip)
-        .batch(self.RECORDS_PER_TURN),
+        lambda path, skip: self._records(path).skip(skip).batch(self.RECORDS_PER_TURN),
         cycle_length=self.FILES_READ_AT_ONCE,
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
@@ -546,124 +517,102 @@ class TFRecordFiles(DatasetProvider):
     rounds = tf.data.Dataset.from_tensor_slices(paths).batch(self.FILES_READ_AT_ONCE)
     return rounds.flat_map(lambda round_paths: self._turns_of(round_paths, tf.zeros_like(round_paths, tf.int64)))
 
-  def _epoch(
-      self,
-      turns: tf.data.Dataset,
-      by_file: bool,
-      input_context: tf.distribute.InputContext,
-      epoch: Any,
-      *,
-      first_kept: int,
-      first_block: int,
-      as_turns: bool,
-  ) -> tf.data.Dataset:
-    """One epoch of this pipeline's stream from `turns` (the epoch's turns, perhaps from a later position).
+  def _turns_from(self, paths: list[str], counts: list[int], record: int) -> tf.data.Dataset:
+    """The turns of one epoch of the files `paths` (in the epoch's order, of `counts` records) from `record` on.
 
-    Sharding by record keeps records `first_kept, + num_input_pipelines, ...`
-    of `turns`; the shuffle permutes blocks of `shuffle_buffer_size` records,
-    numbered from `first_block`. `as_turns`: the turns as they are (only
-    where every record is kept in order).
+    The round, turn and file `record` falls in are found from the counts
+    alone (a round of up to `FILES_READ_AT_ONCE` files gives turn t of each
+    file that has records left, in order, then turn t + 1). Only that round's
+    files are read before it, by skipping their records unparsed: the rest
+    of the current turn, then the round from the next file on, each file
+    before it (and itself) one turn further; then the rounds after it.
     """
-    if as_turns:
-      return turns
-    records = turns.unbatch()
-    if not by_file:
-      records = records.shard(input_context.num_input_pipelines, first_kept)
-    if not self.shuffle_buffer_size:
-      return records
-    pipeline = input_context.input_pipeline_id
-    blocks = tf.data.Dataset.zip(_positions_from(first_block), records.batch(self.shuffle_buffer_size))
-    return blocks.map(
-        lambda block, block_records: tf.gather(
-            block_records,
-            _permuted(
-                tf.range(tf.size(block_records, tf.int64)),
-                tf.size(block_records),
-                stateless_seed(self._stream_seed, epoch, pipeline, block),
-            ),
-        )
-    ).unbatch()
+    at, per_turn = 0, self.RECORDS_PER_TURN
+    while record >= sum(counts[at : at + self.FILES_READ_AT_ONCE]):
+      record -= sum(counts[at : at + self.FILES_READ_AT_ONCE])
+      at += self.FILES_READ_AT_ONCE
+    round_paths, round_counts = paths[at : at + self.FILES_READ_AT_ONCE], counts[at : at + self.FILES_READ_AT_ONCE]
+    turns = [(t, slot) for t in range(max(round_counts) // per_turn + 1) for slot in range(len(round_counts))]
+    sizes = [min(per_turn, max(0, round_counts[slot] - t * per_turn)) for t, slot in turns]
+    index = bisect.bisect_right(list(itertools.accumulate(sizes)), record)
+    (turn, slot), offset = turns[index], record - sum(sizes[:index])
+    first = turn * per_turn
+    current = self._records(round_paths[slot]).skip(first + offset).take(per_turn - offset).batch(per_turn)
+    after, before = round_paths[slot + 1 :], round_paths[: slot + 1]
+    turns_left = current.concatenate(
+        self._turns_of(after + before, [first] * len(after) + [first + per_turn] * len(before))
+    )
+    rest = paths[at + self.FILES_READ_AT_ONCE :]
+    return turns_left.concatenate(self._rounds(tf.constant(rest))) if rest else turns_left
 
   def _stream(
-      self, input_context: tf.distribute.InputContext, *, repeated: bool, start: int, as_turns: bool
+      self, input_context: tf.distribute.InputContext, *, repeated: bool, start: int, as_turns: bool = False
   ) -> tf.data.Dataset:
     """This pipeline's serialized records (`as_turns`: in turns), epoch 0 or (`repeated`) without end from `start`.
 
     Epoch `e` reads the pipeline's files (by file: its own, in an order
     shuffled by the seed and `e`; by record: all, sorted) in rounds of
-    `FILES_READ_AT_ONCE`, `RECORDS_PER_TURN` records from each in turn
-    (`record_positions`); by record, the pipeline keeps one record in
-    `num_input_pipelines`; shuffled, each block of `shuffle_buffer_size`
-    records is permuted (`index_shuffle`, seeded by the seed, `e` and the
-    block). So the stream is a function of the position: from `start`, the
-    files before it are not read, a file in the round it falls in is entered
-    by skipping its records unparsed, and a shuffled stream reads at most
-    the one block before `start`.
+    `FILES_READ_AT_ONCE`, `RECORDS_PER_TURN` records from each in turn; by
+    record, the pipeline keeps one record in `num_input_pipelines`;
+    shuffled, each block of `shuffle_buffer_size` records is permuted
+    (`stateless_shuffle`, seeded by the seed, `e` and the block). So the
+    stream is a function of the position: from `start`, the files before it
+    are not read, a file in the round it falls in is entered by skipping its
+    records unparsed (`_turns_from`), and a shuffled stream reads at most
+    the one block before `start`. From 0 nothing is counted: only whether
+    the share holds a record at all. `as_turns`: the turns as they are (only
+    where every record is kept in order: by file, unshuffled).
     """
-    num_pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
-    by_file = self._by_file(num_pipelines)
-    chosen = self.files[pipeline::num_pipelines] if by_file else self.files
-    first_kept = 0 if by_file else pipeline
+    pipelines, pipeline = input_context.num_input_pipelines, input_context.input_pipeline_id
+    by_file, block_size = self._by_file(pipelines), self.shuffle_buffer_size
+    files = self.files[pipeline::pipelines] if by_file else self.files
 
-    def whole_epoch(epoch: Any) -> tf.data.Dataset:
-      turns = self._rounds(tf.gather(tf.constant(chosen), self._file_order(len(chosen), epoch, pipeline, by_file)))
-      return self._epoch(turns, by_file, input_context, epoch, first_kept=first_kept, first_block=0, as_turns=as_turns)
+    def epoch(number: Any, position: int = 0, counts: list[int] | None = None) -> tf.data.Dataset:
+      """Epoch `number` of the stream from its position `position` on (which needs the files' record `counts`)."""
+      with contextlib.nullcontext() if counts is None else tf.init_scope():  # Counted: the order is read, eagerly.
+        order = tf.range(len(files), dtype=tf.int64)
+        if by_file and block_size:
+          order = tf.random.experimental.stateless_shuffle(order, _key(self._stream_seed, number, pipeline, -1))
+      block = position // block_size if block_size else 0
+      first = block * block_size if block_size else position  # Where reading starts.
+      if counts is None:
+        turns = self._rounds(tf.gather(tf.constant(files), order))
+      else:
+        at = first if by_file else first * pipelines + pipeline
+        turns = self._turns_from([files[i] for i in order.numpy()], [counts[i] for i in order.numpy()], at)
+      if as_turns:
+        return turns
+      records = turns.unbatch()
+      if not by_file:
+        records = records.shard(pipelines, pipeline if counts is None else 0)
+      if block_size:
+        records = (
+            tf.data.Dataset.zip(_positions_from(block), records.batch(block_size))
+            .map(
+                lambda n, rows: tf.random.experimental.stateless_shuffle(
+                    rows, _key(self._stream_seed, number, pipeline, n)
+                )
+            )
+            .unbatch()
+        )
+      return records.skip(position - first)
 
-    if not repeated:
-      return whole_epoch(0)
-    if not start:  # From the beginning no count is needed, only whether the share holds a record at all.
-      kept = 1 if by_file else pipeline + 1
-      if self._has_records(chosen, kept):
-        return tf.data.Dataset.range(_ENDLESS).flat_map(whole_epoch)
-      return whole_epoch(0)  # Nothing to repeat: an empty stream, as repeating an empty dataset gives.
-    counts = self.record_counts(chosen)
-    share_size = sum(counts) if by_file else len(range(pipeline, sum(counts), num_pipelines))
-    if not share_size:  # Nothing to repeat: an empty stream, as repeating an empty dataset gives.
-      return whole_epoch(0)
-    epoch, position = divmod(start, share_size)
-    block = position // self.shuffle_buffer_size if self.shuffle_buffer_size else 0
-    first = block * self.shuffle_buffer_size if self.shuffle_buffer_size else position  # Where reading starts.
+    counts = self.record_counts(files) if repeated and start else None
+    if counts is None:
+      share = int(repeated and self._has_records(files, 1 if by_file else pipeline + 1))  # Its size is not needed.
+    else:
+      share = sum(counts) if by_file else len(range(pipeline, sum(counts), pipelines))
+    if not share:  # One epoch, or nothing to repeat: an empty stream, as repeating an empty dataset gives.
+      return epoch(0)
+    number, position = divmod(start, share)
+    first_epoch = epoch(0) if counts is None else epoch(number, position, counts)
+    return first_epoch.concatenate(tf.data.Dataset.range(number + 1, _ENDLESS).flat_map(epoch))
+
+  def _has_records(self, files: Sequence[str], at_least: int) -> bool:
+    """Whether `files` hold at least `at_least` records together; reads at most that many."""
     with tf.init_scope():
-      order = [int(i) for i in self._file_order(len(chosen), epoch, pipeline, by_file)]
-    turns = self._turns_from(
-        [chosen[i] for i in order],
-        [counts[i] for i in order],
-        first if by_file else first * num_pipelines + pipeline,
-    )
-    first_epoch = self._epoch(
-        turns, by_file, input_context, epoch, first_kept=0, first_block=block, as_turns=as_turns
-    ).skip(position - first)
-    return first_epoch.concatenate(tf.data.Dataset.range(epoch + 1, _ENDLESS).flat_map(whole_epoch))
-
-  def _turns_from(self, paths: list[str], counts: list[int], position: int) -> tf.data.Dataset:
-    """The turns of one epoch of the files `paths` (in the epoch's order, of `counts` records) from record `position`.
-
-    Only the files of the round `position` falls in are read before it, by
-    skipping their records unparsed: the rest of the current turn, then the
-    round from the next file on, each file before it (and itself) one turn
-    further; then the rounds after it.
-    """
-    at = record_positions.locate(
-        counts, position, files_at_once=self.FILES_READ_AT_ONCE, records_per_turn=self.RECORDS_PER_TURN
-    )
-    round_paths = paths[at.round_index * self.FILES_READ_AT_ONCE :][: self.FILES_READ_AT_ONCE]
-    turn_start = at.turn * self.RECORDS_PER_TURN
-    current = (
-        tf.data.TFRecordDataset(round_paths[at.slot], compression_type=self.compression_type)
-        .skip(turn_start + at.offset_in_turn)
-        .take(self.RECORDS_PER_TURN - at.offset_in_turn)
-        .batch(self.RECORDS_PER_TURN)
-    )
-    after, before = round_paths[at.slot + 1 :], round_paths[: at.slot + 1]
-    turns = current.concatenate(
-        self._turns_of(after + before, [turn_start] * len(after) + [turn_start + self.RECORDS_PER_TURN] * len(before))
-    )
-    rest = paths[(at.round_index + 1) * self.FILES_READ_AT_ONCE :]
-    return turns.concatenate(self._rounds(tf.constant(rest))) if rest else turns
-
-  def _records_in_order(self, input_context: tf.distribute.InputContext) -> bool:
-    """Whether this pipeline keeps every record in the stream's order (by file, unshuffled): batches cut from turns."""
-    return self._by_file(input_context.num_input_pipelines) and not self.shuffle_buffer_size
+      records = self._records(files).take(at_least)
+      return int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)) == at_least
 
   def _parsed(self, records: tf.data.Dataset) -> tf.data.Dataset:
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)
@@ -672,21 +621,19 @@ class TFRecordFiles(DatasetProvider):
       self, input_context: tf.distribute.InputContext, batch_size: int, *, repeated: bool, start: int
   ) -> tf.data.Dataset:
     """Parsed batches of records (repeated: full ones, from record `start`), by a vectorized `parse_fn` if it can."""
-    in_order = self._records_in_order(input_context)  # Then batches are cut from the turns: no step per record.
-    stream = self._stream(input_context, repeated=repeated, start=start, as_turns=in_order)
+    in_order = self._by_file(input_context.num_input_pipelines) and not self.shuffle_buffer_size
+    stream = self._stream(input_context, repeated=repeated, start=start, as_turns=in_order)  # In order: in turns.
     records = stream.unbatch() if in_order else stream
     one_by_one = self._parsed(records)
     spec = one_by_one.element_spec
-    why_not = None
-    if not all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
-      why_not = f"it returns parts without a fixed shape ({spec})"
-    else:
-      if in_order:
-        batches = stream.rebatch(batch_size, drop_remainder=repeated)
-      else:
-        batches = records.batch(batch_size, drop_remainder=repeated)
+    batches = (stream.rebatch if in_order else records.batch)(batch_size, drop_remainder=repeated)
+    why_not = f"it returns parts without a fixed shape ({spec})"
+    if all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
       try:
-        parsed = batches.map(self._parse_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        parsed = batches.map(
+            lambda records: tf.vectorized_map(self.parse_fn, records, fallback_to_while_loop=False),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
       except (ValueError, TypeError, NotImplementedError) as error:  # An op without a vectorization.
         reason = re.search(r"No pfor vectorization defined for \S+", str(error))
         why_not = reason.group() if reason else type(error).__name__
@@ -695,13 +642,10 @@ class TFRecordFiles(DatasetProvider):
         if parsed.element_spec == tf.nest.map_structure(lambda s: tf.TensorSpec([size, *s.shape], s.dtype), spec):
           return parsed
         why_not = f"vectorized, it gives {parsed.element_spec}"  # e.g. a list where one record gives a tuple
-    self._say_once(
+    self._say_once(  # Once per provider, whatever the reason (a batch size of None or of `batch_size`).
         logging.info,
         "TFRecordFiles: parsing record by record, as parse_fn %r does not vectorize: %s.",
         _name(self.parse_fn),
         why_not,
     )
     return one_by_one.batch(batch_size, drop_remainder=repeated)
-
-  def _parse_batch(self, records: tf.Tensor) -> Any:
-    return tf.vectorized_map(self.parse_fn, records, fallback_to_while_loop=False)

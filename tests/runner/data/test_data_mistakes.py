@@ -1,8 +1,9 @@
 """Data mistakes are one DataError line naming what was found and what was expected (runner.data.checks).
 
 The command line turns each into one `error:` line with exit status 2 (the
-cases in test_cli.py); here the messages themselves, in one process, and,
-through the command line, a model, dataset or task function that does not fit.
+cases in test_cli.py); here the messages themselves, in one process, as for
+a model, dataset or task function that does not fit (one of them also
+through the command line).
 """
 
 import os
@@ -459,8 +460,23 @@ _DOES_NOT_FIT = {
 
 
 @pytest.mark.parametrize("case", sorted(_DOES_NOT_FIT))
-def test_a_function_that_does_not_fit_is_one_error_line_through_the_cli(tmp_path, case):
+def test_a_function_that_does_not_fit_is_named_before_the_workdir_changes(tmp_path, monkeypatch, case):
   overrides, message = _DOES_NOT_FIT[case]
+  (tmp_path / "fits.py").write_text(_FUNCTIONS)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.delitem(sys.modules, "fits", raising=False)
+  workdir = tmp_path / "workdir"
+  workdir.mkdir()
+  (workdir / "notes.txt").write_text("mine")
+  overrides = ["mode=train", "trainer.train_steps=2"] + [override.removeprefix("--config.") for override in overrides]
+  with pytest.raises(strategies.ConfigError, match=f"^{message}"):  # Some when the config loads, some as it runs.
+    runner.run(runner.load_config(SYNTHETIC, overrides), str(workdir), quiet=True)
+  assert os.listdir(workdir) == ["notes.txt"]
+  monkeypatch.delitem(sys.modules, "fits", raising=False)
+
+
+def test_a_function_that_does_not_fit_is_one_error_line_through_the_cli(tmp_path):
+  overrides, message = _DOES_NOT_FIT["dataset_without_split"]
   (tmp_path / "fits.py").write_text(_FUNCTIONS)
   workdir = tmp_path / "workdir"
   workdir.mkdir()

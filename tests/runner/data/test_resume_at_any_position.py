@@ -17,7 +17,6 @@ import tensorflow as tf
 import runner
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data
-from runner.data import record_positions
 from runner.training import train_input
 from testlib import paths
 from testlib import process_testlib
@@ -73,22 +72,6 @@ def _parse_id(record):
 def _ids(dataset):
   """The labels of `dataset`'s elements (iterated without the autotuning model, whose iterators are slow to delete)."""
   return [int(element[1]) for element in input_pipeline.without_autotune_model(dataset).as_numpy_iterator()]
-
-
-def test_locate_finds_the_round_turn_and_file_of_a_position():
-  counts = [4, 1, 7, 2, 5]  # Rounds of 2 files, turns of 3: [0 1 2 | 0 | 3 | 4 5 6 | 3 | 7 8 9 ...]
-  locate = lambda position: record_positions.locate(counts, position, files_at_once=2, records_per_turn=3)  # noqa: E731
-  assert locate(0) == record_positions.RoundPosition(0, 0, 0, 0)
-  assert locate(3) == record_positions.RoundPosition(0, 0, 1, 0)  # the 1 record of file 1
-  assert locate(4) == record_positions.RoundPosition(0, 1, 0, 0)  # file 0's record 3; file 1 is used up
-  assert locate(5) == record_positions.RoundPosition(1, 0, 0, 0)
-  assert locate(9) == record_positions.RoundPosition(1, 0, 1, 1)  # file 3's second record
-  assert locate(10) == record_positions.RoundPosition(1, 1, 0, 0)
-  assert locate(13) == record_positions.RoundPosition(1, 2, 0, 0)  # file 2's last record, alone in its turn
-  assert locate(14) == record_positions.RoundPosition(2, 0, 0, 0)
-  assert locate(18) == record_positions.RoundPosition(2, 1, 0, 1)
-  with pytest.raises(ValueError, match=r"^position 19 is outside an epoch of 19 records$"):
-    locate(19)
 
 
 @pytest.mark.parametrize("shuffle", [0, 4])
