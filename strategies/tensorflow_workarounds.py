@@ -120,7 +120,6 @@ def joined_a_cluster() -> bool:
   return bool(current and (current.get_server_def() or current._collective_ops_server_def))  # noqa: SLF001
 
 
-
 # --- loops ---
 
 # The prefix of the names `tf.custom_gradient` registers its gradient functions under (with `ops.uid()`).
