@@ -8,3 +8,18 @@ that behaviour changes.
 """
 
 CHECKED_WITH = "tensorflow 2.21.0"
+
+# --- trainer ---
+
+
+def clear_kernel_cache() -> None:
+  """Drops TensorFlow's cache of the kernels it instantiated for traced functions (kernels in use are rebuilt).
+
+  Works around: the cache keeps each traced function's executor after the function is gone, so a sweep of
+  `runner.run` calls in one process grew by several MB and threads per run. TensorFlow has no public name for it
+  (`keras.backend.clear_session` calls it, but also resets the user's global Keras state). Checked with
+  `CHECKED_WITH`.
+  """
+  from tensorflow.python.eager import context  # noqa: PLC0415, TID251  Imported where used: TensorFlow loads late.
+
+  context.context().clear_kernel_cache()
