@@ -215,7 +215,7 @@ def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
 
 def continuous_eval(
     config: ml_collections.ConfigDict, workdir: str | None, strategy: tf.distribute.Strategy
-) -> dict[str, float] | None:
+) -> Mapping[str, float] | None:
   """Evaluates each new checkpoint a trainer writes to `workdir`, once; returns the last one's evaluation.
 
   The evaluator beside a trainer of the same config (see
@@ -257,7 +257,7 @@ def _continuous_eval_result(
   with contextlib.closing(trainer):
     last = continuous_eval_lib.evaluate_new_checkpoints(
         trainer,
-        _prepared(config, "eval", "evaluation"),
+        dataset(config, "eval"),
         final_step=config.trainer.train_steps,
         timeout_seconds=config.trainer.eval_timeout_seconds,
         global_batch_size=config.data.eval_global_batch_size,

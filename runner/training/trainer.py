@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import functools
 import signal
 import time
-from typing import Any
+from typing import Any, TypeAlias
 
 from absl import logging
 import tensorflow as tf
@@ -36,7 +36,8 @@ from runner.training import train_input
 from strategies import checks
 from strategies.errors import ConfigError
 
-Data = tf.data.Dataset | interfaces.DatasetProvider | input_pipeline.PreparedData
+# What the methods take as data.
+Data: TypeAlias = "tf.data.Dataset | interfaces.DatasetProvider | input_pipeline.PreparedData"
 
 
 class Trainer:
