@@ -234,7 +234,7 @@ class InnerLoops:
       actions.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=state.save))
     actions += self._options.actions
     if every is not None:
-      actions.append(actions_lib.SaveCheckpoint(state.save_in_background, every_steps=every))
+      actions.append(actions_lib.SaveCheckpoint(functools.partial(state.save, in_background=True), every_steps=every))
     sizes = steps_per_loop_lib.resolve(
         self._options.steps_per_loop, strategy=self._strategy, cadences=(eval_every, every), measured=self._measured
     )

@@ -87,10 +87,6 @@ class RunState:
     if self.checkpoints is not None:
       self.checkpoints.save_unless_saved(self.step, in_background=in_background)
 
-  def save_in_background(self) -> None:
-    """`save(in_background=True)`: the saves of `checkpoint_every`."""
-    self.save(in_background=True)
-
   def save_for_exit(self) -> str | None:
     """Saves (`save`), flushes the reports; returns the latest checkpoint's path, or None without a model_dir."""
     self.save()

@@ -37,7 +37,7 @@ from strategies import checks
 from strategies.errors import ConfigError
 
 # What the methods take as data.
-Data: TypeAlias = "tf.data.Dataset | interfaces.DatasetProvider | input_pipeline.PreparedData"
+Data: TypeAlias = tf.data.Dataset | interfaces.DatasetProvider | input_pipeline.PreparedData
 
 
 class Trainer:
