@@ -94,8 +94,8 @@ def test_each_run_frees_the_one_before_it_without_the_caller_collecting(sweep):
   assert [row["call"] for row in rows] == list(range(1, CALLS + 1))
   assert all(row["loss"] > 0 for row in rows)  # Each call trained.
   for row in rows:
-    # `runner.run` collects when the next run starts: only the run just ended is still in memory.
-    assert row["trainers"] == 1, row
+    # `runner.run` collects when the next run starts: only the run just ended may still be in memory.
+    assert row["trainers"] <= 1, row  # None once the Trainer has no reference cycle.
     assert row["optimizers"] == 1, row
     assert row["models_alive"] == [row["call"]], row
     # Its strategy, and the one before, which the last traced loop's graph still refers to until the next collection.
