@@ -14,7 +14,6 @@ from typing import Any
 from absl import logging
 import ml_collections
 import tensorflow as tf
-from tensorflow.python.eager import context  # noqa: TID251  (clear_kernel_cache has no public name)
 
 from runner.cluster import roles
 from runner.config import optimizers
@@ -38,6 +37,7 @@ from runner.workdir import state as workdir_state
 from strategies import checks
 from strategies import factory as strategy_factory
 from strategies import schema as strategy_schema
+from strategies import tensorflow_workarounds
 from strategies.errors import ConfigError
 from strategies.errors import first_line
 
@@ -145,52 +145,44 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
     workdir = reachable_workdir(workdir)
     if config.mode == "continuous_eval":
       return _continuous_eval_result(config, strategy, workdir)
-    with _workdir_for(config, strategy, workdir) as workdir:
-      trainer, train_data = _restored_trainer(config, strategy, workdir)
-      with contextlib.closing(trainer):
-        return _run_mode(config, strategy, workdir, trainer, train_data)
-
-
-def _run_mode(
-    config: ml_collections.ConfigDict,
-    strategy: tf.distribute.Strategy,
-    workdir: str,
-    trainer: Trainer,
-    train_data: data_lib.DatasetProvider,
-) -> RunResult:
-  """Runs `config.mode` ('train', 'train_and_eval', 'eval' or 'export') with a restored Trainer."""
-  evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
-  train_metrics = eval_metrics = export_path = None
-  if config.mode in TRAINING_MODES:
-    evaluating = config.mode == "train_and_eval"
-    train_metrics = trainer.train(
-        train_data,
-        global_batch_size=config.data.global_batch_size,
-        steps=config.trainer.train_steps,
-        eval_data=dataset(config, "eval") if evaluating else None,
-        eval_every=config.trainer.eval_every if evaluating else None,
-        eval_global_batch_size=evaluation["global_batch_size"],
-        eval_steps=evaluation["steps"],
-    )
-    eval_metrics = trainer.last_eval_metrics
-    if evaluating and eval_metrics is None:  # Trained before; nothing left to train.
-      eval_metrics = _final_evaluation(trainer, config, workdir, evaluation)
-  if config.mode == "eval":
-    eval_metrics = trainer.evaluate(dataset(config, "eval"), **evaluation)
-  if config.mode == "export":
-    export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=dataset(config, "eval"))
-  return RunResult(
-      workdir=workdir,
-      config=config,
-      strategy=strategy,
-      num_replicas=strategy.num_replicas_in_sync,
-      global_step=trainer.global_step,
-      train_metrics=train_metrics or None,
-      eval_metrics=eval_metrics,
-      checkpoint_path=checkpoints.latest(workdir),
-      export_path=export_path,
-      model=trainer.model,
-  )
+    with (
+        _workdir_for(config, strategy, workdir) as workdir,
+        _restored_trainer(config, strategy, workdir) as (trainer, train_data),
+    ):
+      eval_data = None  # The eval split, made once where the mode uses it.
+      if config.mode != "train":
+        eval_data = _prepared(config, "eval", "export" if config.mode == "export" else "evaluation")
+      evaluation = {"global_batch_size": config.data.eval_global_batch_size, "steps": config.trainer.eval_steps}
+      train_metrics = export_path = None
+      if config.mode in TRAINING_MODES:
+        train_metrics = trainer.train(
+            train_data,
+            global_batch_size=config.data.global_batch_size,
+            steps=config.trainer.train_steps,
+            eval_data=eval_data,
+            eval_every=None if eval_data is None else config.trainer.eval_every,
+            eval_global_batch_size=evaluation["global_batch_size"],
+            eval_steps=evaluation["steps"],
+        )
+      eval_metrics = trainer.last_eval_metrics
+      if config.mode == "train_and_eval" and eval_metrics is None:  # Trained before; nothing left to train.
+        eval_metrics = _recorded_evaluation(workdir, trainer.global_step)
+      if config.mode == "eval" or (config.mode == "train_and_eval" and not eval_metrics):
+        eval_metrics = trainer.evaluate(eval_data, **evaluation)
+      if config.mode == "export":
+        export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=eval_data)
+      return RunResult(
+          workdir=workdir,
+          config=config,
+          strategy=strategy,
+          num_replicas=strategy.num_replicas_in_sync,
+          global_step=trainer.global_step,
+          train_metrics=train_metrics or None,
+          eval_metrics=eval_metrics,
+          checkpoint_path=checkpoints.latest(workdir),
+          export_path=export_path,
+          model=trainer.model,
+      )
 
 
 def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -223,7 +215,7 @@ def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
 
 def continuous_eval(
     config: ml_collections.ConfigDict, workdir: str | None, strategy: tf.distribute.Strategy
-) -> dict[str, float] | None:
+) -> Mapping[str, float] | None:
   """Evaluates each new checkpoint a trainer writes to `workdir`, once; returns the last one's evaluation.
 
   The evaluator beside a trainer of the same config (see
@@ -249,14 +241,13 @@ def continuous_eval(
     runner.data.DataError: the eval data does not fit the model or the task.
     SystemExit: on SIGTERM (143) or Ctrl-C (130).
   """
-  _, last = _evaluate_continuously(config, strategy, workdir)
-  return None if last is None else dict(last.metrics)
+  return _continuous_eval_result(config, strategy, workdir).eval_metrics
 
 
-def _evaluate_continuously(
+def _continuous_eval_result(
     config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
-) -> tuple[Trainer, continuous_eval_lib.Evaluation | None]:
-  """`continuous_eval`; returns its Trainer and the last `Evaluation` (or None)."""
+) -> RunResult:
+  """Runs mode 'continuous_eval' (`continuous_eval`); returns its `RunResult`."""
   if workdir is None:
     raise ConfigError(
         "Mode 'continuous_eval' evaluates the checkpoints a training run writes to its workdir: give that "
@@ -272,15 +263,6 @@ def _evaluate_continuously(
         global_batch_size=config.data.eval_global_batch_size,
         steps=config.trainer.eval_steps,
     )
-  return trainer, last
-
-
-def _continuous_eval_result(
-    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
-) -> RunResult:
-  """Runs mode 'continuous_eval' (`continuous_eval`); returns its `RunResult`."""
-  trainer, last = _evaluate_continuously(config, strategy, workdir)
-  assert workdir is not None  # `_evaluate_continuously` checked it.
   return RunResult(
       workdir=workdir,
       config=config,
@@ -306,7 +288,7 @@ def _free_earlier_runs() -> None:
     collector off (`gc.disable()`, as the test suite does): it keeps its choice.
   - TensorFlow's cache of the kernels it instantiated for the run's traced
     functions, which keeps each function's executor after the function is
-    gone (`clear_kernel_cache`; kernels still in use are rebuilt when next run).
+    gone (`tensorflow_workarounds.clear_kernel_cache`; kernels still in use are rebuilt when next run).
   Without this a sweep of runs in one process grew by several MB and threads
   per run; with it, it stays flat (docs/benchmarks.md#sweeps-in-one-process).
   The first run of a process (the command line's only one) pays nothing.
@@ -315,7 +297,7 @@ def _free_earlier_runs() -> None:
     return
   if gc.isenabled():
     gc.collect()
-  context.context().clear_kernel_cache()
+  tensorflow_workarounds.clear_kernel_cache()
 
 
 @contextlib.contextmanager
@@ -346,51 +328,48 @@ def _workdir_for(
       lock.release()
 
 
-def _final_evaluation(
-    trainer: Trainer, config: ml_collections.ConfigDict, workdir: str, evaluation: Mapping[str, Any]
-) -> dict[str, float]:
-  """The final evaluation of a 'train_and_eval' run that found nothing to train: the one recorded, else a new one.
+def _recorded_evaluation(workdir: str, step: int) -> dict[str, float]:
+  """The evaluation at `step` in the workdir's metrics (a finished 'train_and_eval' run's), or {} (then it evaluates).
 
-  An evaluation at the global step already in `metrics.jsonl` (the finished
-  run's) is returned as it is, so a rerun adds no second row for that step;
-  mode 'eval' evaluates anew. Without one (the final evaluation failed or was
-  stopped), it evaluates.
+  It is returned as it is, so a rerun adds no second row for that step;
+  mode 'eval' evaluates anew.
   """
-  recorded = reports.eval_results_at(workdir, trainer.global_step)
-  if not recorded:
-    return trainer.evaluate(dataset(config, "eval"), **evaluation)
-  logging.info(
-      "Not evaluating again: the metrics of %s hold the evaluation at step %d (mode 'eval' evaluates anew).",
-      workdir,
-      trainer.global_step,
-  )
+  recorded = reports.eval_results_at(workdir, step)
+  if recorded:
+    logging.info(
+        "Not evaluating again: the metrics of %s hold the evaluation at step %d (mode 'eval' evaluates anew).",
+        workdir,
+        step,
+    )
   return recorded
 
 
+@contextlib.contextmanager
 def _restored_trainer(
     config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str
-) -> tuple[Trainer, data_lib.DatasetProvider]:
+) -> Iterator[tuple[Trainer, input_pipeline.PreparedData]]:
   """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
 
-  Returns:
-    `(trainer, train_data)`.
+  Yields `(trainer, train_data)`; closes the Trainer (`Trainer.close`) after.
   """
-  train_data, data_spec, previous = check_resumable(config, workdir)
+  train_data, previous = check_resumable(config, workdir)
   trainer = create_trainer(config, strategy, workdir)
-  step = trainer.restore(data=train_data)
-  if strategy.extended.should_checkpoint:
-    config_history.record(workdir, config, step=step, data_spec=data_spec, previous=previous)
-  return trainer, train_data
+  with contextlib.closing(trainer):
+    step = trainer.restore(data=train_data)
+    if strategy.extended.should_checkpoint:
+      config_history.record(workdir, config, step=step, data_spec=str(train_data.element_spec), previous=previous)
+    yield trainer, train_data
 
 
 def check_resumable(
     config: ml_collections.ConfigDict, workdir: str
-) -> tuple[data_lib.DatasetProvider, str, dict[str, Any] | None]:
+) -> tuple[input_pipeline.PreparedData, dict[str, Any] | None]:
   """The checks of the workdir's checkpoint a run makes before it builds the Trainer; the dry run makes them too.
 
   Returns:
-    `(train_data, data_spec, previous)`: the training data, its element spec
-    as a string, and the workdir's latest recorded run (`config_history.latest`).
+    `(train_data, previous)`: the training data (its element spec found
+    once, for these checks and the Trainer's), and the workdir's latest
+    recorded run (`config_history.latest`).
 
   Raises:
     ConfigError: mode 'eval' or 'export' without a checkpoint, or a checkpoint
@@ -403,11 +382,10 @@ def check_resumable(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir)."
     )
-  train_data = dataset(config, "train")
-  data_spec = str(input_pipeline.element_spec(train_data, "training"))
+  train_data = _prepared(config, "train", "training")
   previous = config_history.latest(workdir)
-  config_history.check_resumable(previous, config, data_spec, checkpoint)
-  return train_data, data_spec, previous
+  config_history.check_resumable(previous, config, str(train_data.element_spec), checkpoint)
+  return train_data, previous
 
 
 def reachable_workdir(workdir: str | None) -> str | None:
@@ -560,11 +538,17 @@ def dataset(config: ml_collections.ConfigDict, split: str) -> data_lib.DatasetPr
     ConfigError: the dataset function returned neither a tf.data.Dataset nor
       a DatasetProvider.
   """
+  return _prepared(config, split, "training" if split == "train" else "evaluation").provider
+
+
+def _prepared(config: ml_collections.ConfigDict, split: str, purpose: str) -> input_pipeline.PreparedData:
+  """The `split` of `config.data` as the `PreparedData` the run and its Trainer share (see `dataset`)."""
   made = registry.resolve("dataset", config.data.name)(config.data, split)
-  provider = data_lib.as_provider(made, source=f"What the dataset {config.data.name!r} returned for split {split!r}")
-  if provider.sharding is None:
-    provider.sharding = config.data.sharding
-  return provider
+  source = f"What the dataset {config.data.name!r} returned for split {split!r}"
+  prepared = input_pipeline.PreparedData(made, purpose, source=source)
+  if prepared.provider.sharding is None:
+    prepared.provider.sharding = config.data.sharding
+  return prepared
 
 
 def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None) -> Trainer:
@@ -588,22 +572,7 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
 
   def optimizer_fn() -> Any:
     keras_version = keras_versions.of(models[0]) or keras_versions.KERAS_3
-    return optimizers.create(config.optimizer, trainer.train_steps, keras_version.module)
+    return optimizers.create(config.optimizer, config.trainer.train_steps, keras_version.module)
 
-  trainer = config.trainer
-  return Trainer(
-      strategy,
-      model_fn=model_fn,
-      optimizer_fn=optimizer_fn,
-      task=task,
-      model_dir=workdir,
-      steps_per_loop=steps_per_loop_lib.AUTO if trainer.steps_per_loop is None else trainer.steps_per_loop,
-      checkpoint_every=trainer.checkpoint_every,
-      max_to_keep=trainer.max_to_keep,
-      async_checkpoints=trainer.async_checkpoints,
-      jit_compile=trainer.jit_compile,
-      precision=trainer.precision,
-      clipnorm=config.optimizer.clipnorm,
-      seed=trainer.seed,
-      profile_steps=trainer.profile_steps,
-  )
+  options = trainer_options.config_arguments(config, workdir)
+  return Trainer(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, **options)

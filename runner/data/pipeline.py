@@ -6,6 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from runner.data import providers as data_lib
 from strategies import checks
 from strategies.errors import ConfigError
 
@@ -260,11 +261,42 @@ def element_spec(data: Any, purpose: str) -> Any:
 
 
 def batch_spec(spec: Any) -> Any:
-  """Returns the spec of a batch of elements of `spec` (a nest of specs, composite ones too), batch dimension None."""
-  return tf.nest.map_structure(_batched, spec)
+  """Returns the spec of a batch of elements of `spec` (a nest of specs, composite ones too), batch dimension None.
+
+  As tf.data batches them: the element spec of a dataset of such elements, batched (nothing is read).
+  """
+  return tf.data.Dataset.from_generator(list, output_signature=spec).batch(2).element_spec
 
 
-def _batched(spec: Any) -> Any:
-  if isinstance(spec, tf.TensorSpec):
-    return tf.TensorSpec([None, *spec.shape], spec.dtype)
-  return spec._batch(None)  # noqa: SLF001  The batchable TypeSpec protocol tf.data itself uses.
+class PreparedData:
+  """The user's data, prepared once: what `runner.run` and the Trainer share, and what the Trainer's caches key on.
+
+  `Trainer.train`, `evaluate`, `restore` and `export` take it as they take a
+  dataset or a provider; a `runner.run` makes it once per split.
+
+  Attributes:
+    data: what the user gave, a `tf.data.Dataset` or a `runner.data.DatasetProvider`.
+    provider: `data` as a DatasetProvider (`providers.as_provider`).
+    purpose: what the data is for, named in messages ("training", "evaluation", "export").
+  """
+
+  def __init__(self, data: Any, purpose: str, *, source: str = "data") -> None:
+    """Makes `data` a provider; raises ConfigError (naming `source`) if it is neither a dataset nor a provider."""
+    self.data = data
+    self.provider = data_lib.as_provider(data, source=source)
+    self.purpose = purpose
+
+  @functools.cached_property
+  def element_spec(self) -> Any:
+    """The spec of one element, checked against the contract (`element_spec`); found once."""
+    return element_spec(self.provider, self.purpose)
+
+  @functools.cached_property
+  def features_spec(self) -> Any:
+    """The spec of a batch of features (`batch_spec`), batch dimension None."""
+    return batch_spec(self.element_spec[0])
+
+  @functools.cached_property
+  def description(self) -> str:
+    """What tells this data from other data (`providers.description`): what a checkpoint keeps of its input."""
+    return data_lib.description(self.provider)

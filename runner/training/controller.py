@@ -1,15 +1,29 @@
-"""The outer loop: calls the inner train loop until the target step, and runs the actions after each call."""
+"""The outer loop: calls the inner train loop until the target step, and runs the actions after each call.
 
-from collections.abc import Callable, Sequence
+And the loops of one Trainer, assembled from its parts and options (`InnerLoops`).
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+import functools
 import time
 from typing import Any
 
+import tensorflow as tf
+
 from runner import actions as actions_lib
 from runner import interfaces
+from runner import tasks
+from runner.data import checks as data_checks
+from runner.data import pipeline as input_pipeline
 from runner.outputs import profiling
 from runner.training import loops
+from runner.training import model_parts
+from runner.training import parameter_server_loops
 from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.training import unchecked_loops
+from strategies import description
+
+_ALL_STEPS = 2**62
 
 
 class Controller:
@@ -165,3 +179,165 @@ class Controller:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
     return size if self._profile is None else self._profile.loop_size(step, size, self._steps_per_loop.size)
+
+
+class InnerLoops:
+  """The loops of one Trainer, assembled from its parts and options, each made once and kept with its traces.
+
+  Where one process runs every replica, a call runs many steps (not on a
+  TPU, whose compiled step checks nearly for free) and there is a
+  `model_dir`, loops run unchecked once it holds a checkpoint, and the steps
+  of a loop that is not finite run again from that checkpoint with the
+  checks (`unchecked_loops.RerunChecked`). Under parameter servers a loop is
+  one scheduled function of `steps_per_loop` steps per worker.
+
+  Attributes:
+    train_loops: the train loops made, by batch size, label range and kind.
+    eval_loop: `(the LabelRange it checks, the loops.EvalLoop)` of the last evaluation, or None.
+  """
+
+  def __init__(self, strategy: Any, parts: Any, task: interfaces.Task, options: Any, *, coordinator: Any, state: Any):
+    """Initializes the `InnerLoops` of a Trainer's parts, options, coordinator (or None) and `RunState`."""
+    self._strategy = strategy
+    self._parts = parts
+    self._task = task
+    self._options = options
+    self._coordinator = coordinator
+    self._state = state
+    self._xla = options.jit_compile and not model_parts.is_tpu(strategy)  # TPU steps are compiled with XLA anyway.
+    self._single_worker = description.is_single_worker(strategy)
+    self._measured: dict[Any, Any] = {}  # cadences -> the MeasuredStepsPerLoop "auto" keeps across train calls
+    self.train_loops: dict[Any, Any] = {}
+    self.eval_loop: tuple[Any, loops.EvalLoop] | None = None
+
+  def controller(
+      self,
+      global_batch_size: int,
+      label_range: Any,
+      *,
+      evaluate: Callable[[], Mapping[str, float]],
+      eval_every: int | None,
+      rewind: Callable[[int], Any],
+  ) -> Controller:
+    """Returns the outer loop of one `train` call, with the built-in actions around the user's.
+
+    Order: report, exit on a stop request, evaluate (when due; at the last
+    step after a checkpoint), the user's actions, checkpoint (when due).
+    `rewind(step)` gives the iterator from the batch of `step` (`TrainInput.iterator`).
+    """
+    state, every = self._state, self._options.checkpoint_every
+    actions: list[interfaces.Action] = [
+        actions_lib.ReportProgress(state.reporter),
+        actions_lib.ExitOnStopSignal(save=state.save_for_exit),
+    ]
+    if eval_every is not None:
+      actions.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=state.save))
+    actions += self._options.actions
+    if every is not None:
+      actions.append(actions_lib.SaveCheckpoint(functools.partial(state.save, in_background=True), every_steps=every))
+    sizes = steps_per_loop_lib.resolve(
+        self._options.steps_per_loop, strategy=self._strategy, cadences=(eval_every, every), measured=self._measured
+    )
+    return Controller(
+        train_loop=self._train_loop(global_batch_size, label_range, sizes.looping, rewind),
+        steps_per_loop=sizes,
+        actions=actions,
+        global_batch_size=global_batch_size,
+        is_chief=self._strategy.extended.should_checkpoint,
+        single_worker=self._single_worker,
+        profile=state.profile,
+    )
+
+  def evaluate(
+      self, data: Any, label_range: Any, global_batch_size: int, *, steps: int | None, preprocess: Any
+  ) -> dict[str, float]:
+    """Evaluates `data` (a `PreparedData`) in one compiled call (`loops.EvalLoop`); returns the results.
+
+    Raises:
+      DataError: the data cannot be read, holds a label outside
+        `label_range`, NaN or inf (`data_checks.step_error`), or no examples.
+    """
+    strategy = parameter_server_loops.evaluation_strategy(self._strategy)
+    try:
+      dataset, num_pipelines = input_pipeline.for_evaluation(
+          strategy, data.provider, global_batch_size, bounded=steps is not None, preprocess=preprocess
+      )
+      if self.eval_loop is None or self.eval_loop[0] != label_range:
+        loop = loops.EvalLoop(
+            strategy=strategy,
+            model=self._parts.model,
+            task_loss=self._task.loss,
+            metrics=self._parts.metrics,
+            num_input_pipelines=num_pipelines,
+            xla=self._xla,
+            valid_labels=label_range,
+        )
+        self.eval_loop = (label_range, loop)
+      evaluated = self.eval_loop[1](iter(dataset), steps or _ALL_STEPS)
+      evaluated.raise_problems()
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRangeError) as e:
+      raise data_checks.step_error(e, data.provider, label_range, step=None, purpose="evaluation") from None
+    if not evaluated.results["num_examples"]:
+      raise data_checks.no_evaluation_examples_error()
+    return evaluated.results
+
+  def _train_loop(
+      self, global_batch_size: int, label_range: Any, looping: bool, rewind: Callable[[int], Any]
+  ) -> loops.TrainLoop | unchecked_loops.RerunChecked:
+    """The inner loop for this batch size, label range and looping: unchecked where it can be (see the class doc)."""
+    saves = self._state.checkpoints
+    one_process = self._coordinator is None and self._single_worker and not model_parts.is_tpu(self._strategy)
+    if not (looping and saves is not None and one_process):
+      return self._checked(global_batch_size, label_range, looping=looping)
+    return unchecked_loops.RerunChecked(
+        unchecked=self._unchecked(global_batch_size, label_range),
+        checked=functools.partial(self._checked, global_batch_size, label_range, looping=True),
+        step=self._parts.step,
+        rewind=rewind,
+        saved_step=lambda: saves.saved_step,
+        restore_saved=saves.restore_saved,
+    )
+
+  def _arguments(self, global_batch_size: int, label_range: Any) -> dict[str, Any]:
+    return dict(
+        strategy=self._strategy,
+        model=self._parts.model,
+        optimizer=self._parts.optimizer,
+        task_loss=self._task.loss,
+        metrics=self._parts.metrics,
+        step=self._parts.step,
+        global_batch_size=global_batch_size,
+        xla=self._xla,
+        clipnorm=self._options.clipnorm,
+        loss_scale=self._parts.loss_scaled,
+        keras_version=self._parts.keras_version,
+        valid_labels=label_range,
+    )
+
+  def _checked(self, global_batch_size: int, label_range: Any, *, looping: bool) -> loops.TrainLoop:
+    """The loop that checks every step, for this batch size, label range and looping, made once and kept."""
+    key = (global_batch_size, label_range, looping)
+    if key not in self.train_loops:
+      arguments = self._arguments(global_batch_size, label_range)
+      if self._coordinator is not None:
+        self.train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
+      else:
+        self.train_loops[key] = loops.TrainLoop(looping=looping, multi_worker=not self._single_worker, **arguments)
+    return self.train_loops[key]
+
+  def _unchecked(self, global_batch_size: int, label_range: Any) -> unchecked_loops.UncheckedTrainLoop:
+    """The unchecked loop for this batch size and label range, made once and kept.
+
+    Its steps check the label range only where the task's loss does not fail
+    by itself on a label out of range, as the built-in `Classification`'s
+    does (on a CPU an op error, on a GPU a NaN loss).
+    """
+    key = ("unchecked", global_batch_size, label_range)
+    if key not in self.train_loops:
+      parts = self._parts
+      state = list(parts.model.variables) + list(parts.keras_version.optimizer_variables(parts.optimizer))
+      arguments = self._arguments(global_batch_size, label_range)
+      if isinstance(self._task, tasks.Classification) and type(self._task).loss is tasks.Classification.loss:
+        arguments["valid_labels"] = None
+      self.train_loops[key] = unchecked_loops.UncheckedTrainLoop(state=state, **arguments)
+    return self.train_loops[key]

@@ -5,12 +5,15 @@ import warnings
 
 import tensorflow as tf
 
+from runner.data import checks as data_checks
+from runner.data import pipeline as input_pipeline
 from runner.outputs import worker_files
 from runner.training import loops
+from strategies.errors import ConfigError
 
 
-def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_spec: Any, path: str) -> str:
-  """Writes `model` as a SavedModel at `path` (on the chief; other workers write to a deleted temporary dir).
+def export_saved_model(strategy: tf.distribute.Strategy, parts: Any, path: str) -> str:
+  """Writes a Trainer's model as a SavedModel at `path` (on the chief; other workers write to a deleted temporary dir).
 
   The `serving_default` signature takes the features (one tensor named
   `features`, or a dict's tensors by key) with any batch size and returns a
@@ -25,13 +28,24 @@ def export_saved_model(strategy: tf.distribute.Strategy, model: Any, features_sp
 
   Args:
     strategy: the `tf.distribute.Strategy` of the model's variables.
-    model: a built Keras model.
-    features_spec: the spec nest of one batch of features.
+    parts: the Trainer's `model_parts.ModelParts`: the model, and the
+      features it was built from (else those its `keras.Input` declares).
     path: the SavedModel directory.
 
   Returns:
     `path` on the chief, else the deleted temporary directory.
+
+  Raises:
+    ConfigError: the model's input shape is unknown (a model that builds
+      lazily, before any data).
   """
+  model, declared = parts.model, data_checks.declared_features_spec(parts.model)
+  features_spec = parts.features_spec or (None if declared is None else input_pipeline.batch_spec(declared))
+  if not parts.ready or features_spec is None:
+    raise ConfigError(
+        "export needs the model's input shape, which this model does not know yet: call train or evaluate "
+        "first, pass export(path, data=...), or give the model an input in model_fn (keras.Input)."
+    )
   composite = not all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(features_spec))
   if composite:
     signature = features_spec

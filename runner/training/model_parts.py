@@ -1,23 +1,27 @@
-"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy scope."""
+"""What a Trainer trains: the model, its optimizer, the task's metrics and the global step, made in a strategy scope.
+
+And their build from the first data the model is given, checked against it.
+"""
 
 from collections.abc import Callable
-import dataclasses
 from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
 from runner import interfaces
+from runner.data import checks as data_checks
+from runner.data import pipeline as input_pipeline
 from runner.training import keras_versions
 from runner.training import options as trainer_options
 from runner.training import parameter_server_loops
 from runner.training import scoped_settings
+from strategies import sharded_variables
 from strategies.errors import ConfigError
 
 
-@dataclasses.dataclass(frozen=True)
 class ModelParts:
-  """The Keras objects and the step variable of one Trainer, all made in its strategy's scope.
+  """The Keras objects and the step variable of one Trainer, all made in its strategy's scope, and their build.
 
   Attributes:
     model: the Keras model `model_fn` returned (its variables built by `build`).
@@ -26,13 +30,21 @@ class ModelParts:
     metrics: the task's metrics.
     step: the global step, an int64 variable read from the first replica.
     keras_version: the Keras of the model and the optimizer (Keras 3 or tf_keras).
+    ready: the model's and optimizer's variables are built.
+    features_spec: the spec of a batch of the features the model was first
+      given (batch dimension None), or None.
+    outputs_spec: the spec of the model's outputs for such a batch, once built.
   """
 
-  model: Any
-  optimizer: Any
-  metrics: list[Any]
-  step: tf.Variable
-  keras_version: keras_versions.KerasVersion
+  def __init__(self, *, model: Any, optimizer: Any, metrics: list[Any], step: tf.Variable, keras_version: Any) -> None:
+    self.model = model
+    self.optimizer = optimizer
+    self.metrics = metrics
+    self.step = step
+    self.keras_version: keras_versions.KerasVersion = keras_version
+    self.ready = False
+    self.features_spec: Any = None
+    self.outputs_spec: Any = None
 
   @property
   def loss_scaled(self) -> bool:
@@ -40,20 +52,53 @@ class ModelParts:
     return self.keras_version.scales_loss(self.optimizer)
 
   def build(self, strategy: tf.distribute.Strategy, features_spec: Any) -> bool:
-    """Builds the model's and optimizer's variables in `strategy.scope()`; returns whether they are built.
+    """Builds the model's and optimizer's variables in `strategy.scope()`, once; returns whether this call built them.
 
     A model that builds lazily is called once on zeros shaped like one batch
     of `features_spec` (a nest of `tf.TensorSpec`, batch dimension first),
     so that no variable is made while a step is traced; without a spec such
-    a model stays unbuilt (False).
+    a model stays unbuilt (False). Under parameter servers the variables'
+    shards are logged.
     """
+    if features_spec is not None and self.features_spec is None:
+      self.features_spec = features_spec
+    if self.ready:
+      return False
     with strategy.scope():
       if not self.model.built:
         if features_spec is None:
           return False
         self.model(tf.nest.map_structure(_zeros, features_spec), training=False)
       self.keras_version.build_optimizer(self.optimizer, self.model.trainable_variables)
+    self.ready = True
+    if parameter_server_loops.is_parameter_server(strategy):
+      logging.info("parameter_server: %s.", sharded_variables.describe(self.model.weights))
     return True
+
+  def features_of(self, data: Any, preprocess: Callable[[Any], Any] | None) -> Any:
+    """Checks the features of `data` (a `PreparedData`) against the model; returns the spec of a batch the model takes.
+
+    With the task's `preprocess`, the preprocessed features (checked when the model is called on them).
+
+    Raises:
+      DataError: the features do not fit the model.
+    """
+    if preprocess is not None:
+      return input_pipeline.preprocessed_spec(preprocess, data.features_spec)
+    expected = data_checks.features_expected(self.model, self.features_spec)
+    data_checks.check_features(data.element_spec, expected, purpose=data.purpose)
+    data_checks.check_one_tensor_for_sequential(data.element_spec, self.model, purpose=data.purpose)
+    return data.features_spec
+
+  def label_range(self, data: Any, features_spec: Any, task: interfaces.Task) -> Any:
+    """Returns the `LabelRange` of `data`'s labels for the task and the model's outputs (None: no check per batch).
+
+    Raises:
+      DataError: the task cannot score these labels against the model's outputs.
+    """
+    if self.outputs_spec is None and self.ready:
+      self.outputs_spec = self.keras_version.outputs_spec(self.model, features_spec)
+    return data_checks.label_range(data.element_spec, self.outputs_spec, task, purpose=data.purpose)
 
 
 def make(

@@ -1,6 +1,6 @@
 """The Trainer's options in one place, checked when they are made, and the checks of what it is handed."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 from typing import Any
 
@@ -19,9 +19,12 @@ from strategies.errors import ConfigError
 RESERVED_NAMES = ("loss", "num_examples", "steps_per_sec", "examples_per_sec", "learning_rate", "split", "step")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainerOptions:
-  """How a Trainer trains; each field is the `runner.Trainer` keyword argument of the same name.
+  """How a Trainer trains; each field is the `runner.Trainer` keyword argument of the same name, documented here.
+
+  The Trainer makes this object once from its keyword arguments (`of`), and
+  `runner.run` passes a config's (`config_arguments`).
 
   Attributes:
     model_dir: where checkpoints, summaries and metrics.jsonl go; None keeps
@@ -46,6 +49,10 @@ class TrainerOptions:
     profile_steps: None, or `(first, last)`: record a TensorFlow profiler
       trace of global steps first..last (needs `model_dir`; see
       `runner.outputs.profiling`).
+    quiet: False shows the progress lines of `train`, `evaluate` and
+      `export` on stderr as `python -m runner` does, also in a plain Python
+      program (see `runner.outputs.progress_output`); True shows only
+      warnings and errors. Under `runner.run`, its own `quiet` decides.
 
   Raises:
     ConfigError: from the constructor, naming the first invalid option.
@@ -62,6 +69,7 @@ class TrainerOptions:
   seed: int | None = None
   actions: Sequence[interfaces.Action] = ()
   profile_steps: tuple[int, int] | None = None
+  quiet: bool = False
 
   def __post_init__(self) -> None:
     if self.steps_per_loop != steps_per_loop_lib.AUTO:
@@ -89,6 +97,28 @@ class TrainerOptions:
     object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
     if self.profile_steps is not None and self.model_dir is None:
       raise ConfigError(f"profile_steps={self.profile_steps} needs a model_dir to write the trace to.")
+    checks.boolean(self.quiet, "quiet")
+
+  @classmethod
+  def of(cls, arguments: Mapping[str, Any]) -> "TrainerOptions":
+    """Returns the options among `arguments`, a mapping that may hold other names too (the Trainer's `locals()`)."""
+    return cls(**{name: arguments[name] for name in NAMES if name in arguments})
+
+
+NAMES = tuple(field.name for field in dataclasses.fields(TrainerOptions))
+
+
+def config_arguments(config: Any, model_dir: str | None) -> dict[str, Any]:
+  """Returns the Trainer's keyword arguments for the options a run config sets (`runner.run`).
+
+  Those of `config.trainer` by their names, `config.optimizer.clipnorm`, and
+  `model_dir`; the config's `steps_per_loop` None (auto) is "auto".
+  """
+  arguments = {name: config.trainer[name] for name in NAMES if name in config.trainer}
+  arguments.update(model_dir=model_dir, clipnorm=config.optimizer.clipnorm)
+  if arguments["steps_per_loop"] is None:
+    arguments["steps_per_loop"] = steps_per_loop_lib.AUTO
+  return arguments
 
 
 def check_components(

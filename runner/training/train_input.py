@@ -10,6 +10,53 @@ from runner.data import providers as data_lib
 from runner.training import parameter_server_loops
 
 
+class TrainInput:
+  """A Trainer's training iterator, kept across `train` calls on the same data and global batch size.
+
+  So consecutive `train` calls in one process continue the data stream where
+  the last one stopped (and skip rebuilding the input pipeline). A new
+  iterator starts at the batch of a given global step (`training_iterator`),
+  and is kept for the calls after. A new one that is not rewound (steps run
+  again with the checks, `unchecked_loops.RerunChecked`) notes what the data
+  is in the checkpoints (`Checkpoints.swap_training_data`), and a resume on
+  other data than the checkpoint's says so.
+
+  Attributes:
+    current: `(data, global_batch_size, iterator)` of the iterator kept, or
+      None (a later call makes a new one).
+  """
+
+  def __init__(
+      self, strategy: Any, *, coordinator: Any, preprocess: Callable[[Any], Any] | None, checkpoints: Any
+  ) -> None:
+    """Initializes the `TrainInput` (the arguments as for `training_iterator`; `checkpoints` may be None)."""
+    self._strategy = strategy
+    self._coordinator = coordinator
+    self._preprocess = preprocess
+    self._checkpoints = checkpoints
+    self.current: tuple[Any, int, Any] | None = None
+
+  def iterator(self, data: Any, global_batch_size: int, step: int, *, rewound: bool = False) -> Any:
+    """Returns the iterator of `data` (a `PreparedData`) from global step `step`: the one kept, unless `rewound`."""
+    if not rewound and self.current is not None and self.current[:2] == (data, global_batch_size):
+      return self.current[2]
+    data_change = None  # (what the checkpoint says the run trained on, the data now) where they differ.
+    if not rewound and self._checkpoints is not None:
+      was = self._checkpoints.swap_training_data(data.description)
+      data_change = (was, data.description) if was not in ("", data.description) else None
+    iterator = training_iterator(
+        self._strategy,
+        data.provider,
+        global_batch_size,
+        start_step=step,
+        coordinator=self._coordinator,
+        preprocess=self._preprocess,
+        data_change=data_change,
+    )
+    self.current = (data, global_batch_size, iterator)
+    return iterator
+
+
 def training_iterator(
     strategy: Any,
     provider: Any,

@@ -1,7 +1,8 @@
 """`runner.run` called again and again in one process (a sweep): nothing of a finished run stays alive.
 
 One child process (a fresh TensorFlow, with Python's garbage collector on, as in a user's sweep) calls `runner.run`
-ten times under one_device, never collecting itself, and reports after each call what outlived its run.
+six times under one_device (one more than TensorFlow's retracing warning needs), never collecting itself, and reports
+after each call what outlived its run.
 """
 
 import json
@@ -13,7 +14,7 @@ import pytest
 from testlib import paths
 from testlib import process_testlib
 
-CALLS = 10
+CALLS = 6
 _CHILD = textwrap.dedent("""
     import gc, json, logging, os, sys, weakref
 
@@ -93,8 +94,8 @@ def test_each_run_frees_the_one_before_it_without_the_caller_collecting(sweep):
   assert [row["call"] for row in rows] == list(range(1, CALLS + 1))
   assert all(row["loss"] > 0 for row in rows)  # Each call trained.
   for row in rows:
-    # `runner.run` collects when the next run starts: only the run just ended is still in memory.
-    assert row["trainers"] == 1, row
+    # `runner.run` collects when the next run starts: only the run just ended may still be in memory.
+    assert row["trainers"] <= 1, row  # None once the Trainer has no reference cycle.
     assert row["optimizers"] == 1, row
     assert row["models_alive"] == [row["call"]], row
     # Its strategy, and the one before, which the last traced loop's graph still refers to until the next collection.
@@ -114,5 +115,5 @@ def test_the_thread_count_stops_growing_after_the_third_call(sweep):
   assert threads[CALLS - 1] <= threads[2], threads
 
 
-def test_no_retracing_warning_in_ten_calls(sweep):
+def test_no_retracing_warning_in_six_calls(sweep):
   assert sweep["retracing"] == []

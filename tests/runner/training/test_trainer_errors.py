@@ -98,7 +98,7 @@ def test_a_global_batch_the_replicas_do_not_divide_fails_before_tracing(cpu_devi
     trainer.train(data, global_batch_size=10, steps=1)
   with pytest.raises(ConfigError, match=message):
     trainer.evaluate(data, global_batch_size=10)
-  assert not trainer._train_loops and trainer._eval_loop is None  # noqa: SLF001
+  assert not trainer._loops.train_loops and trainer._loops.eval_loop is None  # noqa: SLF001
   with pytest.raises(ConfigError, match=r"global_batch_size must be a positive int, got 0"):
     trainer.train(data, global_batch_size=0, steps=1)
 

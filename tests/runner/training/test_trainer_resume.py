@@ -72,12 +72,12 @@ def test_close_releases_the_input_and_the_files_and_training_goes_on_as_if_unint
   trainer = _train(one_device, str(tmp_path / "closed"), data, 7)
   open_before = [os.path.basename(path) for path in _open_files_under(tmp_path / "closed")]
   assert "metrics.jsonl" in open_before and any(name.startswith("events.out.tfevents") for name in open_before)
-  iterator = trainer._train_input[2]  # noqa: SLF001
+  iterator = trainer._input.current[2]  # noqa: SLF001
   trainer.close()
   assert _open_files_under(tmp_path / "closed") == []  # metrics.jsonl and the event files.
-  assert trainer._train_input is None  # noqa: SLF001
+  assert trainer._input.current is None  # noqa: SLF001
   trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=TOTAL_STEPS)  # A new input, from step 7.
-  assert trainer._train_input[2] is not iterator  # noqa: SLF001
+  assert trainer._input.current[2] is not iterator  # noqa: SLF001
   for got, want in zip(trainer.model.get_weights(), uninterrupted):
     np.testing.assert_array_equal(got, want)
   rows = [row["step"] for row in metrics_file.rows(str(tmp_path / "closed")) if row["split"] == "train"]
