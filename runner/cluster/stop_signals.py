@@ -251,7 +251,7 @@ def _abort() -> None:
 
 def _joined_a_cluster() -> bool:
   """Whether this process's TensorFlow has joined a multi-worker cluster; imports nothing before TensorFlow is."""
-  if "tensorflow" not in sys.modules:
+  if getattr(sys.modules.get("tensorflow"), "distribute", None) is None:  # Not loaded, or still loading.
     return False
   from strategies import tensorflow_workarounds  # noqa: PLC0415  It may import TensorFlow: only once it is loaded.
 

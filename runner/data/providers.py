@@ -612,7 +612,7 @@ class TFRecordFiles(DatasetProvider):
     """Whether `files` hold at least `at_least` records together; reads at most that many."""
     with tf.init_scope():
       records = self._records(files).take(at_least)
-      return int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)) == at_least
+      return records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy() == at_least  # An eager read.
 
   def _parsed(self, records: tf.data.Dataset) -> tf.data.Dataset:
     return records.map(self.parse_fn, num_parallel_calls=tf.data.AUTOTUNE)

@@ -226,7 +226,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
       )
     self._coordinator = coordinator
     self._num_workers = num_workers(coordinator.strategy)
-    self.function = tf.function(self._scheduled_steps)
+    self.function = loops.own_function(self._scheduled_steps)
     with coordinator.strategy.scope():  # The loop (its first global step) each worker finished last.
       self._finished = tf.Variable(tf.fill([self._num_workers], tf.constant(-1, tf.int64)), trainable=False)
     self._loop_seconds: collections.deque[float] = collections.deque(maxlen=_TIMED_LOOPS)

@@ -50,8 +50,8 @@ class UncheckedTrainLoop(loops.TrainLoop):
     self._state = [v for v in state if tf.as_dtype(v.dtype).is_floating]
     super().__init__(looping=True, multi_worker=False, **arguments)
     self._unchecked_update = loops.maybe_xla(self._apply_update, self._whole_step_xla)
-    self.function = tf.function(self._unchecked_steps)
-    self._finite_sums = tf.function(lambda: tf.concat([self._totals.read_value(), [self._state_sum()]], axis=0))
+    self.function = loops.own_function(self._unchecked_steps)
+    self._finite_sums = loops.own_function(lambda: tf.concat([self._totals.read_value(), [self._state_sum()]], axis=0))
 
   def run(self, iterator: Any, num_steps: int) -> tuple[loops.TrainLoopResult, bool]:
     """Runs `num_steps` steps; returns the `TrainLoopResult` and whether the loss and every variable stayed finite.
