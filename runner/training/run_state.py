@@ -1,6 +1,7 @@
 """Where a Trainer's run is, its global step and latest results, and what it keeps of them: checkpoints and reports."""
 
 from collections.abc import Mapping
+import os
 from typing import Any
 
 from absl import logging
@@ -91,7 +92,11 @@ class RunState:
     """Saves (`save`), flushes the reports; returns the latest checkpoint's path, or None without a model_dir."""
     self.save()
     self.reporter.flush()
-    return None if self.checkpoints is None else checkpoints.latest(self.checkpoints.model_dir)
+    if self.checkpoints is None or self.checkpoints.saved_step is None:
+      return None
+    # The path by its step, not from the list: a worker other than the chief may read the list before the chief
+    # has listed the checkpoint they just saved together.
+    return os.path.join(self.checkpoints.directory, f"ckpt-{self.checkpoints.saved_step}")
 
   def wait_quietly(self) -> None:
     """Lets a checkpoint being written in the background complete as training fails; logs, not raises, its failure."""

@@ -496,7 +496,7 @@ def test_under_parameter_servers_a_stop_saves_a_frozen_worker_is_named_and_a_dea
   A stop at a random moment of training saves. The same command resumes; worker:1 is frozen (SIGSTOP) until the chief
   names it, then killed; the chief trains on with worker:0 to train_steps, and the other tasks end by themselves.
   """
-  workdir, steps = tmp_path / "job", 240
+  workdir, steps = tmp_path / "job", 1000
   command = (
       ["--workers=2", "--ps=1"],
       [
@@ -531,7 +531,9 @@ def test_under_parameter_servers_a_stop_saves_a_frozen_worker_is_named_and_a_dea
 
   resumed = Launch(workdir, *command, subprocess_env)
   resumed.wait_for_rows(len(stopped.train_rows()) + 3)  # Loops to take the median of.
-  [frozen] = resumed.pids("worker:1")
+  frozen_pids = resumed.pids("worker:1")
+  assert len(frozen_pids) == 1, resumed.stderr()[-6000:]
+  [frozen] = frozen_pids
   os.kill(frozen, signal.SIGSTOP)
   try:
     resumed.wait_for(lambda: "has not finished its steps" in resumed.stderr(), "the stall warning", timeout=60)
