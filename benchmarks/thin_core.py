@@ -1,4 +1,4 @@
-"""The figures of issue 35 in one run: the Trainer's steps/s and peak memory against the hand-written loop and Keras.
+"""In one run: the Trainer's steps/s and peak memory against the hand-written loop and Keras.
 
 `python -m benchmarks.thin_core [--rounds=3] [--steps=2000] [--memory_rounds=2]` measures
 
