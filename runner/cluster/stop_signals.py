@@ -250,9 +250,11 @@ def _abort() -> None:
 
 
 def _joined_a_cluster() -> bool:
-  """Whether this process's TensorFlow has joined a multi-worker cluster; imports nothing before TensorFlow is."""
-  if getattr(sys.modules.get("tensorflow"), "distribute", None) is None:  # Not loaded, or still loading.
-    return False
-  from strategies import tensorflow_workarounds  # noqa: PLC0415  It may import TensorFlow: only once it is loaded.
+  """Whether this process's TensorFlow has joined a multi-worker cluster; imports nothing.
 
-  return tensorflow_workarounds.joined_a_cluster()
+  A signal may come while TensorFlow is half imported, so this asks only a
+  workarounds module already loaded: every strategy that joins a cluster loads
+  it first (through `strategies.peers`). Not loaded, or still loading: not joined.
+  """
+  joined = getattr(sys.modules.get("strategies.tensorflow_workarounds"), "joined_a_cluster", None)
+  return bool(joined and joined())

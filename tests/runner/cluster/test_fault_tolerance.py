@@ -153,6 +153,28 @@ def test_a_signal_that_a_library_turns_into_another_error_is_still_the_stop(tmp_
   _no_traceback(stderr)
 
 
+def test_a_signal_while_tensorflow_is_half_imported_is_the_stop(tmp_path, subprocess_env):
+  # An import hook sends SIGTERM the moment TensorFlow loads `tf.config`: `tf.distribute` is set by then,
+  # `tf.train` is not. The handler must not import anything that reads TensorFlow's half-made module.
+  (tmp_path / "sitecustomize.py").write_text(textwrap.dedent("""
+      import os, signal, sys
+
+      class _StopMidImport:
+        def find_spec(self, name, path=None, target=None):
+          if name == "tensorflow._api.v2.config":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGTERM)
+          return None
+
+      sys.meta_path.insert(0, _StopMidImport())
+      """))
+  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
+  status, stdout, stderr = Run(tmp_path / "run", RUN + ONE_DEVICE, env).wait(timeout=60)
+  assert (status, stdout) == (143, ""), stderr[-3000:]
+  assert stderr.splitlines()[-1] == "Stopped by SIGTERM during start-up; nothing was written."
+  _no_traceback(stderr)
+
+
 def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
   # Loops of several seconds (about 4 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
   # where Python runs no signal handler until the loop's call returns.
