@@ -280,7 +280,7 @@ def test_more_tasks_than_gpus_on_a_node_is_one_config_error():
         ({"SLURM_STEP_ID": None}, "not a task of a SLURM job step"),
         (
             {"SLURM_STEP_NODELIST": None, "SLURM_JOB_NODELIST": None},
-            "SLURM_PROCID=1 is set but SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST or SLURM_NODELIST) is not; start "
+            "SLURM_PROCID=1 is set but not SLURM_STEP_NODELIST/SLURM_JOB_NODELIST/SLURM_NODELIST; start "
             "every task with srun",
         ),
         (
