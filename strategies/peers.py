@@ -39,7 +39,7 @@ _POLL_SECONDS = 0.5
 _PROBE_SECONDS = 2.0
 _TASK_NAME = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 # The errors of a collective or of the coordination service when a peer is gone or too slow.
-PEER_ERRORS: tuple[type[tf.errors.OpError], ...] = (
+PEER_ERRORS = (
     tf.errors.UnavailableError,
     tf.errors.DeadlineExceededError,
     tf.errors.AbortedError,
@@ -145,10 +145,7 @@ def lost(
     saved_step: the step of the latest checkpoint, or None.
   """
   me = (cluster_resolver.task_type, cluster_resolver.task_id)
-  named = []
-  for job, index in _TASK_NAME.findall(error.message):
-    if (job, int(index)) != me and f"{job}:{index}" not in named:
-      named.append(f"{job}:{index}")
+  named = list(dict.fromkeys(f"{job}:{i}" for job, i in _TASK_NAME.findall(error.message) if (job, int(i)) != me))
   if "heartbeat" in error.message:
     what = f"{' and '.join(named) or 'a peer'} stopped sending heartbeats (it crashed, was killed or hangs)"
   elif named:

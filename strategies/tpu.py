@@ -41,17 +41,15 @@ GRPC_CONNECT_TIMEOUT_SECONDS = 5
 MESH_AXES = ("x", "y", "z", "core")  # The axes of a TPU topology's mesh_shape, as TensorFlow reports it.
 
 HOW_TO_NAME_A_TPU = (
-    "Name the TPU: --config.strategy.tpu=local (or --tpu=local) on a TPU VM, a Cloud TPU name "
-    "such as --config.strategy.tpu=my-tpu, or a worker address such as "
-    "--config.strategy.tpu=grpc://10.0.0.2:8470; or set TPU_NAME."
+    "Name the TPU: --config.strategy.tpu=local (or --tpu=local) on a TPU VM, a Cloud TPU name such as my-tpu, or "
+    "a worker address such as grpc://10.0.0.2:8470; or set TPU_NAME."
 )
 
 
 def local_tpu_present() -> bool:
   """Returns whether this machine is a TPU VM: TPU device files and libtpu are there."""
-  has_devices = any(glob.glob(pattern) for pattern in LOCAL_TPU_DEVICE_FILES)
   has_runtime = importlib.util.find_spec("libtpu") is not None or bool(os.environ.get("TPU_LIBRARY_PATH"))
-  return has_devices and has_runtime
+  return has_runtime and any(glob.glob(pattern) for pattern in LOCAL_TPU_DEVICE_FILES)
 
 
 def reachable_tpu() -> str | None:
@@ -60,7 +58,7 @@ def reachable_tpu() -> str | None:
   Never blocks: it reads the environment and the device files only.
   """
   named = [os.environ[variable] for variable in TPU_ENVIRONMENT_VARIABLES if os.environ.get(variable)]
-  return named[0] if named else "local" if local_tpu_present() else None
+  return (named or ["local" if local_tpu_present() else None])[0]
 
 
 def resolve_name(tpu: str | None) -> str:
@@ -247,13 +245,12 @@ def device_assignment(
       mesh along an axis, or `num_replicas` blocks of it do not fit.
   """
   mesh = [int(n) for n in topology.mesh_shape]
-  axes = MESH_AXES if len(mesh) == len(MESH_AXES) else [str(i) for i in range(len(mesh))]
   shape = list(computation_shape) if computation_shape is not None else [1] * len(mesh)
   cores = topology.num_tasks * topology.num_tpus_per_task
-  where = f"the TPU mesh {mesh} ({', '.join(axes)}; {cores} cores)"
+  where = f"the TPU mesh {mesh} ({', '.join(MESH_AXES)}; {cores} cores)"
   if len(shape) != len(mesh):
     raise ConfigError(f"computation_shape={shape} needs {len(mesh)} entries, one per axis of {where}.")
-  for axis, asked, present in zip(axes, shape, mesh):
+  for axis, asked, present in zip(MESH_AXES, shape, mesh):
     if asked > present:
       raise ConfigError(
           f"computation_shape={shape} does not fit {where}: along axis {axis} it asks for {asked} cores, "
@@ -268,9 +265,6 @@ def device_assignment(
         f"cores, and only {fitting} replica(s) of that shape fit {where}. Use num_replicas <= {fitting} or "
         "a smaller computation_shape."
     )
-  try:
-    return tf.tpu.experimental.DeviceAssignment.build(
-        topology, computation_shape=np.array(shape, dtype=np.int32), num_replicas=num_replicas
-    )
-  except ValueError as e:
-    raise ConfigError(f"computation_shape={shape} with num_replicas={num_replicas} does not fit {where}: {e}") from e
+  return tf.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=np.array(shape, dtype=np.int32), num_replicas=num_replicas
+  )
