@@ -172,13 +172,10 @@ def from_worker_hosts(worker_hosts: Any, task_index: Any) -> "tf.distribute.clus
     raise ConfigError(f"worker_hosts needs task_index, this worker's position in it: 0 to {len(hosts) - 1}.")
   if not checks.is_int(task_index) or not 0 <= task_index < len(hosts):
     raise ConfigError(
-        f"task_index={task_index!r} is outside worker_hosts ({len(hosts)} hosts: {', '.join(hosts)}); "
-        f"valid: 0 to {len(hosts) - 1}."
+        f"task_index={task_index!r} is outside worker_hosts ({', '.join(hosts)}); valid: 0 to {len(hosts) - 1}."
     )
   if os.environ.get("TF_CONFIG"):
-    raise ConfigError(
-        "Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts/task_index."
-    )
+    raise ConfigError("Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts.")
   return Cluster(
       source="worker_hosts", jobs={"worker": tuple(hosts)}, task_type="worker", task_id=task_index
   ).resolver()

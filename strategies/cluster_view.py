@@ -87,18 +87,17 @@ def use_own_gpu(found: Cluster) -> None:
 
   Raises:
     ConfigError: this process sees no GPU of that index, or TensorFlow's
-      devices are already initialized with other GPUs visible.
+      devices are already initialized.
   """
   if found.gpu_index is None:
     return
   import tensorflow as tf  # noqa: PLC0415
 
   gpus = tf.config.list_physical_devices("GPU")
-  if found.gpu_index >= len(gpus):
-    raise ConfigError(
-        f"This task should use GPU {found.gpu_index} of its node ({found.describe()}), but it sees {len(gpus)} GPUs."
-    )
-  try:
+  try:  # IndexError: no such GPU; RuntimeError: TensorFlow already initialized its devices.
     tf.config.set_visible_devices(gpus[found.gpu_index], "GPU")
-  except RuntimeError as e:
-    raise ConfigError(f"Cannot limit this task to GPU {found.gpu_index}: {e}; create the strategy first.") from None
+  except (IndexError, RuntimeError) as e:
+    raise ConfigError(
+        f"This task should use only GPU {found.gpu_index} of its node ({found.describe()}); it sees {len(gpus)} GPUs "
+        f"({e}). Create the strategy before anything else runs on TensorFlow."
+    ) from None

@@ -86,8 +86,7 @@ def existing_device(name: str, what: str = "device") -> str:
   found = [device for device in available if key and short_name(device) == key]
   if not found:
     raise ConfigError(
-        f"{what}={name!r} does not exist in this process. Devices TensorFlow sees: "
-        f"{', '.join(available)}. (More CPUs come from virtual_cpus.)"
+        f"{what}={name!r} does not exist in this process. Devices TensorFlow sees: {', '.join(available)}."
     )
   return found[0]
 

@@ -198,8 +198,7 @@ def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
     match = re.fullmatch(r"([1-9]\d*)(?:\(x([1-9]\d*)\))?", item.strip())
     if not match:
       raise ConfigError(
-          f"{variable}={text!r} is not SLURM's tasks per node: comma-separated counts, 'n(xk)' for k nodes of n "
-          f"tasks, e.g. '2(x3),1'."
+          f"{variable}={text!r} is not SLURM's tasks per node: counts, 'n(xk)' for k nodes, e.g. '2(x3),1'."
       )
     counts += [int(match[1])] * int(match[2] or 1)
   return counts

@@ -161,8 +161,7 @@ class TPUStrategy(tf.distribute.TPUStrategy):
         not isinstance(shape, (list, tuple)) or not shape or not all(checks.is_int(n) and n >= 1 for n in shape)
     ):
       raise ConfigError(
-          f"computation_shape must be a list of positive ints, one per TPU mesh axis, such as [1, 1, 1, 2]; "
-          f"got {shape!r}."
+          f"computation_shape must be a list of positive ints, one per mesh axis, such as [1, 1, 1, 2]; got {shape!r}."
       )
     checks.positive_int(num_replicas, "num_replicas", optional=True)
     checks.boolean(spmd_xla_partitioning, "spmd_xla_partitioning")
@@ -184,10 +183,7 @@ def _check_reachable(tpu: str, zone: str | None, project: str | None) -> None:
   """Raises ConfigError unless the cheap local checks say TPU `tpu` (a resolved name) can be reached."""
   form = name_form(tpu)
   if (zone or project) and form != "name":
-    raise ConfigError(
-        f"zone and project look up a Cloud TPU by name; tpu={tpu!r} does not use them. Remove them, "
-        "or name the TPU instead."
-    )
+    raise ConfigError(f"zone and project look up a Cloud TPU by name; tpu={tpu!r} does not use them: remove them.")
   if form == "local" and not local_tpu_present():
     raise ConfigError(
         f"tpu='local' but this machine is not a TPU VM (no {' or '.join(LOCAL_TPU_DEVICE_FILES)} "
@@ -201,8 +197,7 @@ def _check_reachable(tpu: str, zone: str | None, project: str | None) -> None:
       socket.create_connection((host.strip("[]"), int(port)), timeout=GRPC_CONNECT_TIMEOUT_SECONDS).close()
     except OSError as e:
       raise ConfigError(
-          f"No TPU is reachable at tpu={tpu!r}: {e.strerror or e} (waited at most "
-          f"{GRPC_CONNECT_TIMEOUT_SECONDS} s). {HOW_TO_NAME_A_TPU}"
+          f"No TPU is reachable at tpu={tpu!r}: {e.strerror or e} (waited at most 5 s). {HOW_TO_NAME_A_TPU}"
       ) from None
   if form == "name" and not (zone and project) and not _on_google_cloud():
     raise ConfigError(

@@ -94,7 +94,7 @@ def test_tpu_name_whose_lookup_fails(no_tpu_environment):
         ({"tpu": "grpc://localhost:1", "project": "p"}, r"tpu='grpc://localhost:1' does not use them"),
         (
             {"computation_shape": [1, 0, 1, 1]},
-            r"computation_shape must be a list of positive ints, one per TPU mesh "
+            r"computation_shape must be a list of positive ints, one per mesh "
             r"axis, such as \[1, 1, 1, 2\]; got \[1, 0, 1, 1\].",
         ),
         ({"computation_shape": "1,1,1,2"}, r"computation_shape must be a list of positive ints"),
