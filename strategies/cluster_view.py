@@ -35,7 +35,6 @@ class Cluster:
     detail: words on the source for `describe`, e.g. 'job 12, step 0'.
     gpu_index: on a GPU node under SLURM, the one local GPU this task uses
       (one task per GPU); None: every GPU this process sees.
-    rpc_layer: the protocol of the servers, 'grpc'.
   """
 
   source: str
@@ -44,7 +43,6 @@ class Cluster:
   task_id: int | None
   detail: str = ""
   gpu_index: int | None = None
-  rpc_layer: str = "grpc"
 
   @property
   def is_evaluator(self) -> bool:
@@ -61,7 +59,7 @@ class Cluster:
         tf.train.ClusterSpec(jobs),
         task_type=None if self.is_evaluator else self.task_type,
         task_id=None if self.is_evaluator else self.task_id,
-        rpc_layer=self.rpc_layer,
+        rpc_layer="grpc",
         num_accelerators={"GPU": gpus} if gpus else None,
     )
 
