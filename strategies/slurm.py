@@ -37,9 +37,8 @@ CPU-only node (`gpus_per_node=0`), reads only `os.environ`'s step variables and 
 from collections.abc import Mapping
 import itertools
 import re
+from typing import Any
 
-from strategies import checks
-from strategies import cluster_view
 from strategies.errors import ConfigError
 
 DERIVED_PORTS_LOW = 16000
@@ -60,7 +59,7 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
 
   It claims so with `SLURM_PROCID` and a rank above 0, or more than one task
   (`SLURM_STEP_NUM_TASKS` or `SLURM_NTASKS`) or no count, whether or not the
-  rest of the step's variables are set (`cluster` checks them). A batch
+  rest of the step's variables are set (`read` checks them). A batch
   script's own process does not: it is rank 0 of the job, with the job's
   SLURM_NTASKS, id and node list, but no step (no SLURM_STEP_ID); its tasks
   are started by `srun` in it.
@@ -74,17 +73,21 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
   return rank != "0" or not tasks.isdigit() or int(tasks) > 1
 
 
-def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.Cluster:
+def read(environ: Mapping[str, str], *, num_ps: int | None) -> tuple[Any, ...]:
   """Returns the cluster of the SLURM step this task belongs to; see the module docstring.
+
+  `strategies.cluster.find` makes it a `Cluster` (source 'SLURM'), after
+  checking `num_ps`.
 
   Args:
     environ: the task's environment, as SLURM set it.
-    num_ps: how many tasks after the chief (rank 0) are parameter servers;
-      None for a job of workers only (multi_worker_mirrored).
+    num_ps: how many tasks after the chief (rank 0) are parameter servers, a
+      positive int; None for a job of workers only (multi_worker_mirrored).
 
   Returns:
-    The same jobs on every task of the step, this task's role, and on a GPU
-    node with several tasks the local GPU this task uses.
+    The `Cluster` fields after `source`: the same `jobs` on every task of the
+    step, this task's `task_type` and `task_id`, the `detail` for its log line,
+    and on a GPU node with several tasks the `gpu_index` this task uses.
 
   Raises:
     ConfigError: this process is not a task of a step, a variable is missing
@@ -92,7 +95,6 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
       disagree, too few tasks for 1 chief + num_ps ps + 1 worker, too few
       ports or GPUs for the tasks of a node.
   """
-  checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
   if "SLURM_PROCID" not in environ:
     raise ConfigError(
         f"config.strategy.cluster='slurm' but this process is not a task of a SLURM job step (SLURM_PROCID is not "
@@ -141,8 +143,7 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
         rank
     ]
   detail = f"job {environ.get('SLURM_JOB_ID', '?')}, step {environ['SLURM_STEP_ID']}, {ports_detail}"
-  gpu_index = _gpu_index(environ, rank - first[node], per_node[node], hosts[node])
-  return cluster_view.Cluster("SLURM", jobs, task_type, task_id, detail=detail, gpu_index=gpu_index)
+  return jobs, task_type, task_id, detail, _gpu_index(environ, rank - first[node], per_node[node], hosts[node])
 
 
 def expand_hostlist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:

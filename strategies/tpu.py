@@ -58,7 +58,7 @@ def reachable_tpu() -> str | None:
   Never blocks: it reads the environment and the device files only.
   """
   named = [os.environ[variable] for variable in TPU_ENVIRONMENT_VARIABLES if os.environ.get(variable)]
-  return (named or ["local" if local_tpu_present() else None])[0]
+  return named[0] if named else "local" if local_tpu_present() else None
 
 
 def resolve_name(tpu: str | None) -> str:
