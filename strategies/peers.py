@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 import types
-from typing import TypeVar
 
 from absl import logging
 import tensorflow as tf
@@ -46,18 +45,16 @@ PEER_ERRORS = (
     tf.errors.CancelledError,
 )
 
-_Built = TypeVar("_Built")
-
 
 def join(
-    build: Callable[[], _Built],
+    build: Callable[[], object],
     *,
     cluster_spec: tf.train.ClusterSpec,
     task_type: str,
     task_id: int,
     timeout_seconds: float,
-) -> _Built:
-  """Waits for every peer, then runs `build()` (which joins the cluster); returns its result.
+) -> None:
+  """Waits for every peer, then runs `build()`, which joins the cluster.
 
   Args:
     build: a function that creates the multi-worker strategy.
@@ -80,7 +77,7 @@ def join(
     rendezvous(cluster_spec, task_type, task_id, timeout_seconds)
     tensorflow_workarounds.configure_coordination_service(cluster_spec, timeout_seconds)
     try:
-      return build()
+      build()
     except PEER_ERRORS:
       raise ClusterError(
           f"{task_type}:{task_id}: the other tasks were up, but did not all join TensorFlow's cluster within "
