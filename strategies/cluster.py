@@ -133,7 +133,7 @@ def find(
     *,
     parameter_server: bool = False,
     num_ps: int | None = None,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> Cluster:
   """Returns the cluster `source` names, read from the environment.
 
@@ -152,7 +152,6 @@ def find(
       a SLURM step too small for its roles, or `num_ps` where the cluster is
       not a SLURM step.
   """
-  environ = os.environ if environ is None else environ
   checks.one_of(source, SOURCES, "config.strategy.cluster")
   checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
   variable = _json_variable(environ) if source != "slurm" else None
@@ -172,9 +171,8 @@ def find(
   return found
 
 
-def names_an_evaluator(environ: Mapping[str, str] | None = None) -> bool:
+def names_an_evaluator(environ: Mapping[str, str] = os.environ) -> bool:
   """Whether TF_CONFIG (else CLUSTER_SPEC) names this task the evaluator; `find` reads and checks the rest."""
-  environ = os.environ if environ is None else environ
   variable = _json_variable(environ)
   try:
     task_type = json.loads(environ[variable])["task"]["type"] if variable else None
