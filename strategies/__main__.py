@@ -43,8 +43,7 @@ def report(config: dict[str, Any]) -> None:
     print(f"{kind} devices:")
     for device in devices:
       print(f"  {device.name}")
-  choice = factory.choose()
-  print(f"auto would choose: {choice.name} ({choice.reason})")
+  print("auto would choose: {} ({})".format(*factory.choose()))
   if config["name"] != "auto":
     print(f"--strategy={config['name']}: {strategies.describe(strategies.create(config))}")
 

@@ -4,7 +4,7 @@ from collections.abc import Collection
 import difflib
 import math
 import numbers
-from typing import Any, Literal, overload, TypeVar
+from typing import Any, TypeVar
 
 from strategies.errors import ConfigError
 
@@ -35,17 +35,7 @@ def is_int(value: object) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
 
-@overload
-def positive_int(value: Any, what: str, *, optional: Literal[False] = False) -> int:
-  ...
-
-
-@overload
-def positive_int(value: Any, what: str, *, optional: bool) -> int | None:
-  ...
-
-
-def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None:
+def positive_int(value: Any, what: str, *, optional: bool = False) -> Any:
   """Returns `value` if it is an int >= 1 (or None when `optional`).
 
   Raises:
@@ -58,17 +48,7 @@ def positive_int(value: Any, what: str, *, optional: bool = False) -> int | None
   return value
 
 
-@overload
-def positive_number(value: Any, what: str, *, optional: Literal[False] = False, allow_zero: bool = False) -> float:
-  ...
-
-
-@overload
-def positive_number(value: Any, what: str, *, optional: bool, allow_zero: bool = False) -> float | None:
-  ...
-
-
-def positive_number(value: Any, what: str, *, optional: bool = False, allow_zero: bool = False) -> float | None:
+def positive_number(value: Any, what: str, *, optional: bool = False, allow_zero: bool = False) -> Any:
   """Returns `value` if it is a finite int or float > 0 (>= 0 with `allow_zero`; None when `optional`).
 
   Raises:

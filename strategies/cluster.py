@@ -12,25 +12,109 @@ as they are: a Kubernetes TFJob's 'master' is the chief, Vertex AI's worker
 pools 0-3 are chief, worker, ps and evaluator, and an 'evaluator' task
 (TFJob, Vertex, Estimator-style TF_CONFIG) is not part of the training
 cluster: it evaluates the checkpoints (`config.mode='continuous_eval'`).
+Nothing here starts TensorFlow until `Cluster.resolver` or `use_own_gpu` is
+called.
 """
 
 from collections.abc import Mapping
+import dataclasses
 import json
 import os
 from typing import Any, TYPE_CHECKING
 
 from strategies import checks
 from strategies import slurm
-from strategies.cluster_view import ALONE
-from strategies.cluster_view import Cluster
-from strategies.cluster_view import EVALUATOR
-from strategies.cluster_view import TRAINING_JOBS
 from strategies.errors import ConfigError
 
 if TYPE_CHECKING:  # Building a resolver imports TensorFlow; finding the cluster does not.
   import tensorflow as tf
 
-__all__ = ["ALONE", "Cluster", "SOURCES", "find", "from_json", "from_worker_hosts", "names_an_evaluator"]
+TRAINING_JOBS = ("chief", "worker", "ps")
+EVALUATOR = "evaluator"
+_TASK_NOUNS = {"chief": "chief", "worker": "worker", "ps": "ps task"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """A multi-process job as one task sees it; every role is decided, nothing of TensorFlow is started.
+
+  Attributes:
+    source: where it was found: 'TF_CONFIG', 'CLUSTER_SPEC' (Vertex AI),
+      'SLURM', 'worker_hosts', or 'none' (this process alone).
+    jobs: the jobs that train, 'chief', 'worker' and 'ps', each the tasks'
+      'host:port' in index order; an evaluator is not among them. Empty when
+      alone.
+    task_type: this task's role, 'chief', 'worker', 'ps' or 'evaluator';
+      None when alone.
+    task_id: its index among the tasks of its type; None when alone.
+    detail: words on the source for `describe`, e.g. 'job 12, step 0'.
+    gpu_index: on a GPU node under SLURM, the one local GPU this task uses
+      (one task per GPU); None: every GPU this process sees.
+  """
+
+  source: str
+  jobs: Mapping[str, tuple[str, ...]]
+  task_type: str | None
+  task_id: int | None
+  detail: str = ""
+  gpu_index: int | None = None
+
+  @property
+  def is_evaluator(self) -> bool:
+    """Whether this task is the evaluator beside the training cluster."""
+    return self.task_type == EVALUATOR
+
+  def resolver(self) -> "tf.distribute.cluster_resolver.SimpleClusterResolver":
+    """Returns TensorFlow's resolver for the training jobs and this task (for an evaluator: no cluster)."""
+    import tensorflow as tf  # noqa: PLC0415  # Only here: finding the cluster imports no TensorFlow.
+
+    jobs = {} if self.is_evaluator else {job: list(tasks) for job, tasks in self.jobs.items() if tasks}
+    gpus = 1 if self.gpu_index is not None else len(tf.config.list_physical_devices("GPU"))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(jobs),
+        task_type=None if self.is_evaluator else self.task_type,
+        task_id=None if self.is_evaluator else self.task_id,
+        rpc_layer="grpc",
+        num_accelerators={"GPU": gpus} if gpus else None,
+    )
+
+  def describe(self) -> str:
+    """One line: where the cluster came from and this task's role in it."""
+    if self.source == "none":
+      return "cluster: none (no TF_CONFIG, CLUSTER_SPEC or SLURM step of more than one task): this process alone"
+    sizes = ", ".join(
+        f"{len(tasks)} {_TASK_NOUNS[job]}{'' if len(tasks) == 1 else 's'}" for job, tasks in self.jobs.items() if tasks
+    )
+    found = f"cluster from {self.source}" + (f" ({self.detail})" if self.detail else "")
+    if self.is_evaluator:
+      return f"{found}: {sizes}; this task is the evaluator (it trains nothing and evaluates every new checkpoint)"
+    me = self.jobs[self.task_type][self.task_id] if self.task_type is not None and self.task_id is not None else "?"
+    return f"{found}: {sizes}; this task is {self.task_type}:{self.task_id} at {me}"
+
+
+ALONE = Cluster(source="none", jobs={}, task_type=None, task_id=None)
+
+
+def use_own_gpu(found: Cluster) -> None:
+  """Makes the GPU `found.gpu_index` the only one TensorFlow uses, when it names one (one task per GPU).
+
+  Raises:
+    ConfigError: this process sees no GPU of that index, or TensorFlow's
+      devices are already initialized.
+  """
+  if found.gpu_index is None:
+    return
+  import tensorflow as tf  # noqa: PLC0415
+
+  gpus = tf.config.list_physical_devices("GPU")
+  try:  # IndexError: no such GPU; RuntimeError: TensorFlow already initialized its devices.
+    tf.config.set_visible_devices(gpus[found.gpu_index], "GPU")
+  except (IndexError, RuntimeError) as e:
+    raise ConfigError(
+        f"This task should use only GPU {found.gpu_index} of its node ({found.describe()}); it sees {len(gpus)} GPUs "
+        f"({e}). Create the strategy before anything else runs on TensorFlow."
+    ) from None
+
 
 SOURCES = ("auto", "tf_config", "slurm")
 # Job names of the engines -> ours.
@@ -49,7 +133,7 @@ def find(
     *,
     parameter_server: bool = False,
     num_ps: int | None = None,
-    environ: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> Cluster:
   """Returns the cluster `source` names, read from the environment.
 
@@ -68,7 +152,6 @@ def find(
       a SLURM step too small for its roles, or `num_ps` where the cluster is
       not a SLURM step.
   """
-  environ = os.environ if environ is None else environ
   checks.one_of(source, SOURCES, "config.strategy.cluster")
   checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
   variable = _json_variable(environ) if source != "slurm" else None
@@ -78,7 +161,7 @@ def find(
         f"TF_CONFIG on every task, e.g. {_TF_CONFIG_EXAMPLE}, or use cluster='auto' or 'slurm'."
     )
   if variable is None and (source == "slurm" or slurm.is_multi_task_step(environ)):
-    return slurm.cluster(environ, num_ps=(num_ps or 1) if parameter_server else None)
+    return Cluster("SLURM", *slurm.read(environ, num_ps=(num_ps or 1) if parameter_server else None))
   found = ALONE if variable is None else from_json(environ[variable], variable)
   if num_ps is not None:
     raise ConfigError(
@@ -88,9 +171,8 @@ def find(
   return found
 
 
-def names_an_evaluator(environ: Mapping[str, str] | None = None) -> bool:
+def names_an_evaluator(environ: Mapping[str, str] = os.environ) -> bool:
   """Whether TF_CONFIG (else CLUSTER_SPEC) names this task the evaluator; `find` reads and checks the rest."""
-  environ = os.environ if environ is None else environ
   variable = _json_variable(environ)
   try:
     task_type = json.loads(environ[variable])["task"]["type"] if variable else None
@@ -172,13 +254,10 @@ def from_worker_hosts(worker_hosts: Any, task_index: Any) -> "tf.distribute.clus
     raise ConfigError(f"worker_hosts needs task_index, this worker's position in it: 0 to {len(hosts) - 1}.")
   if not checks.is_int(task_index) or not 0 <= task_index < len(hosts):
     raise ConfigError(
-        f"task_index={task_index!r} is outside worker_hosts ({len(hosts)} hosts: {', '.join(hosts)}); "
-        f"valid: 0 to {len(hosts) - 1}."
+        f"task_index={task_index!r} is outside worker_hosts ({', '.join(hosts)}); valid: 0 to {len(hosts) - 1}."
     )
   if os.environ.get("TF_CONFIG"):
-    raise ConfigError(
-        "Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts/task_index."
-    )
+    raise ConfigError("Both TF_CONFIG and worker_hosts define the cluster; unset TF_CONFIG or drop worker_hosts.")
   return Cluster(
       source="worker_hosts", jobs={"worker": tuple(hosts)}, task_type="worker", task_id=task_index
   ).resolver()

@@ -1,7 +1,7 @@
 """Building a strategy from its config: `create`, `names`, and what `auto` picks on this machine."""
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
@@ -23,20 +23,13 @@ WRAPPERS = {
 }
 
 
-class Choice(NamedTuple):
-  """The strategy `auto` picks: a name from `strategies.names()` and why."""
-
-  name: str
-  reason: str
-
-
 def names() -> list[str]:
   """Returns the strategy names `config.strategy.name` accepts, 'auto' first."""
   return list(schema.NAMES)
 
 
-def choose() -> Choice:
-  """Returns what `auto` picks for this process, decided without waiting on the network.
+def choose() -> tuple[str, str]:
+  """Returns the strategy `auto` picks for this process and why, decided without waiting on the network.
 
   A reachable TPU (TPU_NAME set, or this machine is a TPU VM) gives `tpu`;
   more than one GPU gives `mirrored` over them; one GPU gives `one_device` on
@@ -45,13 +38,13 @@ def choose() -> Choice:
   """
   reachable = tpu.reachable_tpu()
   if reachable:
-    return Choice("tpu", f"a TPU is reachable ({reachable!r})")
+    return ("tpu", f"a TPU is reachable ({reachable!r})")
   gpus, cpus = len(local.logical_devices("GPU")), len(local.logical_devices("CPU"))
   if gpus:
-    return Choice("mirrored", f"no TPU, {gpus} GPUs") if gpus > 1 else Choice("one_device", "no TPU, one GPU")
+    return ("mirrored", f"no TPU, {gpus} GPUs") if gpus > 1 else ("one_device", "no TPU, one GPU")
   if cpus > 1:
-    return Choice("mirrored", f"no TPU or GPU, {cpus} logical CPUs")
-  return Choice("one_device", "no TPU or GPU, one CPU")
+    return ("mirrored", f"no TPU or GPU, {cpus} logical CPUs")
+  return ("one_device", "no TPU or GPU, one CPU")
 
 
 def split_cpus(n: int) -> None:
@@ -90,7 +83,6 @@ def create(config: Mapping[str, Any] | None = None) -> tf.distribute.Strategy:
     split_cpus(fields["virtual_cpus"])
   name = fields["name"]
   if name == "auto":
-    choice = choose()
-    logging.info("Strategy auto chose %s: %s.", choice.name, choice.reason)
-    name = choice.name
+    name, reason = choose()
+    logging.info("Strategy auto chose %s: %s.", name, reason)
   return WRAPPERS[name](**{field: fields[field] for field in schema.FIELDS_USED[name] if field != "virtual_cpus"})

@@ -32,29 +32,6 @@ from strategies.errors import print_error_line
 if TYPE_CHECKING:  # Only the type checker: building a strategy imports TensorFlow, parsing flags does not.
   import tensorflow as tf
 
-_HELP = {
-    "name": f"Strategy: one of {', '.join(schema.NAMES)}.",
-    "device": "one_device: the device, e.g. /gpu:0 (default: first GPU, else /cpu:0).",
-    "devices": "mirrored: comma-separated devices (default: all GPUs, else all CPUs).",
-    "virtual_cpus": "Split the CPU into this many logical devices first.",
-    "cross_device_ops": "mirrored: auto, nccl, hierarchical_copy or reduce_to_one.",
-    "num_packs": "mirrored: gradient packs for nccl / hierarchical_copy.",
-    "communication": "multi_worker_mirrored: auto, ring or nccl.",
-    "timeout_seconds": "multi_worker_mirrored, parameter_server: the longest wait for the other tasks at start-up "
-    "(default 300 s).",
-    "cluster": "multi_worker_mirrored, parameter_server: where the cluster comes from: auto (TF_CONFIG, else "
-    "CLUSTER_SPEC, else a SLURM step of more than one task, else this process alone), tf_config or slurm.",
-    "num_ps": "parameter_server under SLURM: how many tasks after the chief are ps.",
-    "worker_hosts": "multi_worker_mirrored: every worker's host:port, comma-separated (instead of TF_CONFIG).",
-    "task_index": "multi_worker_mirrored: this worker's index in --worker_hosts.",
-    "min_shard_bytes": "parameter_server: smallest variable shard in bytes (default 256 KiB).",
-    "tpu": "tpu: '' (TPU_NAME or this TPU VM), local, a TPU name, or grpc://host:port.",
-    "zone": "tpu: the Cloud TPU's zone (for a TPU name).",
-    "project": "tpu: the Cloud TPU's project (for a TPU name).",
-    "computation_shape": "tpu: cores per replica along each mesh axis, e.g. 1,1,1,2 (model parallelism).",
-    "num_replicas": "tpu: number of replicas (with --computation_shape).",
-    "spmd_xla_partitioning": "tpu: experimental_spmd_xla_partitioning.",
-}
 _DEFINE: dict[type, Callable[..., Any]] = {
     str: flags.DEFINE_string,
     tuple: flags.DEFINE_list,
@@ -69,6 +46,14 @@ def _flag(field: str) -> str:
   return "strategy" if field == "name" else field
 
 
+def _help(field: str) -> str:
+  """The flag's help: the strategies that read the field, and where the docs describe it."""
+  if field == "name":
+    return f"Strategy: one of {', '.join(schema.NAMES)}."
+  users = [name for name, used in schema.FIELDS_USED.items() if field in used]
+  return f"{', '.join(users)}: config.strategy.{field} (docs/strategies.md)."
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the strategy flags (once; calling again is a no-op).
 
@@ -78,7 +63,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   if "strategy" in flag_values:
     return
   for field, (default, field_type) in schema.FIELDS.items():
-    _DEFINE[field_type](_flag(field), default, _HELP[field], flag_values=flag_values)
+    _DEFINE[field_type](_flag(field), default, _help(field), flag_values=flag_values)
   # One validator on --strategy that reads every flag, so absl's message stays short.
   flags.register_validator("strategy", lambda _: _check(flag_values), flag_values=flag_values)
 

@@ -49,15 +49,12 @@ def virtual_cpus(n: int) -> list[tf.config.LogicalDevice]:
   try:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
   except RuntimeError:
-    existing = tf.config.list_logical_devices("CPU")
-    if len(existing) != n:
+    if len(tf.config.list_logical_devices("CPU")) != n:
       raise RuntimeError(
-          f"virtual_cpus({n}) came too late: TensorFlow already initialized its devices "
-          f"with {len(existing)} logical CPU(s). Call strategies.virtual_cpus (or set "
-          f"config.strategy.virtual_cpus / --virtual_cpus) before any TensorFlow op, "
-          f"strategy or device listing runs in this process."
+          f"virtual_cpus({n}) came too late: TensorFlow already initialized its devices with "
+          f"{len(tf.config.list_logical_devices('CPU'))} logical CPU(s). Call strategies.virtual_cpus (or set "
+          "config.strategy.virtual_cpus / --virtual_cpus) before any TensorFlow op, strategy or device listing runs."
       ) from None
-    return existing
   return tf.config.list_logical_devices("CPU")
 
 
@@ -81,20 +78,17 @@ def existing_device(name: str, what: str = "device") -> str:
     ConfigError: no local logical device has that type and index; the message
       lists the devices that exist.
   """
-  if not isinstance(name, str) or not name:
-    raise ConfigError(f"{what} must be a device name such as '/cpu:0' or '/gpu:0', got {name!r}.")
   try:
-    key = short_name(name)
-  except ValueError:
+    key = short_name(name) if isinstance(name, str) and name else None
+  except ValueError:  # Not a device name.
     key = None
   available = logical_devices()
-  for device in available:
-    if key is not None and short_name(device) == key:
-      return device
-  raise ConfigError(
-      f"{what}={name!r} does not exist in this process. Devices TensorFlow sees: "
-      f"{', '.join(available)}. (More CPUs come from virtual_cpus.)"
-  )
+  found = [device for device in available if key and short_name(device) == key]
+  if not found:
+    raise ConfigError(
+        f"{what}={name!r} does not exist in this process. Devices TensorFlow sees: {', '.join(available)}."
+    )
+  return found[0]
 
 
 def accelerators_or_cpus() -> list[str]:

@@ -7,7 +7,6 @@ import tensorflow as tf
 
 from strategies import checks
 from strategies import cluster as cluster_lib
-from strategies import cluster_view
 from strategies import peers
 from strategies.errors import ConfigError
 
@@ -88,7 +87,7 @@ class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
             f"multi_worker_mirrored found a cluster with 'ps' tasks ({found.describe()}); a ps job is for "
             "parameter_server: set config.strategy.name='parameter_server', or remove the ps tasks."
         )
-      cluster_view.use_own_gpu(found)
+      cluster_lib.use_own_gpu(found)
       cluster_resolver = found.resolver()
     implementation = tf.distribute.experimental.CommunicationImplementation[communication.upper()]
     options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)

@@ -11,6 +11,7 @@ from strategies.errors import ConfigError
 
 # TensorFlow's recommended shard size for MinSizePartitioner.
 DEFAULT_MIN_SHARD_BYTES = 256 << 10
+_EXAMPLE = '{"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222"], "ps": ["h2:2222"]}, "task": {"type": "chief"}}'
 
 
 class ParameterServerStrategy(sharded_variables.KerasShardedVariables):
@@ -73,17 +74,13 @@ class ParameterServerStrategy(sharded_variables.KerasShardedVariables):
       if not jobs.get(job):
         source = "the cluster_resolver's cluster" if cluster_resolver else f"the cluster ({found.describe()})"
         raise ConfigError(
-            f"parameter_server needs a {job!r} job in {source}, which has "
-            f"{', '.join(sorted(jobs)) or 'no jobs'}. Example TF_CONFIG: "
-            '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"], '
-            '"ps": ["host3:2222"]}, "task": {"type": "chief", "index": 0}}.'
+            f"parameter_server needs a {job!r} job in {source}, which has {', '.join(sorted(jobs)) or 'no jobs'}. "
+            f"Example TF_CONFIG: {_EXAMPLE}."
         )
     if resolver.task_type in ("worker", "ps"):
       raise ConfigError(
           f"This process is task {resolver.task_type}:{resolver.task_id} of a parameter-server cluster; only the "
-          "coordinator (task type 'chief') creates the parameter_server strategy. Workers and ps tasks serve: "
-          "`python -m runner` with the same arguments does, or run tf.distribute.Server(cluster_spec, "
-          "job_name=..., task_index=..., protocol='grpc').join()."
+          "coordinator (task type 'chief') creates the strategy; workers and ps tasks run a tf.distribute.Server."
       )
     if timeout_seconds is not None and resolver.task_type is not None:
       peers.rendezvous(resolver.cluster_spec(), resolver.task_type, resolver.task_id, timeout_seconds)

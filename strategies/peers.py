@@ -26,7 +26,6 @@ import sys
 import threading
 import time
 import types
-from typing import TypeVar
 
 from absl import logging
 import tensorflow as tf
@@ -39,25 +38,23 @@ _POLL_SECONDS = 0.5
 _PROBE_SECONDS = 2.0
 _TASK_NAME = re.compile(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 # The errors of a collective or of the coordination service when a peer is gone or too slow.
-PEER_ERRORS: tuple[type[tf.errors.OpError], ...] = (
+PEER_ERRORS = (
     tf.errors.UnavailableError,
     tf.errors.DeadlineExceededError,
     tf.errors.AbortedError,
     tf.errors.CancelledError,
 )
 
-_Built = TypeVar("_Built")
-
 
 def join(
-    build: Callable[[], _Built],
+    build: Callable[[], object],
     *,
     cluster_spec: tf.train.ClusterSpec,
     task_type: str,
     task_id: int,
     timeout_seconds: float,
-) -> _Built:
-  """Waits for every peer, then runs `build()` (which joins the cluster); returns its result.
+) -> None:
+  """Waits for every peer, then runs `build()`, which joins the cluster.
 
   Args:
     build: a function that creates the multi-worker strategy.
@@ -80,7 +77,7 @@ def join(
     rendezvous(cluster_spec, task_type, task_id, timeout_seconds)
     tensorflow_workarounds.configure_coordination_service(cluster_spec, timeout_seconds)
     try:
-      return build()
+      build()
     except PEER_ERRORS:
       raise ClusterError(
           f"{task_type}:{task_id}: the other tasks were up, but did not all join TensorFlow's cluster within "
@@ -145,10 +142,7 @@ def lost(
     saved_step: the step of the latest checkpoint, or None.
   """
   me = (cluster_resolver.task_type, cluster_resolver.task_id)
-  named = []
-  for job, index in _TASK_NAME.findall(error.message):
-    if (job, int(index)) != me and f"{job}:{index}" not in named:
-      named.append(f"{job}:{index}")
+  named = list(dict.fromkeys(f"{job}:{i}" for job, i in _TASK_NAME.findall(error.message) if (job, int(i)) != me))
   if "heartbeat" in error.message:
     what = f"{' and '.join(named) or 'a peer'} stopped sending heartbeats (it crashed, was killed or hangs)"
   elif named:

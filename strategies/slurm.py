@@ -37,9 +37,8 @@ CPU-only node (`gpus_per_node=0`), reads only `os.environ`'s step variables and 
 from collections.abc import Mapping
 import itertools
 import re
+from typing import Any
 
-from strategies import checks
-from strategies import cluster_view
 from strategies.errors import ConfigError
 
 DERIVED_PORTS_LOW = 16000
@@ -48,8 +47,6 @@ DERIVED_BLOCK_SIZE = 16  # The most tasks on one node without reserved ports.
 STEP_SLOTS = 4
 NUM_BLOCKS = (DERIVED_PORTS_HIGH - DERIVED_PORTS_LOW) // DERIVED_BLOCK_SIZE
 JOBS_APART = NUM_BLOCKS // STEP_SLOTS
-_NO_GPU = ("", "-1", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU.
-_RANGES = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 _HOSTLIST_ITEM = r"(?:[^\[\],]|\[[\d,-]+\])+"  # A hostlist item: names, and numbers in brackets.
 _NODE_LISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 _NUM_TASKS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
@@ -62,7 +59,7 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
 
   It claims so with `SLURM_PROCID` and a rank above 0, or more than one task
   (`SLURM_STEP_NUM_TASKS` or `SLURM_NTASKS`) or no count, whether or not the
-  rest of the step's variables are set (`cluster` checks them). A batch
+  rest of the step's variables are set (`read` checks them). A batch
   script's own process does not: it is rank 0 of the job, with the job's
   SLURM_NTASKS, id and node list, but no step (no SLURM_STEP_ID); its tasks
   are started by `srun` in it.
@@ -76,17 +73,21 @@ def is_multi_task_step(environ: Mapping[str, str]) -> bool:
   return rank != "0" or not tasks.isdigit() or int(tasks) > 1
 
 
-def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.Cluster:
+def read(environ: Mapping[str, str], *, num_ps: int | None) -> tuple[Any, ...]:
   """Returns the cluster of the SLURM step this task belongs to; see the module docstring.
+
+  `strategies.cluster.find` makes it a `Cluster` (source 'SLURM'), after
+  checking `num_ps`.
 
   Args:
     environ: the task's environment, as SLURM set it.
-    num_ps: how many tasks after the chief (rank 0) are parameter servers;
-      None for a job of workers only (multi_worker_mirrored).
+    num_ps: how many tasks after the chief (rank 0) are parameter servers, a
+      positive int; None for a job of workers only (multi_worker_mirrored).
 
   Returns:
-    The same jobs on every task of the step, this task's role, and on a GPU
-    node with several tasks the local GPU this task uses.
+    The `Cluster` fields after `source`: the same `jobs` on every task of the
+    step, this task's `task_type` and `task_id`, the `detail` for its log line,
+    and on a GPU node with several tasks the `gpu_index` this task uses.
 
   Raises:
     ConfigError: this process is not a task of a step, a variable is missing
@@ -94,7 +95,6 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
       disagree, too few tasks for 1 chief + num_ps ps + 1 worker, too few
       ports or GPUs for the tasks of a node.
   """
-  checks.positive_int(num_ps, "config.strategy.num_ps", optional=True)
   if "SLURM_PROCID" not in environ:
     raise ConfigError(
         f"config.strategy.cluster='slurm' but this process is not a task of a SLURM job step (SLURM_PROCID is not "
@@ -102,25 +102,18 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
     )
   needed = [("SLURM_STEP_ID",), _NUM_TASKS, _NODE_LISTS, _TASKS_PER_NODE]
   needed += [] if environ.get("SLURM_STEP_RESV_PORTS") else [("SLURM_JOB_ID",)]  # For the ports, unless reserved.
-  missing = [
-      group[0] + (f" (or {' or '.join(group[1:])})" if group[1:] else "")
-      for group in needed
-      if not _first(environ, group)[0]
-  ]
+  missing = ["/".join(group) for group in needed if not _first(environ, group)[0]]
   if missing:
-    listed = ", ".join(missing[:-1]) + (" and " if missing[:-1] else "") + missing[-1]
     raise ConfigError(
         f"This process is not a task of a SLURM job step (a half-set SLURM environment): SLURM_PROCID="
-        f"{environ['SLURM_PROCID']} is set but {listed} {'is' if len(missing) == 1 else 'are'} not; {_SRUN}, or "
-        "unset SLURM_PROCID to train alone."
+        f"{environ['SLURM_PROCID']} is set but not {', '.join(missing)}; {_SRUN}, or unset SLURM_PROCID to train alone."
     )
   num_tasks, rank = _count(environ, _NUM_TASKS, minimum=1), _count(environ, ("SLURM_PROCID",), minimum=0)
   if rank >= num_tasks:
     raise ConfigError(f"SLURM_PROCID={rank} is outside the step's {num_tasks} tasks (valid: 0 to {num_tasks - 1}).")
   nodes_variable, nodes_text = _first(environ, _NODE_LISTS)
-  hosts = expand_hostlist(nodes_text, nodes_variable)
   per_node_variable, per_node_text = _first(environ, _TASKS_PER_NODE)
-  per_node = expand_tasks_per_node(per_node_text, per_node_variable)
+  hosts, per_node = expand_hostlist(nodes_text, nodes_variable), expand_tasks_per_node(per_node_text, per_node_variable)
   if len(per_node) != len(hosts) or sum(per_node) != num_tasks:
     raise ConfigError(
         f"{per_node_variable}={per_node_text!r} ({sum(per_node)} tasks on {len(per_node)} nodes) does not match "
@@ -138,25 +131,19 @@ def cluster(environ: Mapping[str, str], *, num_ps: int | None) -> cluster_view.C
       )
   ports, ports_detail = _ports(environ, max(per_node))
   addresses = tuple(f"{host}:{ports[local]}" for host, count in zip(hosts, per_node) for local in range(count))
-  if num_ps is None:
-    jobs, task_type, task_id = {"worker": addresses}, "worker", rank
-  elif len(addresses) < num_ps + 2:
-    raise ConfigError(
-        f"config.strategy.num_ps={num_ps} needs at least {num_ps + 2} SLURM tasks (1 chief, {num_ps} ps, at least "
-        f"1 worker), but the step has {len(addresses)}; start more tasks (srun -n {num_ps + 2}) or lower num_ps."
-    )
-  else:
+  jobs, task_type, task_id = {"worker": addresses}, "worker", rank
+  if num_ps is not None:
+    if len(addresses) < num_ps + 2:
+      raise ConfigError(
+          f"config.strategy.num_ps={num_ps} needs at least {num_ps + 2} SLURM tasks (1 chief, {num_ps} ps, at least "
+          f"1 worker), but the step has {len(addresses)}; start more tasks (srun -n {num_ps + 2}) or lower num_ps."
+      )
     jobs = {"chief": addresses[:1], "ps": addresses[1 : num_ps + 1], "worker": addresses[num_ps + 1 :]}
-    roles = [("chief", 0)] + [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(len(addresses))]
-    task_type, task_id = roles[rank]
-  return cluster_view.Cluster(
-      source="SLURM",
-      jobs=jobs,
-      task_type=task_type,
-      task_id=task_id,
-      detail=f"job {environ.get('SLURM_JOB_ID', '?')}, step {environ['SLURM_STEP_ID']}, {ports_detail}",
-      gpu_index=_gpu_index(environ, rank - first[node], per_node[node], hosts[node]),
-  )
+    task_type, task_id = ([("chief", 0)] + [("ps", i) for i in range(num_ps)] + [("worker", i) for i in range(rank)])[
+        rank
+    ]
+  detail = f"job {environ.get('SLURM_JOB_ID', '?')}, step {environ['SLURM_STEP_ID']}, {ports_detail}"
+  return jobs, task_type, task_id, detail, _gpu_index(environ, rank - first[node], per_node[node], hosts[node])
 
 
 def expand_hostlist(text: str, variable: str = "SLURM_JOB_NODELIST") -> list[str]:
@@ -193,10 +180,11 @@ def _numbers(ranges: str) -> list[str]:
   """
   numbers = []
   for item in ranges.split(","):
-    low, _, high = item.partition("-")
-    if int(high or low) < int(low):
+    low, dash, high = item.partition("-")
+    first, last = int(low), int(high if dash else low)
+    if last < first:
       raise ValueError(f"{item!r} ends before it starts")
-    numbers += [str(n).zfill(len(low)) for n in range(int(low), int(high or low) + 1)]
+    numbers += [str(n).zfill(len(low)) for n in range(first, last + 1)]
   return numbers
 
 
@@ -208,11 +196,10 @@ def expand_tasks_per_node(text: str, variable: str = "SLURM_TASKS_PER_NODE") -> 
   """
   counts = []
   for item in text.split(","):
-    match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
-    if not match or int(match[1]) < 1 or (match[2] is not None and int(match[2]) < 1):
+    match = re.fullmatch(r"([1-9]\d*)(?:\(x([1-9]\d*)\))?", item.strip())
+    if not match:
       raise ConfigError(
-          f"{variable}={text!r} is not SLURM's tasks per node: comma-separated counts, 'n(xk)' for k nodes of n "
-          f"tasks, e.g. '2(x3),1'."
+          f"{variable}={text!r} is not SLURM's tasks per node: counts, 'n(xk)' for k nodes, e.g. '2(x3),1'."
       )
     counts += [int(match[1])] * int(match[2] or 1)
   return counts
@@ -235,11 +222,9 @@ def _ports(environ: Mapping[str, str], tasks_on_a_node: int) -> tuple[list[int],
   reserved = environ.get("SLURM_STEP_RESV_PORTS")
   if reserved:
     try:
-      ports = [int(port) for port in _numbers(reserved)] if _RANGES.fullmatch(reserved) else []
+      ports = [int(port) for port in _numbers(reserved)]
     except ValueError:
-      ports = []
-    if not ports:
-      raise ConfigError(f"SLURM_STEP_RESV_PORTS={reserved!r} is not a list of ports such as '12000-12003'.")
+      raise ConfigError(f"SLURM_STEP_RESV_PORTS={reserved!r} is not a list of ports such as '12000-12003'.") from None
     if len(ports) < tasks_on_a_node:
       raise ConfigError(
           f"SLURM_STEP_RESV_PORTS={reserved!r} reserves {len(ports)} ports, but a node runs {tasks_on_a_node} tasks "
@@ -259,22 +244,18 @@ def _ports(environ: Mapping[str, str], tasks_on_a_node: int) -> tuple[list[int],
 
 def _gpu_index(environ: Mapping[str, str], local_rank: int, tasks_on_node: int, host: str) -> int | None:
   """The one GPU this task uses among those it sees, or None: all it sees (none, one, or it is alone on its node)."""
-  visible = environ.get("CUDA_VISIBLE_DEVICES")
-  variable, text = _first(environ, ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"))
-  if visible is not None:
-    gpus = 0 if visible.strip() in _NO_GPU else len(visible.split(","))
-    seen_from = f"CUDA_VISIBLE_DEVICES={visible!r}"
-  elif text:
-    gpus, seen_from = len(text.split(",")), f"{variable}={text!r}"
-  elif environ.get("SLURM_GPUS_ON_NODE"):
-    gpus, seen_from = _count(environ, ("SLURM_GPUS_ON_NODE",), minimum=0), "SLURM_GPUS_ON_NODE"
-  else:
-    return None
+  gpu_variables = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+  variable = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in environ else _first(environ, gpu_variables)[0]
+  text = environ.get(variable, "")
+  if variable == "SLURM_GPUS_ON_NODE":
+    gpus = _count(environ, (variable,), minimum=0)
+  else:  # A list of GPUs; CUDA_VISIBLE_DEVICES may hide them all.
+    gpus = 0 if text.strip() in ("", "-1", "NoDevFiles") else len(text.split(","))
   if gpus <= 1 or tasks_on_node == 1:
     return None
   if tasks_on_node > gpus:
     raise ConfigError(
-        f"{tasks_on_node} tasks of the step run on {host}, which has {gpus} GPUs ({seen_from}); run one task per "
-        f"GPU: srun --ntasks-per-node={gpus} (or --gpus-per-task=1)."
+        f"{tasks_on_node} tasks of the step run on {host}, which has {gpus} GPUs ({variable}={text!r}); run one task "
+        f"per GPU: srun --ntasks-per-node={gpus} (or --gpus-per-task=1)."
     )
   return local_rank

@@ -14,7 +14,7 @@ a remote TPU is contacted only when the strategy is created for it.
 
 The logic that needs no TPU is in plain functions and classes, testable
 anywhere: `resolve_name` and `name_form` (which name form: 'local', 'address'
-or 'name'), `TPUSystems` (each TPU system initialized once per process) and
+or 'name'), `topology` (each TPU system initialized once per process) and
 `device_assignment` (a `computation_shape` checked against a topology).
 """
 
@@ -26,7 +26,6 @@ import os
 import socket
 import threading
 from typing import Any
-import urllib.parse
 
 from absl import logging
 import numpy as np
@@ -42,17 +41,15 @@ GRPC_CONNECT_TIMEOUT_SECONDS = 5
 MESH_AXES = ("x", "y", "z", "core")  # The axes of a TPU topology's mesh_shape, as TensorFlow reports it.
 
 HOW_TO_NAME_A_TPU = (
-    "Name the TPU: --config.strategy.tpu=local (or --tpu=local) on a TPU VM, a Cloud TPU name "
-    "such as --config.strategy.tpu=my-tpu, or a worker address such as "
-    "--config.strategy.tpu=grpc://10.0.0.2:8470; or set TPU_NAME."
+    "Name the TPU: --config.strategy.tpu=local (or --tpu=local) on a TPU VM, a Cloud TPU name such as my-tpu, or "
+    "a worker address such as grpc://10.0.0.2:8470; or set TPU_NAME."
 )
 
 
 def local_tpu_present() -> bool:
   """Returns whether this machine is a TPU VM: TPU device files and libtpu are there."""
-  has_devices = any(glob.glob(pattern) for pattern in LOCAL_TPU_DEVICE_FILES)
   has_runtime = importlib.util.find_spec("libtpu") is not None or bool(os.environ.get("TPU_LIBRARY_PATH"))
-  return has_devices and has_runtime
+  return has_runtime and any(glob.glob(pattern) for pattern in LOCAL_TPU_DEVICE_FILES)
 
 
 def reachable_tpu() -> str | None:
@@ -91,47 +88,35 @@ def name_form(tpu: str) -> str:
   return "local" if tpu == "local" else "address" if tpu.startswith("grpc://") else "name"
 
 
-class TPUSystems:
-  """The TPU systems this process has initialized, by TPU name: each is connected and initialized once.
+# This process's TPU systems, by resolved TPU name: each is connected and initialized once (initializing it
+# again would wipe the TPU's memory under the strategies already using it). A failed initialization is not kept.
+SYSTEMS: dict[str, tf.tpu.experimental.Topology] = {}
+_SYSTEMS_LOCK = threading.Lock()
 
-  TensorFlow must connect to and initialize a TPU system once per process;
-  initializing it again would wipe the TPU's memory under the strategies
-  already using it. A failed initialization is not remembered, so a later
-  call tries again.
+
+def topology(
+    tpu: str, resolver: tf.distribute.cluster_resolver.TPUClusterResolver, initialize: Callable[..., Any] | None = None
+) -> tf.tpu.experimental.Topology:
+  """Returns the topology of TPU `tpu` (a resolved name), initializing its system on the first call only.
+
+  Args:
+    tpu: the resolved TPU name, the key in `SYSTEMS`.
+    resolver: its `TPUClusterResolver`.
+    initialize: `fn(tpu, resolver) -> Topology`; by default it connects to a
+      remote TPU (a name or a grpc:// address) and runs
+      `tf.tpu.experimental.initialize_tpu_system`.
+
+  Raises:
+    ConfigError: the initialization failed.
   """
-
-  def __init__(self, initialize: Callable[[str, Any], Any] | None = None) -> None:
-    """Starts with no TPU system initialized.
-
-    Args:
-      initialize: `fn(tpu, resolver) -> tf.tpu.experimental.Topology`; by
-        default it connects to a remote TPU (a name or a grpc:// address)
-        and runs `tf.tpu.experimental.initialize_tpu_system`.
-    """
-    self._initialize = initialize or _connect_and_initialize
-    self._topologies: dict[str, Any] = {}
-    self._lock = threading.Lock()
-
-  def __contains__(self, tpu: str) -> bool:
-    return tpu in self._topologies
-
-  def topology(
-      self, tpu: str, resolver: tf.distribute.cluster_resolver.TPUClusterResolver
-  ) -> tf.tpu.experimental.Topology:
-    """Returns the topology of TPU `tpu` (a resolved name), initializing its system on the first call only.
-
-    Raises:
-      ConfigError: the initialization failed.
-    """
-    with self._lock:
-      if tpu not in self._topologies:
-        try:
-          topology = self._initialize(tpu, resolver)
-        except (tf.errors.OpError, ValueError, RuntimeError) as e:
-          raise ConfigError(f"Could not initialize the TPU system of tpu={tpu!r}: {e}. {HOW_TO_NAME_A_TPU}") from e
-        logging.info("Initialized TPU system %r: mesh shape %s.", tpu, list(topology.mesh_shape))
-        self._topologies[tpu] = topology
-      return self._topologies[tpu]
+  with _SYSTEMS_LOCK:
+    if tpu not in SYSTEMS:
+      try:
+        SYSTEMS[tpu] = (initialize or _connect_and_initialize)(tpu, resolver)
+      except (tf.errors.OpError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"Could not initialize the TPU system of tpu={tpu!r}: {e}. {HOW_TO_NAME_A_TPU}") from e
+      logging.info("Initialized TPU system %r: mesh shape %s.", tpu, list(SYSTEMS[tpu].mesh_shape))
+    return SYSTEMS[tpu]
 
 
 def _connect_and_initialize(
@@ -140,10 +125,6 @@ def _connect_and_initialize(
   if name_form(tpu) != "local":
     tf.config.experimental_connect_to_cluster(resolver)
   return tf.tpu.experimental.initialize_tpu_system(resolver)
-
-
-# This process's TPU systems; every TPUStrategy goes through it.
-SYSTEMS = TPUSystems()
 
 
 class TPUStrategy(tf.distribute.TPUStrategy):
@@ -180,8 +161,7 @@ class TPUStrategy(tf.distribute.TPUStrategy):
         not isinstance(shape, (list, tuple)) or not shape or not all(checks.is_int(n) and n >= 1 for n in shape)
     ):
       raise ConfigError(
-          f"computation_shape must be a list of positive ints, one per TPU mesh axis, such as [1, 1, 1, 2]; "
-          f"got {shape!r}."
+          f"computation_shape must be a list of positive ints, one per mesh axis, such as [1, 1, 1, 2]; got {shape!r}."
       )
     checks.positive_int(num_replicas, "num_replicas", optional=True)
     checks.boolean(spmd_xla_partitioning, "spmd_xla_partitioning")
@@ -191,10 +171,8 @@ class TPUStrategy(tf.distribute.TPUStrategy):
       resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu, zone=zone, project=project)
     except Exception as e:  # the Cloud TPU client raises many kinds.
       raise ConfigError(f"Could not resolve tpu={tpu!r}: {type(e).__name__}: {e}. {HOW_TO_NAME_A_TPU}") from e
-    topology = SYSTEMS.topology(tpu, resolver)
-    assignment = None
-    if shape is not None or num_replicas is not None:
-      assignment = device_assignment(topology, shape, num_replicas)
+    system = topology(tpu, resolver)
+    assignment = None if shape is None and num_replicas is None else device_assignment(system, shape, num_replicas)
     super().__init__(
         resolver, experimental_device_assignment=assignment, experimental_spmd_xla_partitioning=spmd_xla_partitioning
     )
@@ -205,28 +183,21 @@ def _check_reachable(tpu: str, zone: str | None, project: str | None) -> None:
   """Raises ConfigError unless the cheap local checks say TPU `tpu` (a resolved name) can be reached."""
   form = name_form(tpu)
   if (zone or project) and form != "name":
-    raise ConfigError(
-        f"zone and project look up a Cloud TPU by name; tpu={tpu!r} does not use them. Remove them, "
-        "or name the TPU instead."
-    )
+    raise ConfigError(f"zone and project look up a Cloud TPU by name; tpu={tpu!r} does not use them: remove them.")
   if form == "local" and not local_tpu_present():
     raise ConfigError(
         f"tpu='local' but this machine is not a TPU VM (no {' or '.join(LOCAL_TPU_DEVICE_FILES)} "
         f"device files with libtpu installed). {HOW_TO_NAME_A_TPU}"
     )
   if form == "address":
-    try:
-      host, port = urllib.parse.urlsplit(tpu).hostname, urllib.parse.urlsplit(tpu).port
-    except ValueError:
-      host = port = None
-    if not host or not port:
+    host, _, port = tpu.removeprefix("grpc://").rpartition(":")
+    if not host or not port.isdigit():
       raise ConfigError(f"tpu={tpu!r} is not a grpc://host:port address such as grpc://10.0.0.2:8470.")
     try:
-      socket.create_connection((host, port), timeout=GRPC_CONNECT_TIMEOUT_SECONDS).close()
+      socket.create_connection((host.strip("[]"), int(port)), timeout=GRPC_CONNECT_TIMEOUT_SECONDS).close()
     except OSError as e:
       raise ConfigError(
-          f"No TPU is reachable at tpu={tpu!r}: {e.strerror or e} (waited at most "
-          f"{GRPC_CONNECT_TIMEOUT_SECONDS} s). {HOW_TO_NAME_A_TPU}"
+          f"No TPU is reachable at tpu={tpu!r}: {e.strerror or e} (waited at most 5 s). {HOW_TO_NAME_A_TPU}"
       ) from None
   if form == "name" and not (zone and project) and not _on_google_cloud():
     raise ConfigError(
@@ -269,13 +240,12 @@ def device_assignment(
       mesh along an axis, or `num_replicas` blocks of it do not fit.
   """
   mesh = [int(n) for n in topology.mesh_shape]
-  axes = MESH_AXES if len(mesh) == len(MESH_AXES) else [str(i) for i in range(len(mesh))]
   shape = list(computation_shape) if computation_shape is not None else [1] * len(mesh)
   cores = topology.num_tasks * topology.num_tpus_per_task
-  where = f"the TPU mesh {mesh} ({', '.join(axes)}; {cores} cores)"
+  where = f"the TPU mesh {mesh} ({', '.join(MESH_AXES)}; {cores} cores)"
   if len(shape) != len(mesh):
     raise ConfigError(f"computation_shape={shape} needs {len(mesh)} entries, one per axis of {where}.")
-  for axis, asked, present in zip(axes, shape, mesh):
+  for axis, asked, present in zip(MESH_AXES, shape, mesh):
     if asked > present:
       raise ConfigError(
           f"computation_shape={shape} does not fit {where}: along axis {axis} it asks for {asked} cores, "
@@ -290,9 +260,6 @@ def device_assignment(
         f"cores, and only {fitting} replica(s) of that shape fit {where}. Use num_replicas <= {fitting} or "
         "a smaller computation_shape."
     )
-  try:
-    return tf.tpu.experimental.DeviceAssignment.build(
-        topology, computation_shape=np.array(shape, dtype=np.int32), num_replicas=num_replicas
-    )
-  except ValueError as e:
-    raise ConfigError(f"computation_shape={shape} with num_replicas={num_replicas} does not fit {where}: {e}") from e
+  return tf.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=np.array(shape, dtype=np.int32), num_replicas=num_replicas
+  )

@@ -35,7 +35,7 @@ import tensorflow as tf
 from runner import exit_codes
 from runner.cluster import process_exit
 from runner.cluster import stop_signals
-from strategies import cluster_view
+from strategies import cluster as cluster_lib
 from strategies import peers
 from strategies.errors import ClusterError
 from strategies.errors import ConfigError
@@ -43,7 +43,7 @@ from strategies.errors import ConfigError
 POLL_SECONDS = 2.0
 
 
-def describe(found: cluster_view.Cluster) -> str:
+def describe(found: cluster_lib.Cluster) -> str:
   """One line on what this task does, e.g. 'serve as worker:0 of a parameter-server cluster (chief: host:port)'."""
   return (
       f"serve as {found.task_type}:{found.task_id} of a parameter-server cluster until the coordinator "
@@ -51,7 +51,7 @@ def describe(found: cluster_view.Cluster) -> str:
   )
 
 
-def serve(found: cluster_view.Cluster, timeout_seconds: float | None) -> None:
+def serve(found: cluster_lib.Cluster, timeout_seconds: float | None) -> None:
   """Starts this task's `tf.distribute.Server` and serves until the coordinator is done (see the module docstring).
 
   Prints one line saying so. Returns when the chief's port has closed.
@@ -95,7 +95,7 @@ def serve(found: cluster_view.Cluster, timeout_seconds: float | None) -> None:
     raise SystemExit(exit_codes.STOPPED_BY[stop.received])
 
 
-def _chief_address(found: cluster_view.Cluster) -> str:
+def _chief_address(found: cluster_lib.Cluster) -> str:
   if not found.jobs.get("chief"):
     raise ConfigError(
         f"A parameter-server cluster needs a 'chief' task, the coordinator; {found.source}'s cluster has "

@@ -244,15 +244,15 @@ _HALF_SET = {
         {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"},
         "multi_worker_mirrored",
         r"error: This process is not a task of a SLURM job step \(a half-set SLURM environment\): SLURM_PROCID=1 is "
-        r"set but SLURM_STEP_ID, SLURM_STEP_NODELIST \(or SLURM_JOB_NODELIST or SLURM_NODELIST\), "
-        r"SLURM_STEP_TASKS_PER_NODE \(or SLURM_TASKS_PER_NODE\) and SLURM_JOB_ID are not; start every task with srun",
+        r"set but not SLURM_STEP_ID, SLURM_STEP_NODELIST/SLURM_JOB_NODELIST/SLURM_NODELIST, "
+        r"SLURM_STEP_TASKS_PER_NODE/SLURM_TASKS_PER_NODE, SLURM_JOB_ID; start every task with srun",
     ),
     "slurm_no_nodes": (
         {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_JOB_ID": "7"},
         "parameter_server",
         r"error: This process is not a task of a SLURM job step \(a half-set SLURM environment\): SLURM_PROCID=0 is "
-        r"set but SLURM_STEP_NODELIST \(or SLURM_JOB_NODELIST or SLURM_NODELIST\) and SLURM_STEP_TASKS_PER_NODE "
-        r"\(or SLURM_TASKS_PER_NODE\) are not",
+        r"set but not SLURM_STEP_NODELIST/SLURM_JOB_NODELIST/SLURM_NODELIST, SLURM_STEP_TASKS_PER_NODE"
+        r"/SLURM_TASKS_PER_NODE;",
     ),
     "evaluator_alone": (
         {"TF_CONFIG": json.dumps({"cluster": {}, "task": {"type": "evaluator", "index": 0}})},

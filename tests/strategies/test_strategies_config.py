@@ -200,7 +200,7 @@ def test_describe_names_a_plain_tensorflow_strategy():
         ({"name": "mirrored", "virtual_cpus": 0}, r"virtual_cpus=0: virtual_cpus needs a positive int"),
         (
             {"name": "multi_worker_mirrored", "worker_hosts": ["localhost:1", "localhost:2"], "task_index": 2},
-            r"task_index=2 is outside worker_hosts \(2 hosts: localhost:1, localhost:2\); valid: 0 to 1.",
+            r"task_index=2 is outside worker_hosts \(localhost:1, localhost:2\); valid: 0 to 1.",
         ),
         (
             {"name": "multi_worker_mirrored", "worker_hosts": ["localhost:1"], "task_index": -1},

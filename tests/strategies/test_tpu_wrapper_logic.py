@@ -77,31 +77,27 @@ class CountingInitializer:
     return topology(V3_8)
 
 
-def test_each_tpu_system_is_initialized_once_per_process():
+def test_each_tpu_system_is_initialized_once_per_process(monkeypatch):
+  monkeypatch.setattr(tpu_lib, "SYSTEMS", {})
   initialize = CountingInitializer()
-  systems = tpu_lib.TPUSystems(initialize=initialize)
-  first = systems.topology("local", "resolver 1")
-  assert systems.topology("local", "resolver 2") is first  # a second strategy on the same TPU reuses it
-  other = systems.topology("grpc://10.0.0.2:8470", "resolver 3")
+  first = tpu_lib.topology("local", "resolver 1", initialize)
+  assert tpu_lib.topology("local", "resolver 2", initialize) is first  # a second strategy on the same TPU reuses it
+  other = tpu_lib.topology("grpc://10.0.0.2:8470", "resolver 3", initialize)
   assert other is not first and list(other.mesh_shape) == list(V3_8)
   assert initialize.calls == [("local", "resolver 1"), ("grpc://10.0.0.2:8470", "resolver 3")]
-  assert "local" in systems and "my-tpu" not in systems
+  assert set(tpu_lib.SYSTEMS) == {"local", "grpc://10.0.0.2:8470"}
 
 
-def test_a_failed_initialization_is_an_error_and_is_tried_again():
+def test_a_failed_initialization_is_an_error_and_is_tried_again(monkeypatch):
+  monkeypatch.setattr(tpu_lib, "SYSTEMS", {})
   initialize = CountingInitializer(failures=1)
-  systems = tpu_lib.TPUSystems(initialize=initialize)
   with pytest.raises(
       strategies.ConfigError, match=r"Could not initialize the TPU system of tpu='my-tpu': Socket closed. Name the TPU"
   ):
-    systems.topology("my-tpu", None)
-  assert "my-tpu" not in systems
-  assert list(systems.topology("my-tpu", None).mesh_shape) == list(V3_8)
+    tpu_lib.topology("my-tpu", None, initialize)
+  assert "my-tpu" not in tpu_lib.SYSTEMS
+  assert list(tpu_lib.topology("my-tpu", None, initialize).mesh_shape) == list(V3_8)
   assert len(initialize.calls) == 2
-
-
-def test_every_tpu_strategy_shares_the_process_table():
-  assert isinstance(tpu_lib.SYSTEMS, tpu_lib.TPUSystems)
 
 
 @pytest.mark.parametrize(
