@@ -267,9 +267,8 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
   damaged TFRecord file and its first bad record (the files of a
   `runner.data.TFRecordFiles`, or those a plain `tf.data.TFRecordDataset`
   pipeline holds as constants in its graph); a record `parse_fn` rejects,
-  the feature and what the record holds against what `parse_fn` reads (its
-  `tf.io.parse_*example` features, from its traced graph; for a plain
-  pipeline, the Example parser's reason); an example whose label is outside
+  its file and number with TensorFlow's reason (for a plain pipeline, the
+  Example parser's reason); an example whose label is outside
   `valid_labels` (in the first `_LABELS_READ`).
 
   Args:
@@ -344,8 +343,8 @@ def _parse_error(error: Exception, data: Any, where: str) -> DataError | None:
     if found is None:
       return None
     return DataError(
-        f"{where}: {found[0]}, record {found[1]} (counting from 0): {found[2].rstrip('.')}. Write the files with the features "
-        "parse_fn reads, or change the features it reads."
+        f"{where}: {found[0]}, record {found[1]} (counting from 0): {found[2].rstrip('.')}. Write the files with "
+        "the features parse_fn reads, or change the features it reads."
     )
   said = _PARSER_REASON.search(getattr(error, "message", str(error)))
   if said is None:

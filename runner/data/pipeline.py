@@ -75,7 +75,7 @@ def for_training(
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     batches = data.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
-    batches = _preprocessed(_checked_batches(batches, "training"), preprocess)
+    batches = _preprocessed(_checked(batches, "training", batched=True), preprocess)
     return without_autotune_model(batches.prefetch(tf.data.AUTOTUNE))
 
   return strategy.distribute_datasets_from_function(dataset_fn)
@@ -122,7 +122,7 @@ def for_evaluation(
 
   def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
     batch_size = input_context.get_per_replica_batch_size(global_batch_size)
-    batches = _checked_batches(data.get_batches(input_context, batch_size), "evaluation")
+    batches = _checked(data.get_batches(input_context, batch_size), "evaluation", batched=True)
     if not bounded and batches.cardinality() == tf.data.INFINITE_CARDINALITY:
       raise ConfigError(
           "The evaluation data is infinite (it repeats), so evaluating all of it never ends; "
@@ -156,11 +156,11 @@ def without_autotune_model(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.with_options(options)
 
 
-def _checked(dataset: Any, purpose: str) -> tf.data.Dataset:
-  """Returns `dataset` if its elements follow the contract, else raises ConfigError."""
+def _checked(dataset: Any, purpose: str, *, batched: bool = False) -> tf.data.Dataset:
+  """Returns `dataset` if its elements (`batched`: batches of them) follow the contract, else raises ConfigError."""
   if not isinstance(dataset, tf.data.Dataset):
     raise ConfigError(f"The {purpose} DatasetProvider returned {type(dataset).__name__}, not a tf.data.Dataset.")
-  spec = dataset.element_spec
+  spec = (dataset.unbatch() if batched else dataset).element_spec
   if not isinstance(spec, tuple) or len(spec) not in (2, 3):
     raise ConfigError(
         f"The {purpose} data must be an unbatched dataset of {ELEMENT_CONTRACT}; its elements are {spec}."
@@ -171,14 +171,6 @@ def _checked(dataset: Any, purpose: str) -> tf.data.Dataset:
         f"elements must be {ELEMENT_CONTRACT} and unbatched."
     )
   return dataset
-
-
-def _checked_batches(batches: Any, purpose: str) -> tf.data.Dataset:
-  """Returns a provider's `batches` if they are batches of elements that keep the contract, else raises ConfigError."""
-  if not isinstance(batches, tf.data.Dataset):
-    raise ConfigError(f"The {purpose} DatasetProvider returned {type(batches).__name__}, not a tf.data.Dataset.")
-  _checked(batches.unbatch(), purpose)
-  return batches
 
 
 @tf.autograph.experimental.do_not_convert  # Plain graph code: converting it would only add to the first call.
