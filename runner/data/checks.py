@@ -209,14 +209,13 @@ def check_one_tensor_for_sequential(element_spec: Any, model: Any, *, purpose: s
   ):
     return
   if isinstance(features, dict):
-    got, first = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}", repr(sorted(features)[0])
+    got = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}"
   else:
-    got, first = f"a {type(features).__name__} of {len(features)} part(s)", "0"
+    got = f"a {type(features).__name__} of {len(features)} part(s)"
   raise DataError(
       f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
-      f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset "
-      f"(tf.concat([features[{first}], ...], axis=-1) after flattening each), or use a model with one keras.Input "
-      "per part (a functional keras.Model, as an import path in config.model.name)."
+      "keras.Sequential, which takes one tensor: combine the parts in the dataset (tf.concat after flattening each), "
+      "or use a functional keras.Model with one keras.Input per part (as an import path in config.model.name)."
   )
 
 

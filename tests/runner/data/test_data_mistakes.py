@@ -67,9 +67,9 @@ def test_dict_features_for_the_builtin_mlp_are_named_with_their_keys(one_device)
   assert str(raised.value) == (
       "The training data's features are a dict with the keys 'age', 'words' ({'words': TensorSpec(shape=(3,), "
       "dtype=tf.float32, name=None), 'age': TensorSpec(shape=(1,), dtype=tf.float32, name=None)} per example), but "
-      "the model 'mlp' is a keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
-      "dataset (tf.concat([features['age'], ...], axis=-1) after flattening each), or use a model with one "
-      "keras.Input per part (a functional keras.Model, as an import path in config.model.name)."
+      "the model 'mlp' is a keras.Sequential, which takes one tensor: combine the parts in the dataset (tf.concat "
+      "after flattening each), or use a functional keras.Model with one keras.Input per part (as an import path in "
+      "config.model.name)."
   )
 
 
@@ -338,9 +338,7 @@ _OTHER_SCHEMAS = {  # Record 3 of the second file, as it is written instead of {
 
 
 @pytest.mark.parametrize("schema", sorted(_OTHER_SCHEMAS))
-def test_a_tfrecord_of_another_schema_is_named_with_its_file_record_and_feature(
-    tmp_path, one_device, schema
-):
+def test_a_tfrecord_of_another_schema_is_named_with_its_file_record_and_feature(tmp_path, one_device, schema):
   written, mismatch = _OTHER_SCHEMAS[schema]
 
   def good(i):
