@@ -428,8 +428,7 @@ class TFRecordFiles(DatasetProvider):
         or `sharding` is not one of `SHARDING`.
       TypeError: `parse_fn` is not callable.
     """
-    patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-    self.files = sorted({f for pattern in patterns for f in tf.io.gfile.glob(pattern)})
+    self.files = sorted(set(tf.io.gfile.glob(file_pattern)))  # One pattern or a list of them.
     if not self.files:
       raise ConfigError(f"No TFRecord file matches {file_pattern!r}.")
     directories = [f for f in self.files if not remote.is_remote(f) and os.path.isdir(f)]  # A stat each, local only.
