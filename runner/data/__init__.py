@@ -16,9 +16,14 @@ if typing.TYPE_CHECKING:  # The type checker sees the public names with their ty
   from runner.data.providers import TFRecordFiles as TFRecordFiles
   from runner.interfaces import DatasetProvider as DatasetProvider
 
-_PUBLIC = {"DatasetProvider": "runner.interfaces"} | dict.fromkeys(
-    ("DataError", "DatasetShards", "FromFunction", "InMemory", "TFRecordFiles"), "runner.data.providers"
-)
+_PUBLIC = {
+    "DataError": "runner.data.providers",
+    "DatasetProvider": "runner.interfaces",
+    "DatasetShards": "runner.data.providers",
+    "FromFunction": "runner.data.providers",
+    "InMemory": "runner.data.providers",
+    "TFRecordFiles": "runner.data.providers",
+}
 __all__ = sorted(_PUBLIC)
 
 __getattr__, __dir__ = lazy_names.module_hooks(__name__, _PUBLIC)

@@ -371,8 +371,8 @@ def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, t
     [
         (
             {"vocab": None},
-            r"the default of 'vocab' is None, whose type the config cannot know; for an optional field "
-            r"write vocab=ml_collections.config_dict.placeholder\(str\)",
+            r"the default of 'vocab' is None \(NoneType\); a default is a bool, int, float, str or tuple, or "
+            r"ml_collections.config_dict.placeholder\(TYPE\) \(TYPE one of those\) for an optional field",
         ),
         (
             {"files": ["a"]},
