@@ -289,16 +289,10 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
         return not_parsed
     found = _first_label_outside(data, valid_labels)
   except tf.errors.DataLossError as damaged:
-    files, compression_type = _files_of(data)
-    bad = _first_failing(files, compression_type)
-    if bad is None:
-      return DataError(
-          f"The {purpose} data cannot be read{at}: {_reason(damaged.message)}. A file it reads is damaged or "
-          "truncated; rewrite it or leave it out."
-      )
+    bad = _first_failing(*_files_of(data))  # None: the file cannot be told; TensorFlow's reason alone.
+    what = f"{bad[0]} is damaged at record {bad[1]} (counting from 0; {bad[2]})" if bad else _reason(damaged.message)
     return DataError(
-        f"The {purpose} data cannot be read{at}: {bad[0]} is damaged at record {bad[1]} (counting from 0; "
-        f"{bad[2]}). Replace or re-write that file, or leave it out of the data."
+        f"The {purpose} data cannot be read{at}: {what}. Replace or re-write that file, or leave it out of the data."
     )
   if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
