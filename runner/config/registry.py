@@ -89,11 +89,6 @@ def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
     if "name" in fields:
       raise ConfigError(f"{where}: 'name' is the field that names the function; give the field another name.")
     for field, default in fields.items():
-      if default is None:
-        raise ConfigError(
-            f"{where}: the default of {field!r} is None, whose type the config cannot know; for an optional "
-            f"field write {field}=ml_collections.config_dict.placeholder(str) (or int, float, bool, tuple)."
-        )
       ref = isinstance(default, config_dict.FieldReference)
       if not (default.get() is None and default.get_type() in _TYPES if ref else isinstance(default, _TYPES)):
         shown = f"{default!r} ({type(default).__name__})"

@@ -10,7 +10,7 @@ Every bad input raises ConfigError, naming what was wrong and what is valid.
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 import contextlib
-import math
+import functools
 import os
 import reprlib
 import traceback
@@ -41,23 +41,7 @@ NONE_VALUES = ("None", "none", "null")
 _TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string", tuple: "a tuple"}
 
 
-def _must(holds: Callable[[Any], bool], valid: str) -> Callable[[Any, str], None]:
-  """Returns a check that raises ConfigError '{what} must be {valid}, got {value!r}.' where `holds(value)` is false."""
-
-  def check(value: Any, what: str) -> None:
-    if not holds(value):
-      raise ConfigError(f"{what} must be {valid}, got {value!r}.")
-
-  return check
-
-
-def _among(valid: tuple[str, ...]) -> Callable[[Any, str], Any]:
-  """Returns a check that raises ConfigError (naming the valid values and the closest) for a value not in `valid`."""
-  return lambda value, what: checks.one_of(value, valid, what)
-
-
-_POSITIVE = _must(lambda value: value > 0, "a positive int")
-_OPTIONAL = _must(lambda value: value is None or value > 0, "a positive int")
+_OPTIONAL = functools.partial(checks.positive_int, optional=True)
 
 # Section -> field -> (default, check). A type as the default: the field is None until set, of that type. A check,
 # `check(value, 'config.SECTION.FIELD')`, raises ConfigError; the type is checked for every field. A field's meaning
@@ -65,44 +49,37 @@ _OPTIONAL = _must(lambda value: value is None or value > 0, "a positive int")
 SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
     "data": {
         "name": ("synthetic", None),  # A built-in or 'module:function' (registry).
-        "global_batch_size": (64, _POSITIVE),
+        "global_batch_size": (64, checks.positive_int),
         "eval_global_batch_size": (int, _OPTIONAL),  # None: global_batch_size.
-        "sharding": ("auto", _among(sharding_policies.SHARDING)),
+        "sharding": ("auto", lambda value, what: checks.one_of(value, sharding_policies.SHARDING, what)),
     },
     "model": {"name": ("mlp", None)},
     "task": {"name": ("classification", None)},
     "optimizer": {
-        "name": ("adam", _among(tuple(optimizers.OPTIMIZERS))),
-        "learning_rate": (1e-3, _must(lambda value: value > 0, "> 0")),
-        "schedule": ("constant", _among(optimizers.SCHEDULES)),
+        "name": ("adam", lambda value, what: checks.one_of(value, tuple(optimizers.OPTIMIZERS), what)),
+        "learning_rate": (1e-3, checks.positive_number),
+        "schedule": ("constant", lambda value, what: checks.one_of(value, optimizers.SCHEDULES, what)),
         "warmup_steps": (0, None),  # Checked against the schedule and train_steps in `validate`.
-        "weight_decay": (0.0, _must(lambda value: value >= 0, ">= 0")),
-        "clipnorm": (float, _must(lambda value: value is None or value > 0, "> 0 or None")),
+        "weight_decay": (0.0, functools.partial(checks.positive_number, allow_zero=True)),
+        "clipnorm": (float, functools.partial(checks.positive_number, optional=True)),
     },
     "trainer": {  # The Trainer's options of the same names (runner.training.options), and the run's steps.
-        "train_steps": (1000, _POSITIVE),  # The global step to train to.
+        "train_steps": (1000, checks.positive_int),  # The global step to train to.
         "steps_per_loop": (int, _OPTIONAL),  # Steps per tf.function call; None: auto (runner.training.steps_per_loop).
         "eval_every": (int, _OPTIONAL),  # Evaluate every this many steps (a multiple of steps_per_loop), or at the end.
         "eval_steps": (int, _OPTIONAL),  # Batches per evaluation; None: the whole eval split.
         "checkpoint_every": (int, _OPTIONAL),  # Also checkpoint every this many steps (a multiple of steps_per_loop).
-        "max_to_keep": (3, _POSITIVE),  # Checkpoints kept.
+        "max_to_keep": (3, checks.positive_int),  # Checkpoints kept.
         "async_checkpoints": (True, None),  # checkpoint_every's saves written in the background.
         "jit_compile": (False, None),  # Compile each replica's step with XLA.
-        "precision": ("float32", _among(scoped_settings.PRECISIONS)),  # float32, mixed_bfloat16 or mixed_float16.
+        # float32, mixed_bfloat16 or mixed_float16.
+        "precision": ("float32", lambda value, what: checks.one_of(value, scoped_settings.PRECISIONS, what)),
         "seed": (0, None),  # Fixes the initial weights.
         "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): a profiler trace of those steps.
         # Mode continuous_eval ends after this long with no new checkpoint.
-        "eval_timeout_seconds": (3600.0, _must(lambda value: 0 < value < math.inf, "a positive number")),
+        "eval_timeout_seconds": (3600.0, checks.positive_number),
     },
 }
-
-
-def _common_config() -> ml_collections.ConfigDict:
-  """Returns the schema without the own fields of the named dataset, model and task."""
-  config = ml_collections.ConfigDict({"mode": "train_and_eval", "strategy": strategy_schema.default_config()})
-  for section, fields in SCHEMA.items():
-    config[section] = {f: config_dict.placeholder(d) if isinstance(d, type) else d for f, (d, _) in fields.items()}
-  return config
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -137,7 +114,9 @@ def _complete(config: Any, previous_names: Mapping[str, str] | None = None) -> m
       unknown built-in name, an import path that does not resolve, or a value
       of the wrong type.
   """
-  result = _common_config()
+  result = ml_collections.ConfigDict({"mode": "train_and_eval", "strategy": strategy_schema.default_config()})
+  for section, fields in SCHEMA.items():  # The schema without the own fields of the named dataset, model and task.
+    result[section] = {f: config_dict.placeholder(d) if isinstance(d, type) else d for f, (d, _) in fields.items()}
   _merge(result, {k: v for k, v in _section(config, "A config").items() if k not in NAMED_SECTIONS}, "config")
   for section, kind in NAMED_SECTIONS.items():
     given = _section(config[section] if section in config else {}, f"config.{section}")

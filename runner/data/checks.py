@@ -209,14 +209,13 @@ def check_one_tensor_for_sequential(element_spec: Any, model: Any, *, purpose: s
   ):
     return
   if isinstance(features, dict):
-    got, first = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}", repr(sorted(features)[0])
+    got = f"a dict with the keys {', '.join(repr(key) for key in sorted(features))}"
   else:
-    got, first = f"a {type(features).__name__} of {len(features)} part(s)", "0"
+    got = f"a {type(features).__name__} of {len(features)} part(s)"
   raise DataError(
       f"The {purpose} data's features are {got} ({_spec(features)} per example), but the model {model.name!r} is a "
-      f"keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the dataset "
-      f"(tf.concat([features[{first}], ...], axis=-1) after flattening each), or use a model with one keras.Input "
-      "per part (a functional keras.Model, as an import path in config.model.name)."
+      "keras.Sequential, which takes one tensor: combine the parts in the dataset (tf.concat after flattening each), "
+      "or use a functional keras.Model with one keras.Input per part (as an import path in config.model.name)."
   )
 
 
@@ -267,9 +266,8 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
   damaged TFRecord file and its first bad record (the files of a
   `runner.data.TFRecordFiles`, or those a plain `tf.data.TFRecordDataset`
   pipeline holds as constants in its graph); a record `parse_fn` rejects,
-  the feature and what the record holds against what `parse_fn` reads (its
-  `tf.io.parse_*example` features, from its traced graph; for a plain
-  pipeline, the Example parser's reason); an example whose label is outside
+  its file and number with TensorFlow's reason (for a plain pipeline, the
+  Example parser's reason); an example whose label is outside
   `valid_labels` (in the first `_LABELS_READ`).
 
   Args:
@@ -291,16 +289,10 @@ def step_error(error: Exception, data: Any, valid_labels: Any, *, step: int | No
         return not_parsed
     found = _first_label_outside(data, valid_labels)
   except tf.errors.DataLossError as damaged:
-    files, compression_type = _files_of(data)
-    bad = _first_failing(files, compression_type)
-    if bad is None:
-      return DataError(
-          f"The {purpose} data cannot be read{at}: {_reason(damaged.message)}. A file it reads is damaged or "
-          "truncated; rewrite it or leave it out."
-      )
+    bad = _first_failing(*_files_of(data))  # None: the file cannot be told; TensorFlow's reason alone.
+    what = f"{bad[0]} is damaged at record {bad[1]} (counting from 0; {bad[2]})" if bad else _reason(damaged.message)
     return DataError(
-        f"The {purpose} data cannot be read{at}: {bad[0]} is damaged at record {bad[1]} (counting from 0; "
-        f"{bad[3]}). Replace or re-write that file, or leave it out of the data."
+        f"The {purpose} data cannot be read{at}: {what}. Replace or re-write that file, or leave it out of the data."
     )
   if found is None and not isinstance(error, LabelsOutOfRangeError):
     raise error  # Not a label outside the range (on a CPU, TensorFlow's loss op may raise for one).
@@ -334,15 +326,18 @@ def _first_label_outside(data: Any, valid_labels: Any) -> tuple[int, Any] | None
 
 
 def _parse_error(error: Exception, data: Any, where: str) -> DataError | None:
-  """Returns the DataError for records that `data`'s parse function rejects, or None for another error."""
+  """Returns the DataError for records that `data`'s parse function rejects, or None for another error.
+
+  For `TFRecordFiles`, the file, the record and TensorFlow's reason (which names the feature); for another
+  pipeline, the Example parser's reason and the files the dataset's graph names.
+  """
   if isinstance(data, data_lib.TFRecordFiles):
     found = _first_failing(data.files, data.compression_type, data.parse_fn)
     if found is None:
       return None
-    path, number, record, reason = found
     return DataError(
-        f"{where}: {path}, record {number} (counting from 0): {_parse_mismatch(data.parse_fn, record, reason)}. "
-        "Write the files with the features parse_fn reads, or change the features it reads."
+        f"{where}: {found[0]}, record {found[1]} (counting from 0): {found[2].rstrip('.')}. Write the files with "
+        "the features parse_fn reads, or change the features it reads."
     )
   said = _PARSER_REASON.search(getattr(error, "message", str(error)))
   if said is None:
@@ -382,8 +377,8 @@ def _files_of(data: Any) -> tuple[Sequence[str], str | None]:
 
 def _first_failing(
     files: Sequence[str], compression_type: str | None, parse_fn: Callable[..., Any] | None = None
-) -> tuple[str, int, Any, str] | None:
-  """Returns `(path, record number, record, TensorFlow's reason)` of the first record that cannot be read or parsed.
+) -> tuple[str, int, str] | None:
+  """Returns `(path, record number, TensorFlow's reason)` of the first record that cannot be read or parsed.
 
   Reads `files` in order, in batches, then the failing batch record by
   record: without `parse_fn` for the first record that cannot be read
@@ -397,72 +392,14 @@ def _first_failing(
       for batch in (records if parse_fn is None else records.map(parse_fn)).batch(_READ_AT_ONCE):
         good += int(tf.shape(tf.nest.flatten(batch)[0])[0])
     except error_type:
-      record = None
       try:
         for record in records.skip(good):
           if parse_fn is not None:
             parse_fn(record)
           good += 1
       except error_type as e:
-        return path, good, record, _reason(e.message)
+        return path, good, _reason(e.message)
   return None
-
-
-def _parse_mismatch(parse_fn: Callable[..., Any], record: Any, reason: str) -> str:
-  """Says which feature of `record` `parse_fn` rejects: what the record holds and what parse_fn reads.
-
-  Falls back on TensorFlow's `reason` where the feature or what parse_fn reads
-  cannot be told (e.g. a parse function that is not `tf.io.parse_*example`).
-  """
-  wanted = _features_read(parse_fn)
-  longest_first = sorted(wanted, key=len, reverse=True)  # 'a.b' before 'a'.
-  name = next((key for key in longest_first if re.search(rf"(Feature|Key): {re.escape(key)}[ ,.]", reason)), None)
-  try:
-    features = tf.train.Example.FromString(record.numpy()).features.feature
-  except Exception:  # noqa: BLE001  # Not an Example: a DecodeError of the protobuf.
-    return f"it is not a tf.train.Example ({reason})"
-  held = ", ".join(f"{key} ({_held(features[key])})" for key in sorted(features)) or "no features"
-  if name is None:
-    return f"{reason} (the record holds {held})"
-  dtype, shape = wanted[name]
-  reads = dtype.name + (f" of shape {shape.as_list()} ({_values(shape)})" if shape is not None else "")
-  if name not in features:
-    return f"it has no feature {name!r}, which parse_fn reads as {reads}; the record holds {held}"
-  return f"its feature {name!r} holds {_held(features[name])}, but parse_fn reads it as {reads}"
-
-
-def _features_read(parse_fn: Callable[..., Any]) -> dict[str, tuple[Any, Any]]:
-  """Returns {feature name: (dtype, shape or None)} that `parse_fn`'s Example parsers read (from its traced graph)."""
-  try:
-    graph = tf.function(parse_fn).get_concrete_function(tf.TensorSpec([], tf.string)).graph
-  except Exception:  # noqa: BLE001  # A parse_fn that does not trace alone: no names to give.
-    return {}
-  wanted = {}
-  for op in graph.get_operations():
-    if op.type == "ParseExampleV2":
-      sparse_keys, dense_keys, ragged_keys = (tf.get_static_value(op.inputs[i]) for i in (2, 3, 4))
-      for key, dtype, shape in zip(dense_keys, op.get_attr("Tdense"), op.get_attr("dense_shapes")):
-        wanted[key.decode()] = (dtype, tf.TensorShape(shape))
-      for key, dtype in [
-          *zip(sparse_keys, op.get_attr("sparse_types")),
-          *zip(ragged_keys, op.get_attr("ragged_value_types")),
-      ]:
-        wanted[key.decode()] = (dtype, None)
-  return wanted
-
-
-def _held(feature: Any) -> str:
-  """'float_list of 8 values' for a `tf.train.Feature`."""
-  kind = feature.WhichOneof("kind")
-  return f"{kind} of {_values(tf.TensorShape([len(getattr(feature, kind).value)]))}" if kind else "no values"
-
-
-def _values(shape: Any) -> str:
-  """'16 values' for a fixed shape [16] ('1 value' for a scalar), 'any number of values' otherwise."""
-  if not shape.is_fully_defined():
-    return "any number of values"
-  count = int(np.prod(shape.as_list()))
-  return f"{count} value{'s' if count != 1 else ''}"
 
 
 def leaves(nest: Any, path: str = "") -> Iterator[tuple[str, Any]]:

@@ -180,8 +180,9 @@ class InMemory(DatasetProvider):
 
   Position `p` of a pipeline's endless stream is example `p % n` of its share
   of `n` examples in epoch `p // n`; shuffled, epoch `e`'s order is the
-  permutation `tf.random.experimental.index_shuffle` picks for the seed with
-  `e` and the pipeline folded in. So a stream starts at any position at once
+  permutation `tf.raw_ops.RandomIndexShuffle` (`tf.random.experimental.index_shuffle`
+  with one seed per position) picks for the key of the seed and the pipeline,
+  and `e`. So a stream starts at any position at once
   (`get_repeated_dataset`), with nothing read or discarded before it: a
   resumed run costs the same at step 100 and at step 10^6
   (docs/benchmarks.md#resume-cost). With `seed=None` the provider draws one
@@ -227,8 +228,7 @@ class InMemory(DatasetProvider):
 
   def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_repeated_dataset`, in constant time: the stream is a function of the position."""
-    at_once = min(self._GATHERED_AT_ONCE, max(self._share_size(input_context), 1))  # Positions of one or two epochs.
-    return self._gathered(_positions_from(start).batch(at_once), input_context).unbatch()
+    return self.get_repeated_batches(input_context, self._GATHERED_AT_ONCE, start).unbatch()
 
   def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
     """As `DatasetProvider.get_batches`: epoch 0 of the stream, a batch gathered at once."""
@@ -256,16 +256,9 @@ class InMemory(DatasetProvider):
 
     def examples(positions: tf.Tensor) -> Any:
       epochs, indices = positions // share_size, positions % share_size
-      if self.shuffle:  # One permutation per epoch the positions are in.
-        epochs_in, epoch_of = tf.unique(epochs)
-        orders = tf.map_fn(
-            lambda epoch: tf.random.experimental.index_shuffle(
-                indices, _key(self._stream_seed, epoch, pipeline), tf.constant(share_size - 1, tf.int64)
-            ),
-            epochs_in,
-            fn_output_signature=tf.int64,
-        )
-        indices = tf.gather_nd(orders, tf.stack([tf.cast(epoch_of, tf.int64), tf.range(tf.size(indices, tf.int64))], 1))
+      if self.shuffle:  # A permutation per epoch: the key of the seed and the pipeline, and the epoch.
+        keys = tf.concat([tf.tile(_key(self._stream_seed, pipeline)[None], [tf.size(epochs), 1]), epochs[:, None]], 1)
+        indices = tf.raw_ops.RandomIndexShuffle(index=indices, seed=keys, max_index=share_size - 1)
       return tf.nest.map_structure(lambda array: tf.gather(array, pipeline + pipelines * indices), arrays)
 
     return positions.map(examples, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -435,8 +428,7 @@ class TFRecordFiles(DatasetProvider):
         or `sharding` is not one of `SHARDING`.
       TypeError: `parse_fn` is not callable.
     """
-    patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-    self.files = sorted({f for pattern in patterns for f in tf.io.gfile.glob(pattern)})
+    self.files = sorted(set(tf.io.gfile.glob(file_pattern)))  # One pattern or a list of them.
     if not self.files:
       raise ConfigError(f"No TFRecord file matches {file_pattern!r}.")
     directories = [f for f in self.files if not remote.is_remote(f) and os.path.isdir(f)]  # A stat each, local only.

@@ -515,17 +515,15 @@ def test_a_loop_that_diverges_after_a_checkpoint_exits_3_naming_its_first_bad_st
             "data_dict_features",
             "error: The training data's features are a dict with the keys 'a' ({'a': TensorSpec("
             "shape=(16,), dtype=tf.float32, name=None)} per example), but the model 'mlp' is a "
-            "keras.Sequential, which takes one tensor. Give it one tensor: combine the parts in the "
-            "dataset (tf.concat([features['a'], ...], axis=-1) after flattening each), or use a model "
-            "with one keras.Input per part (a functional keras.Model, as an import path in "
-            "config.model.name).",
+            "keras.Sequential, which takes one tensor: combine the parts in the dataset (tf.concat after "
+            "flattening each), or use a functional keras.Model with one keras.Input per part (as an import "
+            "path in config.model.name).",
         ),
         (
             "data_short_features",
             "error: The training data cannot be parsed at step 1: {tmp}/short.tfrecord, record 0 "
-            "(counting from 0): its feature 'x' holds float_list of 3 values, but parse_fn reads it as "
-            "float32 of shape [16] (16 values). Write the files with the features parse_fn reads, or "
-            "change the features it reads.",
+            "(counting from 0): Key: x. Can't parse serialized Example: Some float_list slice was not "
+            "parsed. Write the files with the features parse_fn reads, or change the features it reads.",
         ),
     ],
 )
@@ -541,9 +539,9 @@ def test_evaluation_records_of_another_schema_are_one_error_line_with_status_2_a
   returncode, _, stderr, workdir = cli_runs["eval_short_features"]
   assert returncode == USER_ERROR_EXIT_CODE, stderr[-3000:]
   assert _error_lines(stderr) == [
-      f"error: The evaluation data cannot be parsed: {workdir.parent}/short.tfrecord, record 0 (counting from 0): its "
-      "feature 'x' holds float_list of 3 values, but parse_fn reads it as float32 of shape [16] (16 values). Write the "
-      "files with the features parse_fn reads, or change the features it reads."
+      f"error: The evaluation data cannot be parsed: {workdir.parent}/short.tfrecord, record 0 (counting from 0): Key: "
+      "x. Can't parse serialized Example: Some float_list slice was not parsed. Write the files with the features "
+      "parse_fn reads, or change the features it reads."
   ]
   assert "Traceback" not in stderr
   assert sorted(os.listdir(workdir / "checkpoints")) == ["checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index"]
