@@ -64,11 +64,6 @@ class CheckpointList:
   outside: tuple[str, ...]
   problem: str | None
 
-  @property
-  def newest(self) -> str | None:
-    """The newest checkpoint's path prefix, or None."""
-    return self.paths[-1] if self.paths else None
-
 
 def read(directory: str) -> CheckpointList:
   """Returns the `CheckpointList` of `directory` (empty if it does not exist); never raises for a damaged list."""

@@ -26,7 +26,7 @@ def latest(model_dir: str) -> str | None:
   missing or damaged (see `checkpoint_list`). Restoring falls back to an
   older one if it cannot be read.
   """
-  return checkpoint_list.read(os.path.join(model_dir, DIRECTORY)).newest
+  return (checkpoint_list.read(os.path.join(model_dir, DIRECTORY)).paths or (None,))[-1]
 
 
 def latest_step(model_dir: str | None) -> int | None:
@@ -209,7 +209,6 @@ class Checkpoints:
     Raises:
       As `wait` and `restore`.
     """
-    self.wait()
     return self.restore(os.path.join(self.directory, f"ckpt-{self.saved_step}"))
 
   def save(self, step: int, *, in_background: bool = False) -> str:

@@ -26,13 +26,8 @@ def check_steps(steps: Any, what: str = "profile_steps") -> tuple[int, int] | No
   """
   if steps is None:
     return None
-  if (
-      isinstance(steps, (str, bytes))
-      or not hasattr(steps, "__len__")
-      or len(steps) != 2
-      or not all(checks.is_int(step) for step in steps)
-      or not 1 <= steps[0] <= steps[1]
-  ):
+  pair = isinstance(steps, (tuple, list)) and len(steps) == 2 and all(checks.is_int(step) for step in steps)
+  if not pair or not 1 <= steps[0] <= steps[1]:
     raise ConfigError(
         f"{what} must be None or a pair of steps (first, last) with 1 <= first <= last, e.g. (5, 10), "
         f"got {steps!r}."

@@ -77,16 +77,14 @@ def _quiet(tensorflow_module: types.ModuleType, load: Callable[[], object], mini
   absl_logging.get_absl_handler().addFilter(without_tensorflow_info)  # TensorFlow code that logs through absl.
 
 
-class _QuietFirstImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _QuietFirstImport(importlib.abc.MetaPathFinder):
   """On `sys.meta_path`, makes the first import of `tensorflow` a quiet one, then steps aside.
 
-  It finds the package's spec and loads it as the spec's own loader would, inside `_quiet`, giving the module
-  that loader back.
+  It finds the package's spec and has the spec's own loader run the package inside `_quiet`.
   """
 
   def __init__(self, minimum: int) -> None:
     self._minimum = minimum
-    self._loader: Any = None  # The package's own loader.
 
   def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
     del path, target  # The top-level package only.
@@ -95,16 +93,9 @@ class _QuietFirstImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     sys.meta_path.remove(self)
     spec = importlib.util.find_spec(fullname)
     if spec is not None and spec.loader is not None:
-      self._loader, spec.loader = spec.loader, self
+      run = spec.loader.exec_module
+      spec.loader.exec_module = lambda module: _quiet(module, lambda: run(module), self._minimum)  # type: ignore
     return spec
-
-  def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-    return self._loader.create_module(spec)
-
-  def exec_module(self, module: types.ModuleType) -> None:
-    assert module.__spec__ is not None  # The import system made the module from a spec.
-    module.__loader__ = module.__spec__.loader = self._loader  # What the package would have had.
-    _quiet(module, lambda: self._loader.exec_module(module), self._minimum)
 
 
 def without_tensorflow_info(record: logging.LogRecord) -> bool:

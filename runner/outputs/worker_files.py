@@ -5,16 +5,13 @@ TensorFlow's multi-worker saving needs every worker to take part in a save
 others write to a temporary directory that is deleted right after.
 """
 
-from collections.abc import Iterator
 import contextlib
-import shutil
 import tempfile
 from typing import Any
 
 
-@contextlib.contextmanager
-def destination(strategy: Any, path: str) -> Iterator[str]:
-  """Yields where this worker writes `path`: `path` itself on the chief, else a scratch directory.
+def destination(strategy: Any, path: str) -> contextlib.AbstractContextManager[str]:
+  """A context that yields where this worker writes `path`: `path` itself on the chief, else a scratch directory.
 
   The scratch directory is deleted when the block ends, whatever happened in it.
 
@@ -24,10 +21,5 @@ def destination(strategy: Any, path: str) -> Iterator[str]:
     path: the directory the chief writes.
   """
   if strategy.extended.should_checkpoint:
-    yield path
-    return
-  scratch = tempfile.mkdtemp(prefix="tf_runner_worker_")
-  try:
-    yield scratch
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+    return contextlib.nullcontext(path)
+  return tempfile.TemporaryDirectory(prefix="tf_runner_worker_", ignore_cleanup_errors=True)
