@@ -33,7 +33,6 @@ import ml_collections
 import tensorflow as tf
 
 from runner import from_config
-from runner import interfaces
 from runner.config import run_config as config_lib
 from runner.data import pipeline as input_pipeline
 from runner.tpu import rules as tpu_rules
@@ -176,9 +175,7 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
           f"use a multiple of {num_replicas}, e.g. {' or '.join(map(str, nearest))}."
       )
   strategy = RecordingMirroredStrategy(devices)
-  for field in ("global_batch_size", "eval_global_batch_size"):
-    input_pipeline.check_global_batch_size(strategy, config.data[field])  # The CPUs may be fewer than the replicas.
-  train_data, eval_data = (_WithoutAutotune(from_config.dataset(config, split)) for split in ("train", "eval"))
+  train_data, eval_data = (from_config.dataset(config, split) for split in ("train", "eval"))
   for data, purpose in ((train_data, "training"), (eval_data, "evaluation")):
     problem = tpu_rules.element_problem(input_pipeline.element_spec(data, purpose), f"the {purpose} data")
     if problem:
@@ -202,36 +199,6 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
       ),
   )
   return verdict(problem, train_steps=trainer.global_step, eval_examples=evaluated.get("num_examples", 0))
-
-
-class _WithoutAutotune(interfaces.DatasetProvider):
-  """The datasets of a provider with tf.data's autotuning off.
-
-  The check stops its iterators after a few batches, and TensorFlow 2.21
-  deletes a stopped iterator only once its autotuning thread wakes up
-  (seconds, up to minutes on a busy machine). Autotuning changes no shape,
-  dtype or op of a step, so the check does without it where it can: the
-  per-device iterators MirroredStrategy adds still autotune.
-  """
-
-  def __init__(self, provider: interfaces.DatasetProvider) -> None:
-    self._provider = provider
-    self._options = tf.data.Options()
-    self._options.autotune.enabled = False
-
-  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    return self._provider.get_dataset(input_context).with_options(self._options)
-
-  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    return self._provider.get_repeated_dataset(input_context, start).with_options(self._options)
-
-  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
-    return self._provider.get_batches(input_context, batch_size).with_options(self._options)
-
-  def get_repeated_batches(
-      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
-  ) -> tf.data.Dataset:
-    return self._provider.get_repeated_batches(input_context, batch_size, start).with_options(self._options)
 
 
 def _logical_cpus(n: int) -> list[str]:
