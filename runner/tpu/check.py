@@ -22,7 +22,7 @@ It writes nothing (no checkpoint, summary or workdir) and changes no global
 state but the logical CPU split. What a CPU cannot prove is in `NOT_PROVEN`.
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 import copy
 import dataclasses
 import functools
@@ -112,19 +112,13 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
     super().__init__(devices)
     self._traced: list[tuple[tf.Graph, list[tf.Operation]]] = []
 
-  def run(
-      self,
-      fn: Callable[..., Any],
-      args: Sequence[Any] = (),
-      kwargs: Mapping[str, Any] | None = None,
-      options: tf.distribute.RunOptions | None = None,
-  ) -> Any:
+  def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """As `tf.distribute.Strategy.run`; inside a trace, it also records the ops the call added."""
     if tf.executing_eagerly():
-      return super().run(fn, args, kwargs, options)
+      return super().run(fn, *args, **kwargs)
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
-    result = super().run(fn, args, kwargs, options)
+    result = super().run(fn, *args, **kwargs)
     self._traced.append((graph, graph.get_operations()[first:]))
     return result
 
@@ -162,7 +156,12 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
   checks.positive_int(num_replicas, "num_replicas", optional=True)
   num_replicas = num_replicas or config.strategy.num_replicas or DEFAULT_NUM_REPLICAS
   devices = _logical_cpus(max(n for n in range(1, MAX_LOGICAL_CPUS + 1) if num_replicas % n == 0))
-  config = _as_on_tpu(config)
+  config = copy.deepcopy(config)  # Built as for a TPU: jit_compile on, steps_per_loop resolved as on a TPU.
+  config.trainer.jit_compile = True
+  if config.trainer.steps_per_loop is None:
+    config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
+        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True
+    )
   verdict = functools.partial(
       TPUCheckResult, num_replicas=num_replicas, devices=tuple(devices), steps_per_loop=config.trainer.steps_per_loop
   )
@@ -209,17 +208,6 @@ def _logical_cpus(n: int) -> list[str]:
     existing = [device.name for device in tf.config.list_logical_devices("CPU")]
     logging.info("TensorFlow already initialized its devices; checking on the %d logical CPU(s) it has.", len(existing))
     return existing
-
-
-def _as_on_tpu(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Returns a copy of `config` built as for a TPU: jit_compile on, steps_per_loop resolved as on a TPU."""
-  config = copy.deepcopy(config)
-  config.trainer.jit_compile = True
-  if config.trainer.steps_per_loop is None:
-    config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
-        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True
-    )
-  return config
 
 
 def _run_step(
