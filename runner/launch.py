@@ -82,13 +82,18 @@ THREAD_JOIN_SECONDS = 5  # for the last lines of the tasks' output once they exi
 HOST = "localhost"
 EXAMPLE = "python -m runner.launch --workers=2 -- --config=configs/synthetic.py --workdir=/tmp/job"
 
-_WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.")
-_PS = flags.DEFINE_integer("ps", 0, "How many parameter-server tasks (>= 0); 1 or more makes a parameter_server job.")
+_WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.", lower_bound=1)
+_PS = flags.DEFINE_integer(
+    "ps", 0, "How many parameter-server tasks (>= 0); 1 or more makes a parameter_server job.", lower_bound=0
+)
 _MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 0, "How many times (>= 0) the job restarts from its last checkpoint after a transient failure."
+    "max_restarts", 0, "Restarts (>= 0) of the job from its last checkpoint after a transient failure.", lower_bound=0
 )
 _GRACE_SECONDS = flags.DEFINE_float(
-    "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL."
+    "grace_seconds",
+    30.0,
+    "Seconds (>= 0) a task may take to save and exit after SIGTERM before SIGKILL.",
+    lower_bound=0,
 )
 
 _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
@@ -458,14 +463,6 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     raise ValueError(f"Unexpected arguments {extra} before --; the runner's arguments go after --, e.g. {EXAMPLE}")
   if _WORKERS.value is None:
     raise ValueError(f"--workers is required, e.g. {EXAMPLE}")
-  if _WORKERS.value < 1:
-    raise ValueError(f"--workers must be an integer >= 1, got {_WORKERS.value}.")
-  if _PS.value < 0:
-    raise ValueError(f"--ps must be an integer >= 0 (0: no parameter servers), got {_PS.value}.")
-  if _MAX_RESTARTS.value < 0:
-    raise ValueError(f"--max_restarts must be >= 0 (0: never restart), got {_MAX_RESTARTS.value}.")
-  if not _GRACE_SECONDS.value >= 0:
-    raise ValueError(f"--grace_seconds must be >= 0, got {_GRACE_SECONDS.value}.")
   if not separator:
     raise ValueError(f"Give the runner's arguments after --, e.g. {EXAMPLE}")
   if os.environ.get("TF_CONFIG"):

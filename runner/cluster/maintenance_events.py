@@ -71,10 +71,8 @@ def metadata_host(environ: Mapping[str, str] | None = None, *, dmi_dir: str = DM
     if _HOST_PORT.fullmatch(value):
       return value
     logging.warning(
-        "%s=%r is not a host or host:port (such as 169.254.169.254 or 127.0.0.1:8080): GCE maintenance events "
-        "and preemption notices are not watched.",
-        variable,
-        value,
+        f"{variable}={value!r} is not a host or host:port (such as 169.254.169.254 or 127.0.0.1:8080): GCE "
+        "maintenance events and preemption notices are not watched."
     )
     return None
   on_gce = _dmi(dmi_dir, "product_name") == "Google Compute Engine" or _dmi(dmi_dir, "bios_vendor") == "Google"
@@ -172,13 +170,10 @@ class Watch:
         new_value, etag = self._read(key, etag, wait=value is not None)
       except (OSError, http.client.HTTPException, _MetadataAnswerError, UnicodeDecodeError) as e:
         if self._first("failure"):  # Not once closed: the error is the cut-off request's.
+          reason = e if isinstance(e, _MetadataAnswerError) else f"{type(e).__name__}: {e}"
           logging.warning(
-              "Cannot watch GCE maintenance events at the metadata server %s (%s: %s): training goes on, and the "
-              "watch retries, waiting up to %g s between tries.",
-              self.host,
-              key,
-              e if isinstance(e, _MetadataAnswerError) else f"{type(e).__name__}: {e}",
-              self.max_retry_seconds,
+              f"Cannot watch GCE maintenance events at the metadata server {self.host} ({key}: {reason}): training "
+              f"goes on, and the watch retries, waiting up to {self.max_retry_seconds:g} s between tries."
           )
         self._closed.wait(retry_seconds)
         retry_seconds = min(self.max_retry_seconds, 2 * retry_seconds)
@@ -187,16 +182,14 @@ class Watch:
       if new_value == STOP_VALUES[key]:
         if self._first("notice"):
           logging.warning(
-              "%s on this VM (%s = %s): the run stops at the end of this loop as on SIGTERM, with a checkpoint saved.",
-              _NOTICES[key],
-              key,
-              new_value,
+              f"{_NOTICES[key]} on this VM ({key} = {new_value}): the run stops at the end of this loop as on "
+              "SIGTERM, with a checkpoint saved."
           )
           self.on_notice()
         return
       if new_value not in (value, QUIET_VALUES[key]):
         logging.warning(
-            "%s on this VM (%s = %s): not one that stops the VM; training goes on.", _NOTICES[key], key, new_value
+            f"{_NOTICES[key]} on this VM ({key} = {new_value}): not one that stops the VM; training goes on."
         )
       value = new_value
 

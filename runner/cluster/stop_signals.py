@@ -122,11 +122,10 @@ def _watch(read: int, stopping: bool) -> None:
       if stopping and signum == signal.SIGINT:
         _abort()
       if not stopping:
+        again = " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else ""
         logging.warning(
-            "%s received: the run stops at the end of this loop (or of the final evaluation), with a "
-            "checkpoint saved.%s",
-            NAMES[signum],
-            " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "",
+            f"{NAMES[signum]} received: the run stops at the end of this loop (or of the final evaluation), with a "
+            f"checkpoint saved.{again}"
         )
       stopping = True
 

@@ -105,7 +105,8 @@ def element_problem(element_spec: Any, data_name: str) -> str | None:
         return f"{where} is a {kind} ({leaf}): a TPU takes only dense tensors of static shape.{fix}"
       if leaf.dtype not in TPU_DTYPES:
         reason, fix = NOT_TPU_DTYPES.get(leaf.dtype, (f"a TPU does not take {leaf.dtype.name}", "cast it"))
-        return f"{where} is {leaf.dtype.name}: {reason}; {fix}. TPU dtypes: {_names(TPU_DTYPES)}."
+        names = ", ".join(dtype.name for dtype in TPU_DTYPES)
+        return f"{where} is {leaf.dtype.name}: {reason}; {fix}. TPU dtypes: {names}."
       if not leaf.shape.is_fully_defined():
         return (
             f"{where} has shape {_shape(leaf.shape)}: a TPU compiles each step for static shapes, so every "
@@ -205,7 +206,3 @@ def _only_asserted(tensor: Any) -> bool:
 
 def _shape(shape: Any) -> str:
   return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
-
-
-def _names(dtypes: Iterable[Any]) -> str:
-  return ", ".join(d.name for d in dtypes)

@@ -11,7 +11,6 @@ worker, or lose their launcher to SIGKILL, and what they saved is checked on
 disk.
 """
 
-import json
 import os
 import random
 import re
@@ -160,11 +159,11 @@ EXAMPLE = "e.g. python -m runner.launch --workers=2 -- --config=configs/syntheti
     "args, message",
     [
         (RUNNER, f"--workers is required, {EXAMPLE}"),
-        (["--workers=0"] + RUNNER, "--workers must be an integer >= 1, got 0."),
+        (["--workers=0"] + RUNNER, "flag --workers=0: 0 is not a positive integer"),
         (["--workers=two"] + RUNNER, "flag --workers=two: invalid literal for int() with base 10: 'two'"),
-        (["--workers=2", "--ps=-1"] + RUNNER, "--ps must be an integer >= 0 (0: no parameter servers), got -1."),
-        (["--workers=2", "--max_restarts=-1"] + RUNNER, "--max_restarts must be >= 0 (0: never restart), got -1."),
-        (["--workers=2", "--grace_seconds=-1"] + RUNNER, "--grace_seconds must be >= 0, got -1.0."),
+        (["--workers=2", "--ps=-1"] + RUNNER, "flag --ps=-1: -1 is not a non-negative integer"),
+        (["--workers=2", "--max_restarts=-1"] + RUNNER, "flag --max_restarts=-1: -1 is not a non-negative integer"),
+        (["--workers=2", "--grace_seconds=-1"] + RUNNER, "flag --grace_seconds=-1: -1.0 is not a non-negative number"),
         (["--workers=2"], f"Give the runner's arguments after --, {EXAMPLE}"),
         (["--workers=2", "--"], f"Give the runner's arguments after --, {EXAMPLE}"),
         (
