@@ -448,13 +448,9 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   Raises:
     ValueError: bad launcher input, with a message for one `error:` line.
   """
-  runner_argv: Sequence[str]
-  launcher_argv, separator, runner_argv = argv[1:], False, []
-  if "--" in launcher_argv:
-    position = launcher_argv.index("--")
-    launcher_argv, separator, runner_argv = launcher_argv[:position], True, launcher_argv[position + 1 :]
+  position = argv.index("--") if "--" in argv else len(argv)
   try:
-    extra = flags.FLAGS([argv[0], *launcher_argv])[1:]
+    extra = flags.FLAGS([argv[0], *argv[1:position]])[1:]
   except flags.UnrecognizedFlagError as e:
     raise ValueError(f"{e}; the runner's arguments go after --, e.g. {EXAMPLE}") from None
   except flags.Error as e:
@@ -463,8 +459,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     raise ValueError(f"Unexpected arguments {extra} before --; the runner's arguments go after --, e.g. {EXAMPLE}")
   if _WORKERS.value is None:
     raise ValueError(f"--workers is required, e.g. {EXAMPLE}")
-  if not separator:
-    raise ValueError(f"Give the runner's arguments after --, e.g. {EXAMPLE}")
+  arguments = runner_arguments(argv[position + 1 :], ps=_PS.value)  # Without --: none, which it refuses.
   if os.environ.get("TF_CONFIG"):
     raise ValueError(
         "TF_CONFIG is set in this environment, and the launcher gives every task its own: unset it. "
@@ -475,7 +470,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       ps=_PS.value,
       max_restarts=_MAX_RESTARTS.value,
       grace_seconds=_GRACE_SECONDS.value,
-      arguments=runner_arguments(runner_argv, ps=_PS.value),
+      arguments=arguments,
   )
 
 
