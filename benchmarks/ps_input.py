@@ -64,7 +64,7 @@ def write_records(directory):
 
 def run_cluster(tree, workers, args, records, logs):
   """Runs one cluster of `tree` with `workers` workers; returns {"global_step", "reads": [numbers per worker]}."""
-  cluster = launcher.cluster_spec(workers=workers, ps=1, ports=launcher.free_ports(workers + 2))
+  cluster = launcher.cluster_spec(workers=workers, ps=1)
   env = dict(os.environ, PYTHONPATH=tree)
   serve = [sys.executable, "-m", "runner", f"--config={os.path.join(tree, 'configs', 'synthetic.py')}"]
   serve += ["--config.strategy.name=parameter_server", f"--workdir={os.path.join(logs, 'unused')}"]

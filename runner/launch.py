@@ -51,10 +51,9 @@ restart repeats: `runner.exit_codes`, docs/clusters.md#exit-statuses.
 This module imports no TensorFlow: it only supervises processes.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 import contextlib
 import ctypes
-import dataclasses
 import json
 import os
 import queue
@@ -83,13 +82,18 @@ THREAD_JOIN_SECONDS = 5  # for the last lines of the tasks' output once they exi
 HOST = "localhost"
 EXAMPLE = "python -m runner.launch --workers=2 -- --config=configs/synthetic.py --workdir=/tmp/job"
 
-_WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.")
-_PS = flags.DEFINE_integer("ps", 0, "How many parameter-server tasks (>= 0); 1 or more makes a parameter_server job.")
+_WORKERS = flags.DEFINE_integer("workers", None, "How many worker tasks (>= 1); required.", lower_bound=1)
+_PS = flags.DEFINE_integer(
+    "ps", 0, "How many parameter-server tasks (>= 0); 1 or more makes a parameter_server job.", lower_bound=0
+)
 _MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 0, "How many times (>= 0) the job restarts from its last checkpoint after a transient failure."
+    "max_restarts", 0, "Restarts (>= 0) of the job from its last checkpoint after a transient failure.", lower_bound=0
 )
 _GRACE_SECONDS = flags.DEFINE_float(
-    "grace_seconds", 30.0, "How long (>= 0) a task may take to save and exit after SIGTERM before it gets SIGKILL."
+    "grace_seconds",
+    30.0,
+    "Seconds (>= 0) a task may take to save and exit after SIGTERM before SIGKILL.",
+    lower_bound=0,
 )
 
 _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
@@ -99,70 +103,19 @@ _CLUSTER_FIELD = re.compile(r"^--?(no)?config\.strategy\.(worker_hosts|task_inde
 _CHECKPOINT_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 
 
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """One task of the job: its type in TF_CONFIG (`chief`, `worker` or `ps`) and index."""
+def cluster_spec(*, workers: int, ps: int) -> dict[str, list[str]]:
+  """Returns the job's cluster, as in TF_CONFIG, on free localhost ports (`portpicker`).
 
-  type: str
-  index: int
-
-  @property
-  def name(self) -> str:
-    """`chief`, or `type:index` such as `worker:1`: the prefix of its output lines."""
-    return self.type if self.type == "chief" else f"{self.type}:{self.index}"
-
-
-def job_sizes(*, workers: int, ps: int) -> dict[str, int]:
-  """Returns {job: number of tasks}: `{"worker": workers}`, or with ps >= 1 `{"chief": 1, "worker": workers, "ps": ps}`.
-
-  Raises:
-    ValueError: `workers` < 1 or `ps` < 0.
+  `{"worker": [...]}`, or with `ps` >= 1 `{"chief": [...], "worker": [...], "ps": [...]}`; each address is
+  `localhost:PORT`.
   """
-  if not isinstance(workers, int) or workers < 1:
-    raise ValueError(f"--workers must be an integer >= 1, got {workers!r}.")
-  if not isinstance(ps, int) or ps < 0:
-    raise ValueError(f"--ps must be an integer >= 0 (0: no parameter servers), got {ps!r}.")
-  return {"chief": 1, "worker": workers, "ps": ps} if ps else {"worker": workers}
+  sizes = {"chief": 1, "worker": workers, "ps": ps} if ps else {"worker": workers}
+  return {job: [f"{HOST}:{portpicker.pick_unused_port()}" for _ in range(size)] for job, size in sizes.items()}
 
 
-def cluster_spec(*, workers: int, ps: int, ports: Sequence[int]) -> dict[str, list[str]]:
-  """Returns the job's cluster on localhost, as in TF_CONFIG.
-
-  Args:
-    workers: how many worker tasks, >= 1.
-    ps: how many ps tasks, >= 0; with 1 or more the cluster also has a chief.
-    ports: distinct ports, one per task, taken in the order chief, workers, ps.
-
-  Returns:
-    `{"worker": [...]}`, or `{"chief": [host], "worker": [...], "ps": [...]}`
-    when `ps` >= 1; each address is `localhost:PORT`.
-
-  Raises:
-    ValueError: a count out of range, or not one distinct port per task.
-  """
-  sizes = job_sizes(workers=workers, ps=ps)
-  if len(ports) != sum(sizes.values()) or len(set(ports)) != len(ports):
-    raise ValueError(f"A job of {sizes} needs {sum(sizes.values())} distinct ports, got {list(ports)}.")
-  addresses = iter(f"{HOST}:{port}" for port in ports)
-  return {job: [next(addresses) for _ in range(size)] for job, size in sizes.items()}
-
-
-def tasks(cluster: Mapping[str, Sequence[str]]) -> list[Task]:
-  """Returns every `Task` of `cluster`, in its order (chief, workers, ps)."""
-  return [Task(job, index) for job, addresses in cluster.items() for index in range(len(addresses))]
-
-
-def tf_config(*, cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> dict[str, Any]:
-  """Returns the TF_CONFIG (a dict; the environment gets its JSON) of one task of `cluster`.
-
-  Raises:
-    ValueError: `task_type` is not a job of `cluster`, or `index` is not a task of it.
-  """
-  if task_type not in cluster:
-    raise ValueError(f"task_type {task_type!r} is not a job of the cluster; jobs: {sorted(cluster)}.")
-  if not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-    raise ValueError(f"index {index!r} is not a {task_type} task; valid: 0..{len(cluster[task_type]) - 1}.")
-  return {"cluster": cluster, "task": {"type": task_type, "index": index}}
+def task_name(task_type: str, index: int) -> str:
+  """`chief`, or `type:index` such as `worker:1`: the prefix of a task's output lines."""
+  return task_type if task_type == "chief" else f"{task_type}:{index}"
 
 
 def runner_arguments(arguments: Sequence[str], *, ps: int) -> list[str]:
@@ -247,11 +200,6 @@ def stop_outcome(workdir: str, before: tuple[str, int] | None) -> str:
   return "no checkpoint was written; a rerun of the same command starts from step 0"
 
 
-def free_ports(count: int) -> list[int]:
-  """Returns `count` distinct TCP ports that are free on this machine (`portpicker`)."""
-  return [portpicker.pick_unused_port() for _ in range(count)]
-
-
 def describe_exit(returncode: int) -> str:
   """`exited with status N`, or `was killed by SIGNAME` for a negative (signal) returncode."""
   if returncode >= 0:
@@ -290,7 +238,7 @@ def _relay(pipe: IO[bytes], stream: IO[str], prefix: str) -> None:
 
 
 class _Job:
-  """One start of the job: a process per task, its output relayed, its exit put on `exits` as (Task, returncode).
+  """One start of the job: a process per task, its output relayed, its exit put on `exits` as (task name, returncode).
 
   Every task runs in a session of its own, so a Ctrl-C at the terminal
   reaches the launcher alone, which stops the tasks in order, and on Linux
@@ -298,21 +246,23 @@ class _Job:
   """
 
   def __init__(self, *, workers: int, ps: int, arguments: Sequence[str]) -> None:
-    ports = free_ports(sum(job_sizes(workers=workers, ps=ps).values()))
-    self.cluster = cluster_spec(workers=workers, ps=ps, ports=ports)
-    self.tasks = tasks(self.cluster)
-    self.coordinators = {t for t in self.tasks if t.type == ("chief" if ps else "worker")}  # whose success ends it
+    self.cluster = cluster_spec(workers=workers, ps=ps)
+    # {task name: (type, index)}, in the cluster's order (chief, workers, ps).
+    self.places = {
+        task_name(job, i): (job, i) for job, addresses in self.cluster.items() for i in range(len(addresses))
+    }
+    self.coordinators = {name for name, (job, _) in self.places.items() if job == ("chief" if ps else "worker")}
     # Under parameter servers the ClusterCoordinator runs a lost worker's functions on the others: not a failure.
-    self.dispensable = {t for t in self.tasks if ps and t.type == "worker"}
-    self.exits: queue.Queue[tuple[Task, int]] = queue.Queue()  # (task, exit status) as each one ends
+    self.dispensable = {name for name, (job, _) in self.places.items() if ps and job == "worker"}
+    self.exits: queue.Queue[tuple[str, int]] = queue.Queue()  # (task name, exit status) as each one ends
     self._arguments = arguments
-    self._processes: dict[Task, subprocess.Popen] = {}
+    self._processes: dict[str, subprocess.Popen] = {}
     self._threads: list[threading.Thread] = []
 
   def start(self) -> None:
     preexec = _ends_with_the_launcher(os.getpid())
-    for task in self.tasks:
-      config = json.dumps(tf_config(cluster=self.cluster, task_type=task.type, index=task.index))
+    for task, (job, index) in self.places.items():
+      config = json.dumps({"cluster": self.cluster, "task": {"type": job, "index": index}})
       env = {"PYTHONUNBUFFERED": "1", **os.environ, "TF_CONFIG": config}  # Lines as printed, not as a buffer fills.
       process = subprocess.Popen(
           [sys.executable, "-m", "runner", *self._arguments],
@@ -324,8 +274,8 @@ class _Job:
           preexec_fn=preexec,  # noqa: PLW1509
       )
       self._processes[task] = process
-      _say(f"{task.name} pid {process.pid} on {self.cluster[task.type][task.index]}")
-      prefix = f"[{task.name}]"
+      _say(f"{task} pid {process.pid} on {self.cluster[job][index]}")
+      prefix = f"[{task}]"
       self._threads += [
           threading.Thread(target=_relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
           threading.Thread(target=_relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
@@ -334,7 +284,7 @@ class _Job:
       for thread in self._threads[-3:]:
         thread.start()
 
-  def stop(self, *, grace_seconds: float, abort: Callable[[], object]) -> list[Task]:
+  def stop(self, *, grace_seconds: float, abort: Callable[[], object]) -> list[str]:
     """Stops the tasks still running: SIGTERM, then SIGKILL to those left.
 
     SIGTERM goes again every `SIGTERM_REPEAT_SECONDS`; SIGKILL goes to the
@@ -346,11 +296,11 @@ class _Job:
     they agree on the step to save at (see `runner.cluster.stop_signals`).
 
     Returns:
-      The tasks that got SIGKILL.
+      The names of the tasks that got SIGKILL.
     """
-    first = [task for task in self.tasks if task in self.coordinators or not self.dispensable]
+    first = [task for task in self.places if task in self.coordinators or not self.dispensable]
     killed = []
-    for stage in (first, [task for task in self.tasks if task not in first]):
+    for stage in (first, [task for task in self.places if task not in first]):
       deadline = time.monotonic() + grace_seconds
       while any(task in stage for task in self._running()) and time.monotonic() < deadline and not abort():
         self._signal([task for task in self._running() if task in stage], signal.SIGTERM)
@@ -365,15 +315,15 @@ class _Job:
       thread.join(timeout=max(0, deadline - time.monotonic()))
     return killed
 
-  def wait(self, tasks: Iterable[Task], deadline: float, *, stop: Callable[[], object]) -> None:
+  def wait(self, tasks: Iterable[str], deadline: float, *, stop: Callable[[], object]) -> None:
     """Waits until none of `tasks` runs, or the `time.monotonic()` `deadline`, or `stop()`."""
     while set(tasks) & set(self._running()) and time.monotonic() < deadline and not stop():
       time.sleep(POLL_SECONDS)
 
-  def _running(self) -> list[Task]:
+  def _running(self) -> list[str]:
     return [task for task, process in self._processes.items() if process.poll() is None]
 
-  def _signal(self, running: Iterable[Task], signum: int) -> None:
+  def _signal(self, running: Iterable[str], signum: int) -> None:
     for task in running:
       with contextlib.suppress(ProcessLookupError):  # It exited meanwhile.
         self._processes[task].send_signal(signum)
@@ -403,7 +353,7 @@ def _ends_with_the_launcher(launcher_pid: int) -> Callable[[], None]:
   return preexec
 
 
-def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: float) -> tuple[Task, int] | None:
+def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: float) -> tuple[str, int] | None:
   """Runs `job` until it succeeds, a task fails or a stop signal comes; then stops it.
 
   Returns:
@@ -422,14 +372,14 @@ def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: fl
         lost.add(task)
         if lost != job.dispensable:
           _say(
-              f"{task.name} {describe_exit(returncode)}; not an error under parameter servers: the "
+              f"{task} {describe_exit(returncode)}; not an error under parameter servers: the "
               "chief trains on with the other workers (it is not started again)."
           )
           continue
       if returncode != 0:
         last = ", and no worker is left" if task in job.dispensable else ""
         _say(
-            f"{task.name} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
+            f"{task} {describe_exit(returncode)}{last}; stopping the other tasks (SIGTERM, SIGKILL "
             f"after {grace_seconds:g} s)."
         )
         return task, returncode
@@ -446,13 +396,13 @@ def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: fl
           "to kill every task at once."
       )
     else:  # Parameter-server tasks end by themselves once they see the chief gone; give them the time.
-      job.wait(job.tasks, time.monotonic() + SERVERS_END_SECONDS, stop=lambda: signals.received)
+      job.wait(job.places, time.monotonic() + SERVERS_END_SECONDS, stop=lambda: signals.received)
     return None
   finally:
     killed = job.stop(grace_seconds=grace_seconds, abort=lambda: signals.aborted)
     if killed:
       why = "a second Ctrl-C" if signals.aborted else f"still running {grace_seconds:g} s after SIGTERM"
-      _say(f"killed {', '.join(task.name for task in killed)} with SIGKILL: {why}.")
+      _say(f"killed {', '.join(killed)} with SIGKILL: {why}.")
 
 
 def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int, grace_seconds: float) -> int:
@@ -463,7 +413,8 @@ def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int
   workdir = workdir_of(arguments)
   assert workdir is not None  # `runner_arguments` made sure the arguments name one.
   with stop_signals.StopSignals(in_training=False) as signals:
-    for attempt in range(max_restarts + 1):
+    restarts = 0
+    while True:
       before = latest_checkpoint(workdir)
       job = _Job(workers=workers, ps=ps, arguments=arguments)
       failure = _run_once(job, signals=signals, grace_seconds=grace_seconds)
@@ -473,23 +424,22 @@ def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int
       if failure is None:
         return 0
       task, returncode = failure
-      if not exit_codes.is_transient(returncode):
-        why = exit_codes.PERMANENT.get(returncode, "a permanent failure: 1-127")
+      transient = exit_codes.is_transient(returncode)
+      if transient and restarts < max_restarts:
+        restarts += 1
         _say(
-            f"the job failed: {task.name} {describe_exit(returncode)} ({why}), "
-            f"which a restart would repeat; exit status {returncode}."
-        )
-        return returncode
-      if attempt < max_restarts:
-        _say(
-            f"restart {attempt + 1} of {max_restarts}: {task.name} {describe_exit(returncode)}; "
+            f"restart {restarts} of {max_restarts}: {task} {describe_exit(returncode)}; "
             "the job resumes from the last checkpoint in its workdir."
         )
-    _say(
-        f"the job failed: {task.name} {describe_exit(returncode)} and no restart is left "
-        f"(--max_restarts={max_restarts}); exit status {exit_status(returncode)}."
-    )
-    return exit_status(returncode)
+        continue
+      why = exit_codes.PERMANENT.get(returncode, "a permanent failure: 1-127")
+      why = (
+          f"and no restart is left (--max_restarts={max_restarts})"
+          if transient
+          else f"({why}), which a restart would repeat"
+      )
+      _say(f"the job failed: {task} {describe_exit(returncode)} {why}; exit status {exit_status(returncode)}.")
+      return exit_status(returncode)
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
@@ -498,13 +448,9 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   Raises:
     ValueError: bad launcher input, with a message for one `error:` line.
   """
-  runner_argv: Sequence[str]
-  launcher_argv, separator, runner_argv = argv[1:], False, []
-  if "--" in launcher_argv:
-    position = launcher_argv.index("--")
-    launcher_argv, separator, runner_argv = launcher_argv[:position], True, launcher_argv[position + 1 :]
+  position = argv.index("--") if "--" in argv else len(argv)
   try:
-    extra = flags.FLAGS([argv[0], *launcher_argv])[1:]
+    extra = flags.FLAGS([argv[0], *argv[1:position]])[1:]
   except flags.UnrecognizedFlagError as e:
     raise ValueError(f"{e}; the runner's arguments go after --, e.g. {EXAMPLE}") from None
   except flags.Error as e:
@@ -513,13 +459,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     raise ValueError(f"Unexpected arguments {extra} before --; the runner's arguments go after --, e.g. {EXAMPLE}")
   if _WORKERS.value is None:
     raise ValueError(f"--workers is required, e.g. {EXAMPLE}")
-  job_sizes(workers=_WORKERS.value, ps=_PS.value)
-  if _MAX_RESTARTS.value < 0:
-    raise ValueError(f"--max_restarts must be >= 0 (0: never restart), got {_MAX_RESTARTS.value}.")
-  if not _GRACE_SECONDS.value >= 0:
-    raise ValueError(f"--grace_seconds must be >= 0, got {_GRACE_SECONDS.value}.")
-  if not separator:
-    raise ValueError(f"Give the runner's arguments after --, e.g. {EXAMPLE}")
+  arguments = runner_arguments(argv[position + 1 :], ps=_PS.value)  # Without --: none, which it refuses.
   if os.environ.get("TF_CONFIG"):
     raise ValueError(
         "TF_CONFIG is set in this environment, and the launcher gives every task its own: unset it. "
@@ -530,7 +470,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       ps=_PS.value,
       max_restarts=_MAX_RESTARTS.value,
       grace_seconds=_GRACE_SECONDS.value,
-      arguments=runner_arguments(runner_argv, ps=_PS.value),
+      arguments=arguments,
   )
 
 

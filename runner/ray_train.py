@@ -32,7 +32,6 @@ if TYPE_CHECKING:
   import ray.train
 
 MULTI_WORKER_STRATEGY = "multi_worker_mirrored"  # The strategy that reads Ray's TF_CONFIG: every task a worker.
-LOOP_CONFIG_KEYS = ("config", "workdir")  # What `train_loop_per_worker` is given (`train_loop_config`).
 
 
 def run(
@@ -120,13 +119,8 @@ def train_loop_per_worker(loop_config: Mapping[str, Any]) -> None:
       `train_loop_config` (`run` builds it).
 
   Raises:
-    ConfigError: a `loop_config` without exactly those keys, or what `runner.run` raises.
-    FloatingPointError, ClusterError: what `runner.run` raises.
+    ConfigError, FloatingPointError, ClusterError: what `runner.run` raises.
   """
-  if sorted(loop_config) != sorted(LOOP_CONFIG_KEYS):
-    raise ConfigError(
-        f"train_loop_config has the keys {sorted(loop_config)}; it takes exactly {list(LOOP_CONFIG_KEYS)}."
-    )
   import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
 
   result = from_config.run(loop_config["config"], loop_config["workdir"])

@@ -66,16 +66,13 @@ def metadata_host(environ: Mapping[str, str] | None = None, *, dmi_dir: str = DM
   """
   environ = os.environ if environ is None else environ
   for variable in HOST_VARIABLES:
-    value = environ.get(variable, "")
-    if not value:
+    if not (value := environ.get(variable, "")):
       continue
     if _HOST_PORT.fullmatch(value):
       return value
     logging.warning(
-        "%s=%r is not a host or host:port (such as 169.254.169.254 or 127.0.0.1:8080): GCE maintenance events "
-        "and preemption notices are not watched.",
-        variable,
-        value,
+        f"{variable}={value!r} is not a host or host:port (such as 169.254.169.254 or 127.0.0.1:8080): GCE "
+        "maintenance events and preemption notices are not watched."
     )
     return None
   on_gce = _dmi(dmi_dir, "product_name") == "Google Compute Engine" or _dmi(dmi_dir, "bios_vendor") == "Google"
@@ -103,22 +100,16 @@ def watching(on_notice: Callable[[], None]) -> Iterator["Watch | None"]:
     `metadata_host`): no thread is started and no request made.
   """
   host = metadata_host()
-  if host is None:
-    yield None
-    return
-  watch = Watch(host=host, on_notice=on_notice)
+  watch = None if host is None else Watch(host=host, on_notice=on_notice)
   try:
     yield watch
   finally:
-    watch.close()
+    if watch is not None:
+      watch.close()
 
 
 class _MetadataAnswerError(Exception):
   """An answer that is no metadata server's value: no `Metadata-Flavor: Google` header, or a status other than 200."""
-
-
-class _ClosedError(Exception):
-  """The watch was closed while a request was being made."""
 
 
 @dataclasses.dataclass(kw_only=True, eq=False)
@@ -152,8 +143,7 @@ class Watch:
   def __post_init__(self) -> None:
     self._closed = threading.Event()
     self._lock = threading.Lock()  # Guards the fields below, and `_closed` against a request being opened.
-    self._noticed = False
-    self._failure_logged = False
+    self._said: set[str] = set()  # What was said once for the watch: 'notice', 'failure'.
     self._open: dict[str, socket.socket] = {}  # The socket of each request in progress, by key.
     self._threads = [
         threading.Thread(target=self._watch, args=(key,), name=f"gce-watch:{key}", daemon=True) for key in STOP_VALUES
@@ -173,35 +163,48 @@ class Watch:
 
   def _watch(self, key: str) -> None:
     """Reads `key`, then long-polls it until a stopping value or `close`."""
-    etag: str | None = None
-    value = None  # None: not read yet, so the next request reads at once.
+    etag = value = None  # value None: not read yet, so the next request reads at once.
     retry_seconds = self.first_retry_seconds
     while not self._closed.is_set():
       try:
         new_value, etag = self._read(key, etag, wait=value is not None)
-      except _ClosedError:
-        return
       except (OSError, http.client.HTTPException, _MetadataAnswerError, UnicodeDecodeError) as e:
-        self._failed(key, e)
+        if self._first("failure"):  # Not once closed: the error is the cut-off request's.
+          reason = e if isinstance(e, _MetadataAnswerError) else f"{type(e).__name__}: {e}"
+          logging.warning(
+              f"Cannot watch GCE maintenance events at the metadata server {self.host} ({key}: {reason}): training "
+              f"goes on, and the watch retries, waiting up to {self.max_retry_seconds:g} s between tries."
+          )
         self._closed.wait(retry_seconds)
         retry_seconds = min(self.max_retry_seconds, 2 * retry_seconds)
         continue
       retry_seconds = self.first_retry_seconds
       if new_value == STOP_VALUES[key]:
-        self._notice(key, new_value)
+        if self._first("notice"):
+          logging.warning(
+              f"{_NOTICES[key]} on this VM ({key} = {new_value}): the run stops at the end of this loop as on "
+              "SIGTERM, with a checkpoint saved."
+          )
+          self.on_notice()
         return
-      if new_value != value and new_value != QUIET_VALUES[key]:
+      if new_value not in (value, QUIET_VALUES[key]):
         logging.warning(
-            "%s on this VM (%s = %s): not one that stops the VM; training goes on.", _NOTICES[key], key, new_value
+            f"{_NOTICES[key]} on this VM ({key} = {new_value}): not one that stops the VM; training goes on."
         )
       value = new_value
+
+  def _first(self, what: str) -> bool:
+    """Whether `what` ('notice', 'failure') happens for the first time in this watch, which is not closed."""
+    with self._lock:
+      first = what not in self._said and not self._closed.is_set()
+      self._said.add(what)
+      return first
 
   def _read(self, key: str, etag: str | None, *, wait: bool) -> tuple[str, str | None]:
     """Returns the value of `key` and its ETag: at once, or with `wait` once it differs from `etag`'s.
 
     Raises:
-      _ClosedError: the watch was closed.
-      OSError, http.client.HTTPException: the request failed.
+      OSError, http.client.HTTPException: the request failed, or the watch was closed.
       _MetadataAnswerError: the answer lacks `Metadata-Flavor: Google`, or its status is not 200.
     """
     query = ""
@@ -213,7 +216,7 @@ class Watch:
       connection.connect()
       with self._lock:
         if self._closed.is_set():
-          raise _ClosedError()
+          raise OSError("the watch was closed")
         self._open[key] = connection.sock  # Kept: http.client may drop it from the connection before the body's end.
       connection.sock.settimeout(self.wait_seconds + _READ_MARGIN_SECONDS)
       connection.request("GET", f"/computeMetadata/v1/{key}{query}", headers={"Metadata-Flavor": "Google"})
@@ -228,30 +231,3 @@ class Watch:
     if response.status != 200:
       raise _MetadataAnswerError(f"it answered {response.status} {response.reason}")
     return body.decode("utf-8").strip(), response.getheader("ETag")
-
-  def _notice(self, key: str, value: str) -> None:
-    with self._lock:
-      if self._noticed or self._closed.is_set():
-        return
-      self._noticed = True
-    logging.warning(
-        "%s on this VM (%s = %s): the run stops at the end of this loop as on SIGTERM, with a checkpoint saved.",
-        _NOTICES[key],
-        key,
-        value,
-    )
-    self.on_notice()
-
-  def _failed(self, key: str, error: Exception) -> None:
-    with self._lock:
-      if self._failure_logged or self._closed.is_set():
-        return
-      self._failure_logged = True
-    logging.warning(
-        "Cannot watch GCE maintenance events at the metadata server %s (%s: %s): training goes on, and the watch "
-        "retries, waiting up to %g s between tries.",
-        self.host,
-        key,
-        error if isinstance(error, _MetadataAnswerError) else f"{type(error).__name__}: {error}",
-        self.max_retry_seconds,
-    )

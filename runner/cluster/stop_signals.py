@@ -49,7 +49,7 @@ class StopSignals:
       in_training: True around training loops: the signal is said at once,
         a Ctrl-C after it ends the process at once with exit status 130 and
         one line on stderr, also while the main thread is inside a loop's call
-        (see `_SignalWatch`), and a stop a cluster task noted before the loop
+        (see `_watch`), and a stop a cluster task noted before the loop
         (`handle_outside_training`) is taken as received. False (the
         launcher): the signals are only noted, and the caller acts on them.
     """
@@ -57,7 +57,7 @@ class StopSignals:
     self.received: int | None = None
     self.aborted = False
     self._previous: dict[int, Any] = {}
-    self._watch: _SignalWatch | None = None
+    self._watch: tuple[int, int, int, threading.Thread] | None = None  # See `_watch`: its pipe, the old fd, its thread.
 
   def __enter__(self) -> "StopSignals":
     global _waiting_stop, _trained
@@ -65,14 +65,22 @@ class StopSignals:
       self.received, _waiting_stop = _waiting_stop, None  # One a cluster task noted before: this loop ends training.
       _trained = True
     if threading.current_thread() is threading.main_thread():
-      self._previous = {signum: signal.signal(signum, self._note) for signum in exit_codes.STOPPED_BY}
+      self._previous = {signum: signal.signal(signum, lambda signum, _: self.note(signum)) for signum in NAMES}
       if self.in_training:
-        self._watch = _SignalWatch(stops=int(self.received is not None))
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        thread = threading.Thread(target=_watch, args=(read, self.received is not None), name="stop-signal-watch")
+        self._watch = (read, write, signal.set_wakeup_fd(write, warn_on_full_buffer=False), thread)
+        thread.start()
     return self
 
   def __exit__(self, *exc_info: object) -> None:
     if self._watch is not None:
-      self._watch.close()
+      read, write, previous_fd, thread = self._watch
+      signal.set_wakeup_fd(previous_fd)
+      os.close(write)  # The thread reads the end of the pipe and returns.
+      thread.join()
+      os.close(read)
       self._watch = None
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
@@ -96,57 +104,30 @@ class StopSignals:
     if self.in_training and _first_stop is None:
       _first_stop = signum
 
-  def _note(self, signum: int, frame: object) -> None:
-    del frame
-    self.note(signum)
 
-
-class _SignalWatch:
+def _watch(read: int, stopping: bool) -> None:
   """Says what a stop signal does when it arrives, and ends the process at a SIGINT that follows one.
 
   Python runs a signal's handler in the main thread between two bytecodes:
   while the main thread is inside a training loop's call (seconds to
   minutes), the handler waits, and two signals in that time run it once. So
-  this watch reads the signals from Python's wakeup file descriptor, which
-  gets one byte per signal as it arrives, in a thread of its own.
+  `StopSignals` in training has this thread read the signals from Python's
+  wakeup file descriptor (the pipe `read`), which gets one byte per signal as
+  it arrives. `stopping`: a stop signal came before (a SIGINT now aborts).
   """
-
-  def __init__(self, *, stops: int = 0) -> None:
-    """Initializes the `_SignalWatch`.
-
-    Args:
-      stops: the stop signals received before (a SIGINT after one aborts).
-    """
-    self._stops = stops
-    self._read, self._write = os.pipe()
-    os.set_blocking(self._write, False)
-    self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-    self._thread = threading.Thread(target=self._watch, name="stop-signal-watch", daemon=True)
-    self._thread.start()
-
-  def close(self) -> None:
-    """Gives the wakeup descriptor back and ends the thread."""
-    signal.set_wakeup_fd(self._previous_fd)
-    os.close(self._write)  # The thread reads the end of the pipe and returns.
-    self._thread.join()
-    os.close(self._read)
-
-  def _watch(self) -> None:
-    stops = self._stops
-    while data := os.read(self._read, 64):
-      for signum in data:
-        if signum not in exit_codes.STOPPED_BY:
-          continue
-        if stops and signum == signal.SIGINT:
-          _abort()
-        if not stops:
-          logging.warning(
-              "%s received: the run stops at the end of this loop (or of the final evaluation), with a "
-              "checkpoint saved.%s",
-              NAMES[signum],
-              " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else "",
-          )
-        stops += 1
+  while data := os.read(read, 64):
+    for signum in data:
+      if signum not in NAMES:
+        continue
+      if stopping and signum == signal.SIGINT:
+        _abort()
+      if not stopping:
+        again = " Press Ctrl-C again to abort without saving." if signum == signal.SIGINT else ""
+        logging.warning(
+            f"{NAMES[signum]} received: the run stops at the end of this loop (or of the final evaluation), with a "
+            f"checkpoint saved.{again}"
+        )
+      stopping = True
 
 
 class Stopped(BaseException):

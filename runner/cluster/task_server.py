@@ -77,7 +77,25 @@ def serve(found: cluster_lib.Cluster, timeout_seconds: float | None) -> None:
   me = f"{resolver.task_type}:{resolver.task_id}"
   # On a small machine a worker needs more inter-op threads than the functions it runs at once, or it can hang.
   config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(4, num_workers + 2))
-  stop = _StopWhenTheCoordinatorIsDone(me)
+  stopped: list[int] = []  # The SIGTERM that asked this task to stop once the coordinator is done.
+
+  def on_signal(signum: int, frame: object) -> None:  # For the process's life: a serving task ends with its server.
+    del frame
+    if signum == signal.SIGINT:
+      sys.stderr.write(
+          f"{stop_signals.NAMES[signum]} received: {me} stopped serving at once (the coordinator "
+          "writes the checkpoints; it fails if a ps task it needs is gone).\n"
+      )
+      process_exit.exit_now(exit_codes.STOPPED_BY[signum])
+    if not stopped:
+      stopped.append(signum)
+      sys.stderr.write(
+          f"SIGTERM received: {me} serves until the coordinator is done (it saves its "
+          "checkpoint through the servers), then exits.\n"
+      )
+
+  for signum in exit_codes.STOPPED_BY:
+    signal.signal(signum, on_signal)
   try:
     server = tf.distribute.Server(
         spec, job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc", config=config, start=True
@@ -88,11 +106,11 @@ def serve(found: cluster_lib.Cluster, timeout_seconds: float | None) -> None:
         f"({' '.join(error.message.split())}); check that the port is free and the address is this host's."
     ) from None
   print(f"serving as {me} of a parameter-server cluster until the coordinator ({chief}) is done", flush=True)
-  _wait_for_the_coordinator(chief, me, timeout_seconds, stopping=lambda: stop.received is not None)
+  _wait_for_the_coordinator(chief, me, timeout_seconds, stopping=lambda: bool(stopped))
   logging.info("The coordinator (%s) is done (its port closed): %s stops serving.", chief, me)
   del server  # Kept alive until here.
-  if stop.received is not None:
-    raise SystemExit(exit_codes.STOPPED_BY[stop.received])
+  if stopped:
+    raise SystemExit(exit_codes.STOPPED_BY[signal.SIGTERM])
 
 
 def _chief_address(found: cluster_lib.Cluster) -> str:
@@ -128,33 +146,3 @@ def _wait_for_the_coordinator(
   while refused < (1 if stopping() else 2):
     time.sleep(POLL_SECONDS)
     refused = 0 if peers.listening(chief) else refused + 1
-
-
-class _StopWhenTheCoordinatorIsDone:
-  """Installs SIGTERM and SIGINT handlers: a first SIGTERM is noted in `received` (others ignored); Ctrl-C exits.
-
-  The handlers stay for the process's life: a serving task ends with its
-  server.
-  """
-
-  def __init__(self, me: str) -> None:
-    self.received: int | None = None
-    self._me = me
-    for signum in exit_codes.STOPPED_BY:
-      signal.signal(signum, self._note)
-
-  def _note(self, signum: int, frame: object) -> None:
-    del frame
-    if signum == signal.SIGTERM:
-      if self.received is None:
-        self.received = signum
-        sys.stderr.write(
-            f"SIGTERM received: {self._me} serves until the coordinator is done (it saves its "
-            "checkpoint through the servers), then exits.\n"
-        )
-      return
-    sys.stderr.write(
-        f"{stop_signals.NAMES[signum]} received: {self._me} stopped serving at once (the coordinator "
-        "writes the checkpoints; it fails if a ps task it needs is gone).\n"
-    )
-    process_exit.exit_now(exit_codes.STOPPED_BY[signum])

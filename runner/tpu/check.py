@@ -22,7 +22,7 @@ It writes nothing (no checkpoint, summary or workdir) and changes no global
 state but the logical CPU split. What a CPU cannot prove is in `NOT_PROVEN`.
 """
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 import copy
 import dataclasses
 import functools
@@ -33,7 +33,6 @@ import ml_collections
 import tensorflow as tf
 
 from runner import from_config
-from runner import interfaces
 from runner.config import run_config as config_lib
 from runner.data import pipeline as input_pipeline
 from runner.tpu import rules as tpu_rules
@@ -113,19 +112,13 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
     super().__init__(devices)
     self._traced: list[tuple[tf.Graph, list[tf.Operation]]] = []
 
-  def run(
-      self,
-      fn: Callable[..., Any],
-      args: Sequence[Any] = (),
-      kwargs: Mapping[str, Any] | None = None,
-      options: tf.distribute.RunOptions | None = None,
-  ) -> Any:
+  def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """As `tf.distribute.Strategy.run`; inside a trace, it also records the ops the call added."""
     if tf.executing_eagerly():
-      return super().run(fn, args, kwargs, options)
+      return super().run(fn, *args, **kwargs)
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
-    result = super().run(fn, args, kwargs, options)
+    result = super().run(fn, *args, **kwargs)
     self._traced.append((graph, graph.get_operations()[first:]))
     return result
 
@@ -163,7 +156,12 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
   checks.positive_int(num_replicas, "num_replicas", optional=True)
   num_replicas = num_replicas or config.strategy.num_replicas or DEFAULT_NUM_REPLICAS
   devices = _logical_cpus(max(n for n in range(1, MAX_LOGICAL_CPUS + 1) if num_replicas % n == 0))
-  config = _as_on_tpu(config)
+  config = copy.deepcopy(config)  # Built as for a TPU: jit_compile on, steps_per_loop resolved as on a TPU.
+  config.trainer.jit_compile = True
+  if config.trainer.steps_per_loop is None:
+    config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
+        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True
+    )
   verdict = functools.partial(
       TPUCheckResult, num_replicas=num_replicas, devices=tuple(devices), steps_per_loop=config.trainer.steps_per_loop
   )
@@ -176,9 +174,7 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
           f"use a multiple of {num_replicas}, e.g. {' or '.join(map(str, nearest))}."
       )
   strategy = RecordingMirroredStrategy(devices)
-  for field in ("global_batch_size", "eval_global_batch_size"):
-    input_pipeline.check_global_batch_size(strategy, config.data[field])  # The CPUs may be fewer than the replicas.
-  train_data, eval_data = (_WithoutAutotune(from_config.dataset(config, split)) for split in ("train", "eval"))
+  train_data, eval_data = (from_config.dataset(config, split) for split in ("train", "eval"))
   for data, purpose in ((train_data, "training"), (eval_data, "evaluation")):
     problem = tpu_rules.element_problem(input_pipeline.element_spec(data, purpose), f"the {purpose} data")
     if problem:
@@ -204,36 +200,6 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
   return verdict(problem, train_steps=trainer.global_step, eval_examples=evaluated.get("num_examples", 0))
 
 
-class _WithoutAutotune(interfaces.DatasetProvider):
-  """The datasets of a provider with tf.data's autotuning off.
-
-  The check stops its iterators after a few batches, and TensorFlow 2.21
-  deletes a stopped iterator only once its autotuning thread wakes up
-  (seconds, up to minutes on a busy machine). Autotuning changes no shape,
-  dtype or op of a step, so the check does without it where it can: the
-  per-device iterators MirroredStrategy adds still autotune.
-  """
-
-  def __init__(self, provider: interfaces.DatasetProvider) -> None:
-    self._provider = provider
-    self._options = tf.data.Options()
-    self._options.autotune.enabled = False
-
-  def get_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-    return self._provider.get_dataset(input_context).with_options(self._options)
-
-  def get_repeated_dataset(self, input_context: tf.distribute.InputContext, start: int) -> tf.data.Dataset:
-    return self._provider.get_repeated_dataset(input_context, start).with_options(self._options)
-
-  def get_batches(self, input_context: tf.distribute.InputContext, batch_size: int) -> tf.data.Dataset:
-    return self._provider.get_batches(input_context, batch_size).with_options(self._options)
-
-  def get_repeated_batches(
-      self, input_context: tf.distribute.InputContext, batch_size: int, start: int
-  ) -> tf.data.Dataset:
-    return self._provider.get_repeated_batches(input_context, batch_size, start).with_options(self._options)
-
-
 def _logical_cpus(n: int) -> list[str]:
   """Returns the names of n logical CPUs, or of those this process has if TensorFlow already made its devices."""
   try:
@@ -242,17 +208,6 @@ def _logical_cpus(n: int) -> list[str]:
     existing = [device.name for device in tf.config.list_logical_devices("CPU")]
     logging.info("TensorFlow already initialized its devices; checking on the %d logical CPU(s) it has.", len(existing))
     return existing
-
-
-def _as_on_tpu(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Returns a copy of `config` built as for a TPU: jit_compile on, steps_per_loop resolved as on a TPU."""
-  config = copy.deepcopy(config)
-  config.trainer.jit_compile = True
-  if config.trainer.steps_per_loop is None:
-    config.trainer.steps_per_loop = steps_per_loop_lib.fixed_auto(
-        (config.trainer.eval_every, config.trainer.checkpoint_every), tpu=True
-    )
-  return config
 
 
 def _run_step(

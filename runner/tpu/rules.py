@@ -60,22 +60,27 @@ PYTHON_OPS = {
     "PyFunc": "tf.numpy_function",
     "PyFuncStateless": "tf.numpy_function(stateful=False)",
 }
-# Op type -> the API that makes it. Their output shapes depend on the values of their inputs.
+# Op type (without a version suffix such as V2) -> the API that makes it. Their output shapes depend on the data.
 DATA_DEPENDENT_SHAPE_OPS = {
     "Where": "tf.boolean_mask, or tf.where with one argument",
     "Unique": "tf.unique",
-    "UniqueV2": "tf.unique",
     "UniqueWithCounts": "tf.unique_with_counts",
-    "UniqueWithCountsV2": "tf.unique_with_counts",
     "DynamicPartition": "tf.dynamic_partition",
     "ListDiff": "tf.compat.v1.setdiff1d",
     "NonMaxSuppression": "tf.image.non_max_suppression",
-    "NonMaxSuppressionV2": "tf.image.non_max_suppression",
-    "NonMaxSuppressionV3": "tf.image.non_max_suppression",
     "DenseToDenseSetOperation": "tf.sets",
     "DenseToSparseSetOperation": "tf.sets",
 }
+# A composite tensor in a dataset element -> how to make it dense.
+_COMPOSITE_FIXES = {
+    tf.RaggedTensorSpec: (
+        " Pad or truncate it to a fixed length in the input pipeline (e.g. ragged.to_tensor(shape=[N]) after "
+        "ragged[:N])."
+    ),
+    tf.SparseTensorSpec: " Make it dense in the input pipeline (tf.sparse.to_dense with a fixed dense_shape).",
+}
 _ELEMENT_PARTS = ("features", "labels", "sample_weight")
+_VERSION = re.compile(r"V\d+$")
 _UNIQUIFIED = re.compile(r"_\d+$")  # TensorFlow makes a reused name scope 'dense' into 'dense_1'.
 
 
@@ -94,23 +99,14 @@ def element_problem(element_spec: Any, data_name: str) -> str | None:
   for part, spec in zip(_ELEMENT_PARTS, element_spec):
     for path, leaf in data_checks.leaves(spec):
       where = f"{data_name}'s {part}{path}"
-      if isinstance(leaf, tf.RaggedTensorSpec):
-        return (
-            f"{where} is a tf.RaggedTensor ({leaf}): a TPU takes only dense tensors of static shape. Pad or "
-            "truncate it to a fixed length in the input pipeline (e.g. ragged.to_tensor(shape=[N]) after "
-            "ragged[:N])."
-        )
-      if isinstance(leaf, tf.SparseTensorSpec):
-        return (
-            f"{where} is a tf.SparseTensor ({leaf}): a TPU takes only dense tensors of static shape. Make it "
-            "dense in the input pipeline (tf.sparse.to_dense with a fixed dense_shape)."
-        )
       if not isinstance(leaf, tf.TensorSpec):
-        kind = type(leaf).__name__.removesuffix("Spec")  # E.g. TF-GNN's GraphTensorSpec: a GraphTensor.
-        return f"{where} is a {kind} ({leaf}): a TPU takes only dense tensors of static shape."
+        fix = _COMPOSITE_FIXES.get(type(leaf), "")
+        kind = ("tf." if fix else "") + type(leaf).__name__.removesuffix("Spec")  # E.g. TF-GNN's GraphTensor.
+        return f"{where} is a {kind} ({leaf}): a TPU takes only dense tensors of static shape.{fix}"
       if leaf.dtype not in TPU_DTYPES:
         reason, fix = NOT_TPU_DTYPES.get(leaf.dtype, (f"a TPU does not take {leaf.dtype.name}", "cast it"))
-        return f"{where} is {leaf.dtype.name}: {reason}; {fix}. TPU dtypes: {_names(TPU_DTYPES)}."
+        names = ", ".join(dtype.name for dtype in TPU_DTYPES)
+        return f"{where} is {leaf.dtype.name}: {reason}; {fix}. TPU dtypes: {names}."
       if not leaf.shape.is_fully_defined():
         return (
             f"{where} has shape {_shape(leaf.shape)}: a TPU compiles each step for static shapes, so every "
@@ -143,10 +139,10 @@ def op_problem(traced: Iterable[tuple[Any, Sequence[Any]]], model: Any, step_nam
           f"{step_name} runs op {op.type} ({PYTHON_OPS[op.type]}) {where}: it calls Python, which a TPU "
           "program cannot. Write it with TensorFlow ops, or do the Python work in the input pipeline."
       )
-    if op.type in DATA_DEPENDENT_SHAPE_OPS:
+    if (api := DATA_DEPENDENT_SHAPE_OPS.get(_VERSION.sub("", op.type))) is not None:
       shapes = ", ".join(_shape(t.shape) for t in op.outputs)
       return (
-          f"{step_name} runs op {op.type} ({DATA_DEPENDENT_SHAPE_OPS[op.type]}) {where}: its output shape "
+          f"{step_name} runs op {op.type} ({api}) {where}: its output shape "
           f"{shapes} depends on the data, and a TPU compiles each step for static shapes. Keep the shape "
           "fixed, e.g. multiply by a 0/1 mask (tf.where(mask, x, 0)) instead of dropping elements."
       )
@@ -210,7 +206,3 @@ def _only_asserted(tensor: Any) -> bool:
 
 def _shape(shape: Any) -> str:
   return str(tuple(shape.as_list())) if shape.rank is not None else "(unknown rank)"
-
-
-def _names(dtypes: Iterable[Any]) -> str:
-  return ", ".join(d.name for d in dtypes)

@@ -121,15 +121,12 @@ class WorkdirLock:
     self._unregister()
     if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
       self._heartbeat.join()  # Not while it writes the lock again.
-    try:
-      if self._file_lock is not None:
-        os.remove(self.path)  # While held: no run takes the file that is going.
-      elif _read(self.path) == self._text.encode():
+    try:  # A local one while it is held: no run takes the file that is going.
+      if self._file_lock is not None or _read(self.path) == self._text.encode():
         tf.io.gfile.remove(self.path)
-    except (FileNotFoundError, tf.errors.NotFoundError):
-      pass  # Gone with a workdir the run created and removed.
     except (OSError, tf.errors.OpError) as e:
-      logging.warning("Could not remove the workdir lock %s (%s); the next run will find it stale.", self.path, e)
+      if not isinstance(e, (FileNotFoundError, tf.errors.NotFoundError)):  # Else gone with a workdir the run removed.
+        logging.warning("Could not remove the workdir lock %s (%s); the next run will find it stale.", self.path, e)
     finally:
       if self._file_lock is not None:
         self._file_lock.release()
@@ -204,13 +201,11 @@ def is_held(workdir: str) -> bool:
   if not remote.is_remote(path):
     if not os.path.exists(path):
       return False
-    probe = filelock.FileLock(path, blocking=False, thread_local=False)
     try:
-      probe.acquire()
+      with filelock.FileLock(path, blocking=False, thread_local=False):
+        return False
     except filelock.Timeout:
       return True
-    probe.release()
-    return False
   try:
     holder, age = _read_remote(path)
   except (FileNotFoundError, tf.errors.NotFoundError):

@@ -196,12 +196,6 @@ def test_bad_input_is_refused_on_the_driver_before_ray_starts(config, workdir, n
   assert str(error.value) == message
 
 
-def test_a_loop_config_without_config_and_workdir_is_refused():
-  with pytest.raises(ConfigError) as error:
-    ray_train.train_loop_per_worker({"config": _config()})
-  assert str(error.value) == "train_loop_config has the keys ['config']; it takes exactly ['config', 'workdir']."
-
-
 @pytest.mark.parametrize("error", [ConfigError("config.data.global_batch_size: no."), FloatingPointError("diverged")])
 def test_a_workers_user_error_reaches_the_driver_as_itself_and_others_stay_rays(error):
   other = RuntimeError("a bug")

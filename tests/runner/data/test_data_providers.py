@@ -22,7 +22,6 @@ from runner.config import run_config as config_lib
 from runner.data import builtin_datasets
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data
-from runner.tpu import check as tpu_check
 from strategies import ConfigError
 from testlib import paths
 
@@ -192,36 +191,6 @@ def test_tfrecord_files_give_the_trainer_the_batches_of_parsing_record_by_record
         "TFRecordFiles: parsing record by record, as parse_fn '_parse_with_string_length' does not "
         "vectorize: No pfor vectorization defined for StringLength."
     ]
-
-
-class _OwnBatches(data.InMemory):
-  """Makes batches of its own for training: every label in them is -1."""
-
-  def get_repeated_batches(self, input_context, batch_size, start):
-    return (
-        super().get_repeated_batches(input_context, batch_size, start).map(lambda f, labels: (f, -tf.ones_like(labels)))
-    )
-
-
-def _flat_batches(dataset):
-  return [[np.asarray(part).tolist() for part in tf.nest.flatten(batch)] for batch in dataset.as_numpy_iterator()]
-
-
-def test_the_tpu_check_wrapper_trains_on_the_providers_own_batches(tmp_path):
-  pattern = _write_records(tmp_path, num_files=2, per_file=data.TFRecordFiles.RECORDS_PER_TURN + 7)
-  records = data.TFRecordFiles(pattern, _parse, sharding="file")
-  own = _OwnBatches(np.arange(24, dtype=np.float32).reshape(12, 2), np.arange(12, dtype=np.int32))
-  for start in (0, 8, 44):  # As the default, from `start`.
-    wrapped = tpu_check._WithoutAutotune(records)
-    batches = _flat_batches(wrapped.get_repeated_batches(_context(0, 1), 4, start).take(30))
-    assert batches == _flat_batches(
-        data.DatasetProvider.get_repeated_batches(wrapped, _context(0, 1), 4, start).take(30)
-    )
-    assert len(batches) == 30
-  own_batches = tpu_check._WithoutAutotune(own).get_repeated_batches(_context(0, 1), 4, 0).take(3)
-  assert [batch[-1] for batch in _flat_batches(own_batches)] == [[-1] * 4] * 3  # the provider's own batches
-  options = tpu_check._WithoutAutotune(records).get_repeated_batches(_context(0, 1), 4, 0).options()
-  assert options.autotune.enabled is False
 
 
 def test_the_record_stream_is_a_function_of_the_file_list_alone(tmp_path):
