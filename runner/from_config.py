@@ -172,13 +172,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       if config.mode == "export":
         export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=eval_data)
       outcome = (train_metrics or None, eval_metrics, checkpoints.latest(workdir), export_path)
-      return _result(config, trainer, workdir, trainer.global_step, *outcome)
+      return _result(config, trainer, workdir, trainer.global_step, outcome)
 
 
-def _result(config: ml_collections.ConfigDict, trainer: Trainer, workdir: str, *fields: Any) -> RunResult:
-  """The `RunResult` of a run of `trainer`; `fields` are those from `global_step` to `export_path`."""
+def _result(config: Any, trainer: Trainer, workdir: str, step: int, outcome: tuple[Any, Any, Any, Any]) -> RunResult:
+  """The `RunResult` of `trainer` at `step`; `outcome` holds its fields from `train_metrics` to `export_path`."""
   strategy = trainer.strategy
-  return RunResult(workdir, config, strategy, strategy.num_replicas_in_sync, *fields, model=trainer.model)
+  return RunResult(workdir, config, strategy, strategy.num_replicas_in_sync, step, *outcome, trainer.model)
 
 
 def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -236,8 +236,8 @@ def _continuous_eval_result(
         steps=config.trainer.eval_steps,
     )
   if last is None:
-    return _result(config, trainer, workdir, trainer.global_step, None, None, None, None)
-  return _result(config, trainer, workdir, last.step, None, dict(last.metrics), last.checkpoint, None)
+    return _result(config, trainer, workdir, trainer.global_step, (None, None, None, None))
+  return _result(config, trainer, workdir, last.step, (None, dict(last.metrics), last.checkpoint, None))
 
 
 def _free_earlier_runs() -> None:
