@@ -68,8 +68,10 @@ class ModelParts:
       if not self.model.built:
         if features_spec is None:
           return False
-        zeros = lambda spec: tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)  # noqa: E731
-        self.model(tf.nest.map_structure(zeros, features_spec), training=False)
+        zeros = tf.nest.map_structure(
+            lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype), features_spec
+        )
+        self.model(zeros, training=False)
       self.keras_version.build_optimizer(self.optimizer, self.model.trainable_variables)
     self.ready = True
     if parameter_server_loops.is_parameter_server(strategy):
