@@ -80,7 +80,7 @@ class TrainerOptions:
     checks.positive_int(self.max_to_keep, "max_to_keep", optional=True)
     for name in ("async_checkpoints", "jit_compile", "quiet"):
       checks.boolean(getattr(self, name), name)
-    scoped_settings.check_precision(self.precision)
+    checks.one_of(self.precision, scoped_settings.PRECISIONS, "precision")
     checks.positive_number(self.clipnorm, "clipnorm", optional=True)
     if self.seed is not None and not checks.is_int(self.seed):
       raise ConfigError(f"seed must be None or an int, got {self.seed!r}.")
