@@ -166,7 +166,12 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
         )
       eval_metrics = trainer.last_eval_metrics
       if config.mode == "train_and_eval" and eval_metrics is None:  # Trained before; nothing left to train.
-        eval_metrics = _recorded_evaluation(workdir, trainer.global_step)
+        eval_metrics = reports.eval_results_at(workdir, trainer.global_step)  # Returned as it is: no second row.
+        if eval_metrics:
+          logging.info(
+              f"Not evaluating again: the metrics of {workdir} hold the evaluation at step "
+              f"{trainer.global_step} (mode 'eval' evaluates anew)."
+          )
       if config.mode == "eval" or (config.mode == "train_and_eval" and not eval_metrics):
         eval_metrics = trainer.evaluate(eval_data, **evaluation)
       if config.mode == "export":
@@ -236,7 +241,7 @@ def _continuous_eval_result(
         steps=config.trainer.eval_steps,
     )
   if last is None:
-    return _result(config, trainer, workdir, trainer.global_step, (None, None, None, None))
+    return _result(config, trainer, workdir, trainer.global_step, (None,) * 4)
   return _result(config, trainer, workdir, last.step, (None, dict(last.metrics), last.checkpoint, None))
 
 
@@ -306,21 +311,6 @@ def _workdir_for(
   finally:
     if lock is not None:
       lock.release()
-
-
-def _recorded_evaluation(workdir: str, step: int) -> dict[str, float]:
-  """The evaluation at `step` in the workdir's metrics (a finished 'train_and_eval' run's), or {} (then it evaluates).
-
-  It is returned as it is, so a rerun adds no second row for that step;
-  mode 'eval' evaluates anew.
-  """
-  recorded = reports.eval_results_at(workdir, step)
-  if recorded:
-    logging.info(
-        f"Not evaluating again: the metrics of {workdir} hold the evaluation at step {step} (mode 'eval' "
-        "evaluates anew)."
-    )
-  return recorded
 
 
 @contextlib.contextmanager

@@ -30,10 +30,8 @@ class TrainInput:
       self, strategy: Any, *, coordinator: Any, preprocess: Callable[[Any], Any] | None, checkpoints: Any
   ) -> None:
     """Initializes the `TrainInput` (the arguments as for `training_iterator`; `checkpoints` may be None)."""
-    self._strategy = strategy
-    self._coordinator = coordinator
-    self._preprocess = preprocess
-    self._checkpoints = checkpoints
+    self._strategy, self._checkpoints = strategy, checkpoints
+    self._options = {"coordinator": coordinator, "preprocess": preprocess}
     self.current: tuple[Any, int, Any] | None = None
 
   def iterator(self, data: Any, global_batch_size: int, step: int, *, rewound: bool = False) -> Any:
@@ -44,8 +42,9 @@ class TrainInput:
     if not rewound and self._checkpoints is not None:
       was = self._checkpoints.swap_training_data(data.description)
     change = (was, data.description) if was not in (None, "", data.description) else None
-    options = {"coordinator": self._coordinator, "preprocess": self._preprocess, "data_change": change}
-    iterator = training_iterator(self._strategy, data.provider, global_batch_size, start_step=step, **options)
+    iterator = training_iterator(
+        self._strategy, data.provider, global_batch_size, start_step=step, data_change=change, **self._options
+    )
     self.current = (data, global_batch_size, iterator)
     return iterator
 
