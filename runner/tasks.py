@@ -38,12 +38,11 @@ class Classification(Task):
     if not _is_dense(outputs_spec) or outputs_spec.shape.rank != 2 or outputs_spec.shape[-1] is None:
       return None
     classes = outputs_spec.shape[-1]
-    shape = labels_spec.shape.as_list() if _is_dense(labels_spec) else None
-    if shape not in ([], [1]):
+    if not _is_dense(labels_spec) or labels_spec.shape.as_list() not in ([], [1]):
       hint = ""
-      if shape == [classes]:
+      if _is_dense(labels_spec) and labels_spec.shape.as_list() == [classes]:
         hint = " They look one-hot: give the class id instead (tf.argmax(labels) in the dataset)."
-      elif shape and shape[0] is None:
+      elif _is_dense(labels_spec) and labels_spec.shape.rank and labels_spec.shape[0] is None:
         hint = " The dataset looks batched: the Trainer batches the data itself (drop the .batch(...))."
       raise ConfigError(
           f"labels are {labels_spec} per example, but task Classification takes one class id per example "
