@@ -157,19 +157,14 @@ def is_tpu(strategy: tf.distribute.Strategy) -> bool:
 
 
 def _warn_if_float16_on_cpu(strategy: tf.distribute.Strategy) -> None:
-  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
+  """Logs a warning when precision 'mixed_float16' trains where there is no GPU (nor a TPU).
 
   Not under parameter servers: the chief does not see the workers' devices.
   """
-  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
+  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy) or tf.config.list_logical_devices("GPU"):
     return
-  try:
-    device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}
-  except RuntimeError:  # The default strategy does not list its devices: nothing to tell.
-    return
-  if device_types and "GPU" not in device_types:
-    logging.warning(
-        f"precision='mixed_float16' without a GPU: the replicas train on {', '.join(sorted(device_types))}, where "
-        "float16 math is emulated on most CPUs (slower than float32) and adds loss scaling. Use precision='float32' "
-        "on CPUs, or 'mixed_bfloat16' on a TPU or a CPU with AVX512_BF16 or AMX."
-    )
+  logging.warning(
+      "precision='mixed_float16' without a GPU: the replicas train on CPU, where float16 math is emulated on most "
+      "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on a "
+      "TPU or a CPU with AVX512_BF16 or AMX."
+  )
