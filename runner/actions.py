@@ -76,12 +76,10 @@ class ExitOnStopSignal(Action):
       SystemExit: always.
     """
     path = self._save()
-    where = (
-        f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
-        if path
-        else f"nothing saved at step {step} (no model_dir)"
-    )
-    logging.warning("Stopped by %s: %s.", stop_signals.NAMES[signum], where)
+    where = f"nothing saved at step {step} (no model_dir)"
+    if path:
+      where = f"saved a checkpoint at step {step} ({path}); run the same command again to resume from there"
+    logging.warning(f"Stopped by {stop_signals.NAMES[signum]}: {where}.")
     raise SystemExit(exit_codes.STOPPED_BY[signum])
 
 
@@ -178,10 +176,7 @@ class EarlyStopping(Action):
     self.evaluations_without_improvement += 1
     if self.evaluations_without_improvement >= self.patience:
       logging.info(
-          "Early stopping at step %d: %s has not improved on %.4g for %d evaluations.",
-          loop.step,
-          self.metric,
-          self.best,
-          self.patience,
+          f"Early stopping at step {loop.step}: {self.metric} has not improved on {self.best:.4g} for "
+          f"{self.patience} evaluations."
       )
       loop.stop()

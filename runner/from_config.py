@@ -166,23 +166,24 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
         )
       eval_metrics = trainer.last_eval_metrics
       if config.mode == "train_and_eval" and eval_metrics is None:  # Trained before; nothing left to train.
-        eval_metrics = _recorded_evaluation(workdir, trainer.global_step)
+        eval_metrics = reports.eval_results_at(workdir, trainer.global_step)  # Returned as it is: no second row.
+        if eval_metrics:
+          logging.info(
+              f"Not evaluating again: the metrics of {workdir} hold the evaluation at step "
+              f"{trainer.global_step} (mode 'eval' evaluates anew)."
+          )
       if config.mode == "eval" or (config.mode == "train_and_eval" and not eval_metrics):
         eval_metrics = trainer.evaluate(eval_data, **evaluation)
       if config.mode == "export":
         export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=eval_data)
-      return RunResult(
-          workdir=workdir,
-          config=config,
-          strategy=strategy,
-          num_replicas=strategy.num_replicas_in_sync,
-          global_step=trainer.global_step,
-          train_metrics=train_metrics or None,
-          eval_metrics=eval_metrics,
-          checkpoint_path=checkpoints.latest(workdir),
-          export_path=export_path,
-          model=trainer.model,
-      )
+      outcome = (train_metrics or None, eval_metrics, checkpoints.latest(workdir), export_path)
+      return _result(config, trainer, workdir, trainer.global_step, outcome)
+
+
+def _result(config: Any, trainer: Trainer, workdir: str, step: int, outcome: tuple[Any, Any, Any, Any]) -> RunResult:
+  """The `RunResult` of `trainer` at `step`; `outcome` holds its fields from `train_metrics` to `export_path`."""
+  strategy = trainer.strategy
+  return RunResult(workdir, config, strategy, strategy.num_replicas_in_sync, step, *outcome, trainer.model)
 
 
 def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -204,50 +205,26 @@ def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     if config.mode in TRAINING_MODES:
       evaluator.mode = "continuous_eval"
   logging.info(
-      "%s: mode %r under strategy auto (the trainers: mode %r under %s).",
-      found.describe(),
-      evaluator.mode,
-      config.mode,
-      config.strategy.name,
+      f"{found.describe()}: mode {evaluator.mode!r} under strategy auto (the trainers: mode {config.mode!r} under "
+      f"{config.strategy.name})."
   )
   return config_lib.validate(evaluator)
-
-
-def continuous_eval(
-    config: ml_collections.ConfigDict, workdir: str | None, strategy: tf.distribute.Strategy
-) -> Mapping[str, float] | None:
-  """Evaluates each new checkpoint a trainer writes to `workdir`, once; returns the last one's evaluation.
-
-  The evaluator beside a trainer of the same config (see
-  `runner.training.continuous_eval`): it ends after the checkpoint of
-  `config.trainer.train_steps`, or after `config.trainer.eval_timeout_seconds`
-  without a new checkpoint. It holds the workdir's evaluator lock while it
-  runs (a second evaluator is refused) and writes into `workdir` only its
-  evaluations (TensorBoard scalars in `summaries/eval`, `eval` rows of
-  `metrics.jsonl`), so a failure leaves the workdir as it is.
-
-  Args:
-    config: a validated config (`config.mode` is not read).
-    workdir: the trainer's workdir; it may not exist yet.
-    strategy: the strategy to evaluate under (`create_strategy(config)`).
-
-  Returns:
-    The last evaluation (`loss`, the task's metrics, `num_examples`), or None
-    when no checkpoint was evaluated.
-
-  Raises:
-    ConfigError: no workdir, a checkpoint that does not match the config,
-      another evaluator of the workdir.
-    runner.data.DataError: the eval data does not fit the model or the task.
-    SystemExit: on SIGTERM (143) or Ctrl-C (130).
-  """
-  return _continuous_eval_result(config, strategy, workdir).eval_metrics
 
 
 def _continuous_eval_result(
     config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
 ) -> RunResult:
-  """Runs mode 'continuous_eval' (`continuous_eval`); returns its `RunResult`."""
+  """Runs mode 'continuous_eval': the evaluator beside a trainer (`runner.training.continuous_eval`).
+
+  It evaluates each new checkpoint a trainer of the same config writes to
+  `workdir`, once, and ends after the checkpoint of
+  `config.trainer.train_steps`, or after `config.trainer.eval_timeout_seconds`
+  without a new checkpoint; its `RunResult` holds the last evaluation (None
+  when there was none). It holds the workdir's evaluator lock while it runs
+  and writes into `workdir` only its evaluations (TensorBoard scalars in
+  `summaries/eval`, `eval` rows of `metrics.jsonl`), so a failure leaves the
+  workdir as it is. SIGTERM or Ctrl-C end it with 143 or 130.
+  """
   if workdir is None:
     raise ConfigError(
         "Mode 'continuous_eval' evaluates the checkpoints a training run writes to its workdir: give that "
@@ -263,18 +240,9 @@ def _continuous_eval_result(
         global_batch_size=config.data.eval_global_batch_size,
         steps=config.trainer.eval_steps,
     )
-  return RunResult(
-      workdir=workdir,
-      config=config,
-      strategy=strategy,
-      num_replicas=strategy.num_replicas_in_sync,
-      global_step=trainer.global_step if last is None else last.step,
-      train_metrics=None,
-      eval_metrics=None if last is None else dict(last.metrics),
-      checkpoint_path=None if last is None else last.checkpoint,
-      export_path=None,
-      model=trainer.model,
-  )
+  if last is None:
+    return _result(config, trainer, workdir, trainer.global_step, (None,) * 4)
+  return _result(config, trainer, workdir, last.step, (None, dict(last.metrics), last.checkpoint, None))
 
 
 def _free_earlier_runs() -> None:
@@ -304,16 +272,33 @@ def _free_earlier_runs() -> None:
 def _workdir_for(
     config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
 ) -> Iterator[str]:
-  """Yields the run's workdir (`prepare_workdir`), held by the run's lock in a training mode on the chief.
+  """Yields the run's workdir (None: a new temporary one), made and checked to be written, locked as below.
+
+  A training run's chief holds the workdir's lock (`workdir_lock`) from
+  before it writes anything; another worker, 'eval' and 'export' take none.
+  ConfigError: it cannot be created or written; `WorkdirInUseError`: another
+  live run holds it, and nothing was written.
 
   A run that fails inside leaves the workdir as it was unless it trained
   (`workdir_state`); only the chief that holds the lock (or, without one,
   a chief while no training run holds it) puts it back.
   """
   is_chief = strategy.extended.should_checkpoint
-  workdir, created, lock = prepare_workdir(
-      workdir, lock_for_mode=config.mode if is_chief and config.mode in TRAINING_MODES else None
-  )
+  created = workdir is None or not tf.io.gfile.exists(workdir)
+  workdir = tempfile.mkdtemp(prefix="tf-runner-") if workdir is None else workdir
+  probe, lock = os.path.join(workdir, f".write-test-{os.getpid()}"), None
+  try:  # Made, locked (a training run's chief), then checked that it can be written, in that order.
+    tf.io.gfile.makedirs(workdir)
+    if is_chief and config.mode in TRAINING_MODES:
+      lock = workdir_lock.acquire(workdir, mode=config.mode)
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("")
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    if lock is not None:
+      lock.release()
+    reason = getattr(e, "message", None) or str(e)
+    raise ConfigError(f"The workdir {workdir!r} cannot be written ({reason}); choose another --workdir.") from None
   try:
     logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
     before = workdir_state.WorkdirState.read(workdir, created=created)
@@ -326,22 +311,6 @@ def _workdir_for(
   finally:
     if lock is not None:
       lock.release()
-
-
-def _recorded_evaluation(workdir: str, step: int) -> dict[str, float]:
-  """The evaluation at `step` in the workdir's metrics (a finished 'train_and_eval' run's), or {} (then it evaluates).
-
-  It is returned as it is, so a rerun adds no second row for that step;
-  mode 'eval' evaluates anew.
-  """
-  recorded = reports.eval_results_at(workdir, step)
-  if recorded:
-    logging.info(
-        "Not evaluating again: the metrics of %s hold the evaluation at step %d (mode 'eval' evaluates anew).",
-        workdir,
-        step,
-    )
-  return recorded
 
 
 @contextlib.contextmanager
@@ -412,46 +381,6 @@ def reachable_workdir(workdir: str | None) -> str | None:
   return workdir
 
 
-def prepare_workdir(
-    workdir: str | None, *, lock_for_mode: str | None = None
-) -> tuple[str, bool, workdir_lock.WorkdirLock | None]:
-  """Makes the workdir, takes its lock if asked, and checks that it can be written, in that order.
-
-  Args:
-    workdir: the directory, or None for a new temporary directory.
-    lock_for_mode: the `config.mode` of a run that takes the workdir's lock
-      (`workdir_lock`; a training run's chief), or None for a run that does
-      not (another worker, mode 'eval' or 'export').
-
-  Returns:
-    `(workdir, created, lock)`: the workdir, whether this call created it, and
-    the held `workdir_lock.WorkdirLock` (None unless `lock_for_mode`).
-
-  Raises:
-    ConfigError: it cannot be created or written.
-    workdir_lock.WorkdirInUseError (a ConfigError): another live run holds
-      it; nothing was written.
-  """
-  created = workdir is None or not tf.io.gfile.exists(workdir)
-  if workdir is None:
-    workdir = tempfile.mkdtemp(prefix="tf-runner-")
-  probe = os.path.join(workdir, f".write-test-{os.getpid()}")
-  lock = None
-  try:
-    tf.io.gfile.makedirs(workdir)
-    if lock_for_mode is not None:
-      lock = workdir_lock.acquire(workdir, mode=lock_for_mode)
-    with tf.io.gfile.GFile(probe, "w") as f:
-      f.write("")
-    tf.io.gfile.remove(probe)
-  except (tf.errors.OpError, OSError) as e:
-    if lock is not None:
-      lock.release()
-    reason = getattr(e, "message", None) or str(e)
-    raise ConfigError(f"The workdir {workdir!r} cannot be written ({reason}); choose another --workdir.") from None
-  return workdir, created, lock
-
-
 def create_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy:
   """Builds `config.strategy` and checks both batch sizes against its replica count.
 
@@ -470,10 +399,8 @@ def create_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy
 
 def per_replica_batch_sizes(config: ml_collections.ConfigDict, num_replicas: int) -> dict[str, int]:
   """Returns {'train': per-replica train batch, 'eval': per-replica eval batch}."""
-  return {
-      "train": config.data.global_batch_size // num_replicas,
-      "eval": config.data.eval_global_batch_size // num_replicas,
-  }
+  data = config.data
+  return {"train": data.global_batch_size // num_replicas, "eval": data.eval_global_batch_size // num_replicas}
 
 
 def describe_workdir(workdir: str | None, step: int | None) -> str:
@@ -514,8 +441,7 @@ def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strateg
   )
   if isinstance(sizes, steps_per_loop_lib.MeasuredStepsPerLoop):
     line += (
-        f"loops of a size chosen from the measured step time (auto: at most {sizes.most} "
-        "steps, host overhead under 2%)"
+        f"loops of a size chosen from the measured step time (auto: at most {sizes.most} steps, host overhead under 2%)"
     )
   else:
     loops = -(-(trainer.train_steps - step) // sizes.size)

@@ -150,9 +150,8 @@ class DatasetProvider(abc.ABC):
     if self.sharding == "file":
       self._say_once(
           logging.warning,
-          "%s: sharding='file', but its data has no files; sharding by example instead "
+          f"{type(self).__name__}: sharding='file', but its data has no files; sharding by example instead "
           "(input pipeline i of n keeps examples i, i + n, ...).",
-          type(self).__name__,
       )
 
   def _by_example(self, dataset: tf.data.Dataset, input_context: tf.distribute.InputContext) -> tf.data.Dataset:

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import os
 import time
-from typing import NoReturn
 
 from absl import logging
 import tensorflow as tf
@@ -90,11 +89,11 @@ def evaluate_checkpoint(
   """
   try:
     trainer.restore(data=data, checkpoint=checkpoint)
-  except (checkpoints.CheckpointGoneError, checkpoints.UnreadableCheckpointError) as e:
+  except checkpoints.UnreadableCheckpointError as e:  # CheckpointGoneError included.
     why = f"cannot be read ({e})"
     if isinstance(e, checkpoints.CheckpointGoneError):
       why = "was deleted while it was read (the trainer keeps its max_to_keep newest checkpoints)"
-    logging.warning("Skipped %s: it %s; going on with the newer ones.", checkpoint, why)
+    logging.warning(f"Skipped {checkpoint}: it {why}; going on with the newer ones.")
     return None
   return trainer.evaluate(data, global_batch_size=global_batch_size, steps=steps)
 
@@ -147,58 +146,40 @@ def evaluate_new_checkpoints(
   lock = None  # The evaluator's lock, taken once the workdir exists.
   with stop_signals.StopSignals(in_training=False) as signals, contextlib.ExitStack() as cleanup:
     logging.info(
-        "Evaluating each new checkpoint in %s once, until the checkpoint of step %d or %g s without a new one.",
-        directory,
-        final_step,
-        timeout_seconds,
+        f"Evaluating each new checkpoint in {directory} once, until the checkpoint of step {final_step} or "
+        f"{timeout_seconds:g} s without a new one."
     )
     while True:
+      after = "" if last is None else f"after the checkpoint of step {last.step}"
       if signals.received is not None:
-        _stop(signals.received, last)
+        logging.warning(
+            f"Stopped by {stop_signals.NAMES[signals.received]}: the evaluator ends "
+            f"{after or 'before its first evaluation'}; run it again to go on (metrics.jsonl keeps what is evaluated)."
+        )
+        raise SystemExit(exit_codes.STOPPED_BY[signals.received])
       if taken >= final_step:
         return last
       if lock is None and tf.io.gfile.exists(model_dir):
         lock = workdir_lock.acquire(model_dir, mode="continuous_eval", evaluator=True)
         cleanup.callback(lock.release)
-      found = _oldest_after(directory, taken)  # The list is read again after each evaluation: it may be stale.
+      # The list is read again after each evaluation: it may be stale.
+      listed = [(path, checkpoint_list.step_of(path)) for path in checkpoint_list.read(directory).paths]
+      found = next(((path, step) for path, step in listed if step is not None and step > taken), None)
       if found is None:
         if time.monotonic() - since >= timeout_seconds:
           logging.warning(
-              "No new checkpoint in %s for %g s (config.trainer.eval_timeout_seconds): the evaluator ends %s, "
-              "before the checkpoint of step %d.",
-              directory,
-              timeout_seconds,
-              "without one evaluated" if last is None else f"after the checkpoint of step {last.step}",
-              final_step,
+              f"No new checkpoint in {directory} for {timeout_seconds:g} s (config.trainer.eval_timeout_seconds): "
+              f"the evaluator ends {after or 'without one evaluated'}, before the checkpoint of step {final_step}."
           )
           return last
         time.sleep(poll_seconds)
         continue
-      path, step = found
-      metrics: Mapping[str, float] | None = reports.eval_results_at(model_dir, step)
+      path, taken = found
+      metrics: Mapping[str, float] | None = reports.eval_results_at(model_dir, taken)
       if metrics:
-        logging.info("Not evaluating %s again: metrics.jsonl holds its evaluation.", path)
+        logging.info(f"Not evaluating {path} again: metrics.jsonl holds its evaluation.")
       else:
         metrics = evaluate_checkpoint(trainer, data, path, global_batch_size=global_batch_size, steps=steps)
-      taken, since = step, time.monotonic()
+      since = time.monotonic()
       if metrics is not None:
-        last = Evaluation(checkpoint=path, step=step, metrics=metrics)
-
-
-def _oldest_after(directory: str, step: int) -> tuple[str, int] | None:
-  """`(path, step)` of the oldest checkpoint listed in `directory` past `step`, or None."""
-  for path in checkpoint_list.read(directory).paths:
-    found = checkpoint_list.step_of(path)
-    if found is not None and found > step:
-      return path, found
-  return None
-
-
-def _stop(signum: int, last: Evaluation | None) -> NoReturn:
-  """Says that a stop signal ends the evaluator, and exits with its status (143 for SIGTERM, 130 for Ctrl-C)."""
-  logging.warning(
-      "Stopped by %s: the evaluator ends %s; run it again to go on (metrics.jsonl keeps what is evaluated).",
-      stop_signals.NAMES[signum],
-      "before its first evaluation" if last is None else f"after the checkpoint of step {last.step}",
-  )
-  raise SystemExit(exit_codes.STOPPED_BY[signum])
+        last = Evaluation(checkpoint=path, step=taken, metrics=metrics)

@@ -32,8 +32,6 @@ import tensorflow as tf
 from runner import keras_workarounds
 from strategies.errors import ConfigError
 
-_MODEL, _OPTIMIZER, _METRIC = "Model", "optimizers.Optimizer", "metrics.Metric"  # Their classes in either Keras.
-
 
 @dataclasses.dataclass(frozen=True)
 class KerasVersion:
@@ -52,20 +50,12 @@ class KerasVersion:
     """The Keras module (imported on first use)."""
     return importlib.import_module(self.module_name)
 
-  def owns(self, value: Any) -> bool:
-    """Whether `value` is a model, optimizer or metric of this Keras."""
-    return any(self.is_instance(value, kind) for kind in (_MODEL, _OPTIMIZER, _METRIC))
-
   def is_instance(self, value: Any, class_path: str) -> bool:
     """Whether `value` is an instance of the module's class at `class_path` (False while it is not imported)."""
     found = sys.modules.get(self.module_name)
     for name in class_path.split("."):
       found = getattr(found, name, None)
     return isinstance(found, type) and isinstance(value, found)
-
-  def loss_scale_optimizer(self, optimizer: Any) -> Any:
-    """Returns `optimizer` wrapped in this Keras's `LossScaleOptimizer` (dynamic scale), unless it is one."""
-    return optimizer if self.scales_loss(optimizer) else self.module.mixed_precision.LossScaleOptimizer(optimizer)
 
   def scales_loss(self, optimizer: Any) -> bool:
     """Whether `optimizer` is this Keras's `LossScaleOptimizer`."""
@@ -76,10 +66,7 @@ class KerasVersion:
     return optimizer.scale_loss(loss) if self is KERAS_3 else optimizer.get_scaled_loss(loss)
 
   def gradients_to_apply(self, optimizer: Any, gradients: list[Any]) -> list[Any]:
-    """Gradients of the scaled loss, as this Keras's `LossScaleOptimizer` wants them handed to it.
-
-    Keras 3's `apply` unscales them itself; tf_keras wants them unscaled first.
-    """
+    """Gradients of the scaled loss, as this Keras's `LossScaleOptimizer` wants them (tf_keras: unscaled first)."""
     return gradients if self is KERAS_3 else optimizer.get_unscaled_gradients(gradients)
 
   def loss_scale(self, optimizer: Any) -> Any:
@@ -94,14 +81,8 @@ class KerasVersion:
       optimizer.apply_gradients(zip(gradients, variables))
 
   def learning_rate(self, optimizer: Any) -> Any:
-    """The learning rate the optimizer's next step uses (under a schedule: the schedule at `iterations`).
-
-    Keras 3's `optimizer.learning_rate` is that; tf_keras's is the rate its
-    last step used, so a schedule's is computed here.
-    """
-    if self is KERAS_3:
-      return optimizer.learning_rate
-    schedule = keras_workarounds.tf_keras_learning_rate(optimizer)
+    """The learning rate the optimizer's next step uses (tf_keras's `learning_rate` is its last step's)."""
+    schedule = None if self is KERAS_3 else keras_workarounds.tf_keras_learning_rate(optimizer)
     if isinstance(schedule, self.module.optimizers.schedules.LearningRateSchedule):
       return schedule(optimizer.iterations)
     return optimizer.learning_rate
@@ -115,17 +96,6 @@ class KerasVersion:
     if self is not KERAS_3 or not optimizer.built:
       optimizer.build(variables)
 
-  @contextlib.contextmanager
-  def dtype_policy(self, precision: str) -> Iterator[None]:
-    """Sets this Keras's global dtype policy to `precision` inside the block, then restores the previous one."""
-    mixed_precision = self.module.mixed_precision
-    previous = mixed_precision.global_policy()
-    mixed_precision.set_global_policy(precision)
-    try:
-      yield
-    finally:
-      mixed_precision.set_global_policy(previous)
-
   def outputs_spec(self, model: Any, features_spec: Any) -> Any:
     """The spec of `model`'s outputs for a batch of `features_spec` (a nest of specs), or None if it cannot tell.
 
@@ -137,11 +107,10 @@ class KerasVersion:
         outputs = model.compute_output_spec(
             tf.nest.map_structure(lambda s: keras_tensor(s.shape, s.dtype), features_spec)
         )
-      else:
-        try:
-          outputs = model.output  # A functional tf_keras model: its declared outputs.
-        except AttributeError:  # A subclassed one has none.
-          outputs = model.compute_output_signature(features_spec)
+      elif hasattr(model, "output"):  # A functional tf_keras model: its declared outputs.
+        outputs = model.output
+      else:  # A subclassed one has none.
+        outputs = model.compute_output_signature(features_spec)
       return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), outputs)
     except (ValueError, TypeError, NotImplementedError, AttributeError, RuntimeError):
       return None
@@ -154,22 +123,23 @@ VERSIONS = (KERAS_3, TF_KERAS)
 
 def of(value: Any) -> KerasVersion | None:
   """The Keras whose model, optimizer or metric `value` is; None for anything else."""
-  return next((version for version in VERSIONS if version.owns(value)), None)
+  kinds = ("Model", "optimizers.Optimizer", "metrics.Metric")
+  return next((v for v in VERSIONS if any(v.is_instance(value, kind) for kind in kinds)), None)
 
 
 def is_model(value: Any) -> bool:
   """Whether `value` is a model of either Keras."""
-  return any(version.is_instance(value, _MODEL) for version in VERSIONS)
+  return any(version.is_instance(value, "Model") for version in VERSIONS)
 
 
 def is_optimizer(value: Any) -> bool:
   """Whether `value` is an optimizer of either Keras."""
-  return any(version.is_instance(value, _OPTIMIZER) for version in VERSIONS)
+  return any(version.is_instance(value, "optimizers.Optimizer") for version in VERSIONS)
 
 
 def is_metric(value: Any) -> bool:
   """Whether `value` is a metric of either Keras (a task's metrics may be of either, whatever the model's)."""
-  return any(version.is_instance(value, _METRIC) for version in VERSIONS)
+  return any(version.is_instance(value, "metrics.Metric") for version in VERSIONS)
 
 
 def legacy_optimizer(optimizer: Any) -> tuple[str, str] | None:
@@ -195,26 +165,28 @@ def of_model_and_optimizer(model: Any, optimizer: Any) -> KerasVersion:
   """
   model_version, optimizer_version = of(model), of(optimizer)
   if model_version is None or model_version is not optimizer_version:
+    named = [getattr(version, "name", "non-Keras") for version in (model_version, optimizer_version)]
     raise ConfigError(
-        f"model_fn made a {_named(model_version)} model but optimizer_fn made a {_named(optimizer_version)} "
-        f"optimizer ({type(optimizer).__name__}); both must be of one Keras. Make the optimizer with the model's "
-        f"Keras, e.g. {(model_version or KERAS_3).module_name}.optimizers.{type(optimizer).__name__}."
+        f"model_fn made a {named[0]} model but optimizer_fn made a {named[1]} optimizer ({type(optimizer).__name__}); "
+        f"both must be of one Keras. Make the optimizer with the model's Keras, e.g. "
+        f"{(model_version or KERAS_3).module_name}.optimizers.{type(optimizer).__name__}."
     )
   return model_version
 
 
-def dtype_policies(precision: str) -> contextlib.ExitStack:
-  """Sets the global dtype policy of Keras 3 and, when it is imported, of tf_keras.
+@contextlib.contextmanager
+def dtype_policies(precision: str) -> Iterator[None]:
+  """Sets the global dtype policy of Keras 3 and, when it is imported, of tf_keras, inside the block only.
 
   The module of a tf_keras `model_fn` imports tf_keras (before the Trainer
   calls it); one that imports it only inside `model_fn` gets float32 layers.
   """
-  stack = contextlib.ExitStack()
-  stack.enter_context(KERAS_3.dtype_policy(precision))
-  if TF_KERAS.module_name in sys.modules:
-    stack.enter_context(TF_KERAS.dtype_policy(precision))
-  return stack
-
-
-def _named(version: KerasVersion | None) -> str:
-  return "non-Keras" if version is None else version.name
+  kerases = [v.module.mixed_precision for v in VERSIONS if v is KERAS_3 or v.module_name in sys.modules]
+  previous = [mixed_precision.global_policy() for mixed_precision in kerases]
+  try:
+    for mixed_precision in kerases:
+      mixed_precision.set_global_policy(precision)
+    yield
+  finally:
+    for mixed_precision, policy in zip(kerases, previous):
+      mixed_precision.set_global_policy(policy)

@@ -68,7 +68,10 @@ class ModelParts:
       if not self.model.built:
         if features_spec is None:
           return False
-        self.model(tf.nest.map_structure(_zeros, features_spec), training=False)
+        zeros = tf.nest.map_structure(
+            lambda s: tf.zeros([1 if d is None else d for d in s.shape], s.dtype), features_spec
+        )
+        self.model(zeros, training=False)
       self.keras_version.build_optimizer(self.optimizer, self.model.trainable_variables)
     self.ready = True
     if parameter_server_loops.is_parameter_server(strategy):
@@ -125,38 +128,27 @@ def make(
     _warn_if_float16_on_cpu(strategy)
   with strategy.scope(), scoped_settings.random_seed(seed):
     with keras_versions.dtype_policies(precision):
-      model = trainer_options.made(
-          model_fn(),
-          keras_versions.is_model,
-          role="model_fn",
-          fn=model_fn,
-          expected="a keras.Model. A tf_keras.Model (Keras 2) works too",
-      )
+      expected = "a keras.Model. A tf_keras.Model (Keras 2) works too"
+      model = trainer_options.made(model_fn(), keras_versions.is_model, role="model_fn", fn=model_fn, expected=expected)
     optimizer = optimizer_fn()
     legacy = keras_versions.legacy_optimizer(optimizer)
-    optimizer = trainer_options.made(
-        optimizer,
-        keras_versions.is_optimizer,
-        role="optimizer_fn",
-        fn=optimizer_fn,
-        expected=(
-            "a keras.optimizers.Optimizer. One of tf_keras.optimizers (Keras 2) works too"
-            if legacy is None
-            else f"a current optimizer, not the legacy {legacy[0]}: use {legacy[1]}"
-        ),
+    expected = "a keras.optimizers.Optimizer. One of tf_keras.optimizers (Keras 2) works too"
+    if legacy is not None:
+      expected = f"a current optimizer, not the legacy {legacy[0]}: use {legacy[1]}"
+    trainer_options.made(
+        optimizer, keras_versions.is_optimizer, role="optimizer_fn", fn=optimizer_fn, expected=expected
     )
     keras_version = keras_versions.of_model_and_optimizer(model, optimizer)
-    if precision == "mixed_float16":
-      optimizer = keras_version.loss_scale_optimizer(optimizer)
+    if precision == "mixed_float16" and not keras_version.scales_loss(optimizer):
+      optimizer = keras_version.module.mixed_precision.LossScaleOptimizer(optimizer)
     metrics = task.metrics()
     if keras_versions.is_metric(metrics) or not isinstance(metrics, (list, tuple)):
       raise ConfigError(f"Task.metrics() must return a list of Keras metrics, got {metrics!r}; e.g. [metric].")
-    metrics = list(metrics)
     step = tf.Variable(
         0, dtype=tf.int64, trainable=False, name="global_step", aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA
     )
   trainer_options.metric_names(metrics)
-  return ModelParts(model=model, optimizer=optimizer, metrics=metrics, step=step, keras_version=keras_version)
+  return ModelParts(model=model, optimizer=optimizer, metrics=list(metrics), step=step, keras_version=keras_version)
 
 
 def is_tpu(strategy: tf.distribute.Strategy) -> bool:
@@ -165,24 +157,14 @@ def is_tpu(strategy: tf.distribute.Strategy) -> bool:
 
 
 def _warn_if_float16_on_cpu(strategy: tf.distribute.Strategy) -> None:
-  """Logs a warning when precision 'mixed_float16' trains on CPUs only (not a GPU, not a TPU).
+  """Logs a warning when precision 'mixed_float16' trains where there is no GPU (nor a TPU).
 
   Not under parameter servers: the chief does not see the workers' devices.
   """
-  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
+  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy) or tf.config.list_logical_devices("GPU"):
     return
-  try:
-    device_types = {tf.DeviceSpec.from_string(device).device_type for device in strategy.extended.worker_devices}
-  except (AttributeError, ValueError, RuntimeError):  # A strategy that does not list its devices: nothing to tell.
-    return
-  if device_types and "GPU" not in device_types:
-    logging.warning(
-        "precision='mixed_float16' without a GPU: the replicas train on %s, where float16 math is emulated on most "
-        "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on "
-        "a TPU or a CPU with AVX512_BF16 or AMX.",
-        ", ".join(sorted(device_types)),
-    )
-
-
-def _zeros(spec: tf.TensorSpec) -> tf.Tensor:
-  return tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype)
+  logging.warning(
+      "precision='mixed_float16' without a GPU: the replicas train on CPU, where float16 math is emulated on most "
+      "CPUs (slower than float32) and adds loss scaling. Use precision='float32' on CPUs, or 'mixed_bfloat16' on a "
+      "TPU or a CPU with AVX512_BF16 or AMX."
+  )

@@ -72,20 +72,15 @@ class TrainerOptions:
   quiet: bool = False
 
   def __post_init__(self) -> None:
-    if self.steps_per_loop != steps_per_loop_lib.AUTO:
-      try:
-        checks.positive_int(self.steps_per_loop, "steps_per_loop")
-      except ConfigError:
-        raise ConfigError(
-            f"steps_per_loop must be a positive int or {steps_per_loop_lib.AUTO!r}, got {self.steps_per_loop!r}."
-        ) from None
+    if self.steps_per_loop != steps_per_loop_lib.AUTO and not _is_positive_int(self.steps_per_loop):
+      raise ConfigError(
+          f"steps_per_loop must be a positive int or {steps_per_loop_lib.AUTO!r}, got {self.steps_per_loop!r}."
+      )
     checks.positive_int(self.checkpoint_every, "checkpoint_every", optional=True)
     checks.positive_int(self.max_to_keep, "max_to_keep", optional=True)
-    checks.boolean(self.async_checkpoints, "async_checkpoints")
-    if self.checkpoint_every is not None and self.model_dir is None:
-      raise ConfigError(f"checkpoint_every={self.checkpoint_every} needs a model_dir to write checkpoints to.")
-    checks.boolean(self.jit_compile, "jit_compile")
-    scoped_settings.check_precision(self.precision)
+    for name in ("async_checkpoints", "jit_compile", "quiet"):
+      checks.boolean(getattr(self, name), name)
+    checks.one_of(self.precision, scoped_settings.PRECISIONS, "precision")
     checks.positive_number(self.clipnorm, "clipnorm", optional=True)
     if self.seed is not None and not checks.is_int(self.seed):
       raise ConfigError(f"seed must be None or an int, got {self.seed!r}.")
@@ -95,17 +90,18 @@ class TrainerOptions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
     object.__setattr__(self, "actions", tuple(self.actions))
     object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
-    if self.profile_steps is not None and self.model_dir is None:
-      raise ConfigError(f"profile_steps={self.profile_steps} needs a model_dir to write the trace to.")
-    checks.boolean(self.quiet, "quiet")
+    for name, needs in (("checkpoint_every", "checkpoints"), ("profile_steps", "the trace")):
+      if getattr(self, name) is not None and self.model_dir is None:
+        raise ConfigError(f"{name}={getattr(self, name)} needs a model_dir to write {needs} to.")
 
   @classmethod
   def of(cls, arguments: Mapping[str, Any]) -> "TrainerOptions":
     """Returns the options among `arguments`, a mapping that may hold other names too (the Trainer's `locals()`)."""
-    return cls(**{name: arguments[name] for name in NAMES if name in arguments})
+    return cls(**{f.name: arguments[f.name] for f in dataclasses.fields(cls) if f.name in arguments})
 
 
-NAMES = tuple(field.name for field in dataclasses.fields(TrainerOptions))
+def _is_positive_int(value: Any) -> bool:
+  return checks.is_int(value) and value >= 1
 
 
 def config_arguments(config: Any, model_dir: str | None) -> dict[str, Any]:
@@ -114,16 +110,13 @@ def config_arguments(config: Any, model_dir: str | None) -> dict[str, Any]:
   Those of `config.trainer` by their names, `config.optimizer.clipnorm`, and
   `model_dir`; the config's `steps_per_loop` None (auto) is "auto".
   """
-  arguments = {name: config.trainer[name] for name in NAMES if name in config.trainer}
+  arguments = {f.name: config.trainer[f.name] for f in dataclasses.fields(TrainerOptions) if f.name in config.trainer}
   arguments.update(model_dir=model_dir, clipnorm=config.optimizer.clipnorm)
-  if arguments["steps_per_loop"] is None:
-    arguments["steps_per_loop"] = steps_per_loop_lib.AUTO
+  arguments["steps_per_loop"] = arguments["steps_per_loop"] or steps_per_loop_lib.AUTO
   return arguments
 
 
-def check_components(
-    *, strategy: tf.distribute.Strategy, model_fn: Callable[[], Any], optimizer_fn: Callable[[], Any], task: Task
-) -> None:
+def check_components(strategy: Any, model_fn: Any, optimizer_fn: Any, task: Any) -> None:
   """Checks what the Trainer is handed besides its options.
 
   Raises:
@@ -131,9 +124,7 @@ def check_components(
       is not a callable, or `task` is not a `runner.Task`.
   """
   if not isinstance(strategy, tf.distribute.Strategy):
-    raise ConfigError(
-        f"strategy must be a tf.distribute.Strategy (e.g. from strategies.create), got {type(strategy).__name__}."
-    )
+    raise ConfigError(f"strategy must be a tf.distribute.Strategy (strategies.create), got {type(strategy).__name__}.")
   for name, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn)):
     if keras_versions.of(fn) is not None or not callable(fn):
       raise ConfigError(
@@ -141,33 +132,17 @@ def check_components(
           f"got {type(fn).__name__}."
       )
   if not isinstance(task, Task):
-    raise ConfigError(
-        f"task must be a runner.Task (e.g. runner.tasks.Classification(), runner.tasks.Regression()), got {task!r}."
-    )
+    raise ConfigError(f"task must be a runner.Task (e.g. runner.tasks.Classification()), got {task!r}.")
 
 
-def made(
-    value: Any,
-    expected_type: type | tuple[type, ...] | Callable[[Any], bool],
-    *,
-    role: str,
-    fn: Callable[..., Any],
-    expected: str,
-) -> Any:
-  """Returns `value` if the function `fn` made an `expected_type`.
-
-  Args:
-    value: what `fn` returned.
-    expected_type: the type it must have, or a function that says whether it is one.
-    role: what `fn` is, e.g. 'model_fn' or 'the task function'.
-    fn: the function (named in the message by module and name).
-    expected: the type's name for the message, e.g. 'a keras.Model'.
+def made(value: Any, kind: type | Callable[[Any], bool], *, role: str, fn: Callable[..., Any], expected: str) -> Any:
+  """Returns `value`, what the function `fn` (a `role`, e.g. 'model_fn') made, if it is of `kind` (a type or a test).
 
   Raises:
-    ConfigError: naming the function, what it returned and what it must return.
+    ConfigError: naming the function (by module and name), what it returned
+      and what it must return (`expected`, e.g. 'a keras.Model').
   """
-  is_expected = isinstance(value, expected_type) if isinstance(expected_type, (type, tuple)) else expected_type(value)
-  if not is_expected:
+  if not (isinstance(value, kind) if isinstance(kind, type) else kind(value)):
     while hasattr(fn, "func"):  # functools.partial
       fn = fn.func
     name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
@@ -182,12 +157,10 @@ def metric_names(metrics: Sequence[Any]) -> list[str]:
     ConfigError: a metric is not a `keras.metrics.Metric` (or a
       `tf_keras.metrics.Metric`), or its name is reserved or used twice.
   """
-  names = []
+  names: list[str] = []
   for metric in metrics:
     if not keras_versions.is_metric(metric):
-      raise ConfigError(
-          f"Task.metrics() must return keras.metrics.Metric (or tf_keras.metrics.Metric) objects, got {metric!r}."
-      )
+      raise ConfigError(f"Task.metrics() must return Keras metrics (of keras or tf_keras), got {metric!r}.")
     if metric.name in RESERVED_NAMES or metric.name in names:
       raise ConfigError(
           f"Metric name {metric.name!r} is {'reserved' if metric.name in RESERVED_NAMES else 'used twice'}; "

@@ -10,18 +10,7 @@ import random
 
 import numpy as np
 
-from strategies import checks
-
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-
-
-def check_precision(precision: str) -> str:
-  """Returns `precision` if it is one of PRECISIONS.
-
-  Raises:
-    ConfigError: naming the valid precisions and the closest one.
-  """
-  return checks.one_of(precision, PRECISIONS, "precision")
 
 
 @contextlib.contextmanager

@@ -30,28 +30,20 @@ class TrainInput:
       self, strategy: Any, *, coordinator: Any, preprocess: Callable[[Any], Any] | None, checkpoints: Any
   ) -> None:
     """Initializes the `TrainInput` (the arguments as for `training_iterator`; `checkpoints` may be None)."""
-    self._strategy = strategy
-    self._coordinator = coordinator
-    self._preprocess = preprocess
-    self._checkpoints = checkpoints
+    self._strategy, self._checkpoints = strategy, checkpoints
+    self._options = {"coordinator": coordinator, "preprocess": preprocess}
     self.current: tuple[Any, int, Any] | None = None
 
   def iterator(self, data: Any, global_batch_size: int, step: int, *, rewound: bool = False) -> Any:
     """Returns the iterator of `data` (a `PreparedData`) from global step `step`: the one kept, unless `rewound`."""
     if not rewound and self.current is not None and self.current[:2] == (data, global_batch_size):
       return self.current[2]
-    data_change = None  # (what the checkpoint says the run trained on, the data now) where they differ.
+    was = None  # What the checkpoint says the run trained on.
     if not rewound and self._checkpoints is not None:
       was = self._checkpoints.swap_training_data(data.description)
-      data_change = (was, data.description) if was not in ("", data.description) else None
+    change = (was, data.description) if was not in (None, "", data.description) else None
     iterator = training_iterator(
-        self._strategy,
-        data.provider,
-        global_batch_size,
-        start_step=step,
-        coordinator=self._coordinator,
-        preprocess=self._preprocess,
-        data_change=data_change,
+        self._strategy, data.provider, global_batch_size, start_step=step, data_change=change, **self._options
     )
     self.current = (data, global_batch_size, iterator)
     return iterator
@@ -76,8 +68,8 @@ def training_iterator(
   be at S.
   Under parameter servers each worker reads its own share instead
   (`parameter_server_loops.per_worker_iterator`).
-  A global batch larger than the whole data (where that is known cheaply)
-  gets a warning.
+  A global batch larger than the whole data (where that is known cheaply:
+  `providers.known_num_examples`) gets a warning.
 
   Args:
     strategy: the `tf.distribute.Strategy` the steps run under.
@@ -94,39 +86,36 @@ def training_iterator(
   Raises:
     ConfigError: the elements are not of the contract's form.
   """
-  _warn_if_batch_exceeds_data(provider, global_batch_size)
+  num_examples = data_lib.known_num_examples(provider)  # Known only where it is cheap (in memory, built in, ...).
+  if num_examples is not None and num_examples < global_batch_size:
+    logging.warning(
+        f"The global batch of {global_batch_size} examples is larger than the whole training data ({num_examples} "
+        "examples): every step repeats examples within its batch. Use a global batch of at most "
+        f"{num_examples} (config.data.global_batch_size), or more data."
+    )
+  at = f"Resuming at step {start_step}"
   if start_step and data_change is not None:
     logging.warning(
-        "Resuming at step %d on other training data than the checkpoint's (it was trained on %s; the data now is "
-        "%s): reading the data from where a run that had always trained on it would be at step %d, so this run does "
-        "not see the batches of an uninterrupted one.",
-        start_step,
-        *data_change,
-        start_step,
+        f"{at} on other training data than the checkpoint's (it was trained on {data_change[0]}; the data now is "
+        f"{data_change[1]}): reading the data from where a run that had always trained on it would be at step "
+        f"{start_step}, so this run does not see the batches of an uninterrupted one."
     )
   elif start_step and coordinator is not None:
     workers = parameter_server_loops.num_workers(coordinator.strategy)
     logging.info(
-        "Resuming at step %d: each of the %d workers starts its own share of the data at its batch %d "
-        "(step // workers).",
-        start_step,
-        workers,
-        start_step // workers,
+        f"{at}: each of the {workers} workers starts its own share of the data at its batch "
+        f"{start_step // workers} (step // workers)."
     )
   elif start_step and not data_lib.starts_at_any_position(provider):
     logging.info(
-        "Resuming at step %d: each input pipeline reads its data from the start and discards the examples of the "
-        "first %d steps, a cost that grows with the step (runner.data.InMemory, TFRecordFiles and FromFunction "
-        "with a repeated_dataset_fn start at the step at once), so this run sees the batches of an uninterrupted one.",
-        start_step,
-        start_step,
+        f"{at}: each input pipeline reads its data from the start and discards the examples of the first "
+        f"{start_step} steps, a cost that grows with the step (runner.data.InMemory, TFRecordFiles and FromFunction "
+        "with a repeated_dataset_fn start at the step at once), so this run sees the batches of an uninterrupted one."
     )
   elif start_step:
     logging.info(
-        "Resuming at step %d: each input pipeline starts its stream at the examples of step %d, "
-        "so this run sees the batches of an uninterrupted one.",
-        start_step,
-        start_step,
+        f"{at}: each input pipeline starts its stream at the examples of step {start_step}, so this run sees the "
+        "batches of an uninterrupted one."
     )
   if coordinator is not None:
     return parameter_server_loops.per_worker_iterator(
@@ -135,21 +124,3 @@ def training_iterator(
   return iter(
       input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step, preprocess=preprocess)
   )
-
-
-def _warn_if_batch_exceeds_data(provider: Any, global_batch_size: int) -> None:
-  """Logs a warning when the training data is known to hold fewer examples than one global batch.
-
-  Known only where it is cheap (`providers.known_num_examples`): in-memory
-  arrays, the built-in datasets, a dataset of known cardinality.
-  """
-  num_examples = data_lib.known_num_examples(provider)
-  if num_examples is not None and num_examples < global_batch_size:
-    logging.warning(
-        "The global batch of %d examples is larger than the whole training data (%d examples): every step "
-        "repeats examples within its batch. Use a global batch of at most %d (config.data.global_batch_size), "
-        "or more data.",
-        global_batch_size,
-        num_examples,
-        num_examples,
-    )

@@ -200,8 +200,7 @@ class Trainer:
     input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
     if not checks.is_int(steps) or steps < 0:
       raise ConfigError(f"steps (the global step to train to) must be an int >= 0, got {steps!r}.")
-    checks.positive_int(eval_every, "eval_every", optional=True)
-    if eval_every is not None and eval_data is None:
+    if checks.positive_int(eval_every, "eval_every", optional=True) and eval_data is None:
       raise ConfigError(f"eval_every={eval_every} needs eval_data to evaluate.")
     eval_data = None if eval_data is None else self._prepared(eval_data, "evaluation")
     if eval_data is not None and data_lib.holds_no_examples(eval_data.provider):
