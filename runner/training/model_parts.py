@@ -157,11 +157,18 @@ def is_tpu(strategy: tf.distribute.Strategy) -> bool:
 
 
 def _warn_if_float16_on_cpu(strategy: tf.distribute.Strategy) -> None:
-  """Logs a warning when precision 'mixed_float16' trains where there is no GPU (nor a TPU).
+  """Logs a warning when precision 'mixed_float16' trains on replicas without a GPU (nor a TPU).
 
-  Not under parameter servers: the chief does not see the workers' devices.
+  Not under parameter servers: the chief does not see the workers' devices. The
+  default strategy lists no devices: it runs where TensorFlow places ops.
   """
-  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy) or tf.config.list_logical_devices("GPU"):
+  if is_tpu(strategy) or parameter_server_loops.is_parameter_server(strategy):
+    return
+  try:
+    devices = strategy.extended.worker_devices
+  except RuntimeError:
+    devices = [device.name for device in tf.config.list_logical_devices()]
+  if any(tf.DeviceSpec.from_string(device).device_type == "GPU" for device in devices):
     return
   logging.warning(
       "precision='mixed_float16' without a GPU: the replicas train on CPU, where float16 math is emulated on most "
