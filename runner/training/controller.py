@@ -20,14 +20,13 @@ from runner.training import loops
 from runner.training import model_parts
 from runner.training import parameter_server_loops
 from runner.training import steps_per_loop as steps_per_loop_lib
-from runner.training import unchecked_loops
 from strategies import description
 
 _ALL_STEPS = 2**62
 
 
 class Controller:
-  """Runs a train loop (`loops.TrainLoop`, `unchecked_loops.RerunChecked`) in calls of up to `steps_per_loop` steps.
+  """Runs a train loop (`loops.TrainLoop`, `loops.RerunChecked`) in calls of up to `steps_per_loop` steps.
 
   A call ends early at every step where an action with `every_steps` is due,
   so that action sees exactly that step. The loop's function is traced before
@@ -42,7 +41,7 @@ class Controller:
   def __init__(
       self,
       *,
-      train_loop: loops.TrainLoop | unchecked_loops.RerunChecked,
+      train_loop: loops.TrainLoop | loops.RerunChecked,
       actions: Sequence[interfaces.Action],
       steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop,
       global_batch_size: int,
@@ -188,7 +187,7 @@ class InnerLoops:
   TPU, whose compiled step checks nearly for free) and there is a
   `model_dir`, loops run unchecked once it holds a checkpoint, and the steps
   of a loop that is not finite run again from that checkpoint with the
-  checks (`unchecked_loops.RerunChecked`). Under parameter servers a loop is
+  checks (`loops.RerunChecked`). Under parameter servers a loop is
   one scheduled function of `steps_per_loop` steps per worker.
 
   Attributes:
@@ -283,61 +282,61 @@ class InnerLoops:
 
   def _train_loop(
       self, global_batch_size: int, label_range: Any, looping: bool, rewind: Callable[[int], Any]
-  ) -> loops.TrainLoop | unchecked_loops.RerunChecked:
+  ) -> loops.TrainLoop | loops.RerunChecked:
     """The inner loop for this batch size, label range and looping: unchecked where it can be (see the class doc)."""
     saves = self._state.checkpoints
     one_process = self._coordinator is None and self._single_worker and not model_parts.is_tpu(self._strategy)
     if not (looping and saves is not None and one_process):
-      return self._checked(global_batch_size, label_range, looping=looping)
-    return unchecked_loops.RerunChecked(
-        unchecked=self._unchecked(global_batch_size, label_range),
-        checked=functools.partial(self._checked, global_batch_size, label_range, looping=True),
+      return self._loop(global_batch_size, label_range, looping=looping)
+    return loops.RerunChecked(
+        unchecked=self._loop(global_batch_size, label_range, looping=True, unchecked=True),
+        checked=functools.partial(self._loop, global_batch_size, label_range, looping=True),
         step=self._parts.step,
         rewind=rewind,
         saved_step=lambda: saves.saved_step,
         restore_saved=saves.restore_saved,
     )
 
-  def _arguments(self, global_batch_size: int, label_range: Any) -> dict[str, Any]:
-    return dict(
-        strategy=self._strategy,
-        model=self._parts.model,
-        optimizer=self._parts.optimizer,
-        task_loss=self._task.loss,
-        metrics=self._parts.metrics,
-        step=self._parts.step,
-        global_batch_size=global_batch_size,
-        xla=self._xla,
-        clipnorm=self._options.clipnorm,
-        loss_scale=self._parts.loss_scaled,
-        keras_version=self._parts.keras_version,
-        valid_labels=label_range,
-    )
+  def _loop(self, global_batch_size: int, label_range: Any, *, looping: bool, unchecked: bool = False) -> Any:
+    """The loop for this batch size, label range, looping and kind, made once and kept.
 
-  def _checked(self, global_batch_size: int, label_range: Any, *, looping: bool) -> loops.TrainLoop:
-    """The loop that checks every step, for this batch size, label range and looping, made once and kept."""
-    key = (global_batch_size, label_range, looping)
+    Steps check the label range only where the task's loss does not fail by
+    itself on a label out of range, as the built-in `Classification`'s does
+    on a CPU (an op error): checked steps there where one process runs every
+    replica on CPUs, unchecked ones everywhere (on a GPU its loss is NaN, so the rerun
+    checks it).
+    """
+    key = (global_batch_size, label_range, looping, unchecked)
     if key not in self.train_loops:
-      arguments = self._arguments(global_batch_size, label_range)
+      parts, task = self._parts, self._task
+      own_check = isinstance(task, tasks.Classification) and type(task).loss is tasks.Classification.loss
+      # One process on CPUs: a replica's op error ends the step on every replica (on several workers, one
+      # worker's would leave the others waiting).
+      alone_on_cpus = (
+          self._coordinator is None
+          and self._single_worker
+          and not tf.config.list_logical_devices("GPU")
+          and not model_parts.is_tpu(self._strategy)
+      )
+      arguments = dict(
+          strategy=self._strategy,
+          model=parts.model,
+          optimizer=parts.optimizer,
+          task_loss=task.loss,
+          metrics=parts.metrics,
+          step=parts.step,
+          global_batch_size=global_batch_size,
+          xla=self._xla,
+          clipnorm=self._options.clipnorm,
+          loss_scale=parts.loss_scaled,
+          keras_version=parts.keras_version,
+          valid_labels=None if own_check and (unchecked or alone_on_cpus) else label_range,
+      )
       if self._coordinator is not None:
         self.train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
+      elif unchecked:
+        state = list(parts.model.variables) + list(parts.keras_version.optimizer_variables(parts.optimizer))
+        self.train_loops[key] = loops.TrainLoop(looping=True, state=state, **arguments)
       else:
         self.train_loops[key] = loops.TrainLoop(looping=looping, multi_worker=not self._single_worker, **arguments)
-    return self.train_loops[key]
-
-  def _unchecked(self, global_batch_size: int, label_range: Any) -> unchecked_loops.UncheckedTrainLoop:
-    """The unchecked loop for this batch size and label range, made once and kept.
-
-    Its steps check the label range only where the task's loss does not fail
-    by itself on a label out of range, as the built-in `Classification`'s
-    does (on a CPU an op error, on a GPU a NaN loss).
-    """
-    key = ("unchecked", global_batch_size, label_range)
-    if key not in self.train_loops:
-      parts = self._parts
-      state = list(parts.model.variables) + list(parts.keras_version.optimizer_variables(parts.optimizer))
-      arguments = self._arguments(global_batch_size, label_range)
-      if isinstance(self._task, tasks.Classification) and type(self._task).loss is tasks.Classification.loss:
-        arguments["valid_labels"] = None
-      self.train_loops[key] = unchecked_loops.UncheckedTrainLoop(state=state, **arguments)
     return self.train_loops[key]

@@ -341,14 +341,15 @@ class ScheduledTrainLoop(loops.TrainLoop):
     return result, changes
 
   def _replica_step_with_metric_changes(self, batch: Sequence[Any]) -> tuple[tf.Tensor, list[Any]]:
+    loss, outputs, gradients = self._replica_step(batch, self._stop_values[None], update=False)
+    self.apply(gradients)
     sample_weight = batch[2] if len(batch) == 3 else None
-    loss, outputs, checks = self._update(batch[0], batch[1], sample_weight)
     changes = []
     for metric in self._metrics:
       initial = metric.stateless_reset_state()
       updated = metric.stateless_update_state(initial, batch[1], outputs, sample_weight=sample_weight)
       changes.append([new - old for new, old in zip(updated, initial)])
-    return tf.stack([loss, *checks]), changes
+    return tf.stack([loss, *self.checks(batch, gradients)]), changes
 
 
 def function_sizes(num_steps: int, workers: int) -> list[int]:

@@ -37,7 +37,7 @@ def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
   trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=7)  # Loops of 3, 3 and 1 steps.
   assert trainer.global_step == 7
   assert task.traces == 1
-  # With the checkpoint of step 7 the loops run unchecked (runner.training.unchecked_loops): one more trace.
+  # With the checkpoint of step 7 the loops run unchecked (runner.training.loops.RerunChecked): one more trace.
   trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=9)  # A new iterator.
   assert trainer.global_step == 9
   assert task.traces == 2
