@@ -231,11 +231,6 @@ class TrainLoop:
     self._looping = looping
     self._state = None if state is None else [v for v in state if tf.as_dtype(v.dtype).is_floating]
     self._names = _UNCHECKED_VALUES if state is not None else _VALUES + (_STOP_VALUES if multi_worker else ())
-    self._stop_values: dict[int | None, tf.Tensor] = {
-        None: tf.constant([0.0, 0.0]),
-        signal.SIGTERM: tf.constant([1.0, 0.0]),
-        signal.SIGINT: tf.constant([0.0, 1.0]),
-    }
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's update,
     # the checks and the metrics included; with more, the forward and backward pass (`_split_step`).
     self._step_fn = self._replica_step
@@ -244,11 +239,11 @@ class TrainLoop:
     elif xla:
       self._forward_backward = own_function(functools.partial(self._replica_step, update=False), jit_compile=True)
       self._step_fn = self._split_step
-    if looping and state is None:
+    if state is None:
       with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
         self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
         self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
-    elif looping:
+    else:
       with strategy.scope():  # [loss, replicas, label range] per replica, summed over the replicas when read.
         self._totals = tf.Variable(
             tf.zeros([3]),
@@ -258,7 +253,7 @@ class TrainLoop:
             name="unchecked_loop_sums",
         )
       self._finite_sums = own_function(lambda: tf.concat([self._totals.read_value(), [self._state_sum()]], 0))
-    self.function = own_function(self._many_steps if looping else self._one_step)
+    self.function = own_function(self._steps)
 
   def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> TrainLoopResult:
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
@@ -272,9 +267,7 @@ class TrainLoop:
       tf.errors.OpError: as a step raised it (e.g. `OutOfRangeError`: the
         data ran out); the global step counts the steps before it.
     """
-    stop = self._stop_values[stop_signal]
-    if not self._looping:
-      return self._decoded(self.function(iterator, stop).numpy())
+    stop = tf.constant([float(stop_signal == signal.SIGTERM), float(stop_signal == signal.SIGINT)])
     try:
       return self._decoded(self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy())
     except tf.errors.OpError:
@@ -293,9 +286,9 @@ class TrainLoop:
     if self.function.experimental_get_tracing_count():
       return False
     if self._looping:
-      self.function(iterator, tf.constant(0, tf.int32), self._stop_values[None])
+      self.function(iterator, tf.constant(0, tf.int32), tf.zeros([2]))
     else:
-      self.function.get_concrete_function(iterator, self._stop_values[None])
+      self.function.get_concrete_function(iterator, tf.constant(1, tf.int32), tf.zeros([2]))
     return True
 
   def finite_so_far(self) -> bool:
@@ -334,15 +327,8 @@ class TrainLoop:
         labels_out_of_range=not math.isfinite(last["label_range"]),
     )
 
-  def _one_step(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
-    for metric in self._metrics:
-      metric.reset_state()
-    values = self._strategy.reduce(SUM, self._strategy.run(self._step_fn, args=(next(iterator), stop)), axis=None)
-    with tf.control_dependencies([values]):  # Not advanced by a step that raised (e.g. a loss op on a bad label).
-      self._step.assign_add(1)
-    return self._results(values, values)
-
-  def _many_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
+  def _steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
+    """Runs `num_steps` steps (one, with no loop around it, when not looping); returns the call's vector."""
     for metric in self._metrics:
       metric.reset_state()
     self._totals.assign(tf.zeros_like(self._totals))
@@ -356,8 +342,11 @@ class TrainLoop:
       self._last.assign(values)
       return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
 
-    tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
-    totals = self._totals.read_value()
+    if self._looping:
+      tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
+    else:
+      step(tf.constant(0))
+    totals = self._totals.read_value()  # Read after the steps: a step that raised (e.g. on a bad label) adds nothing.
     replicas = self._strategy.num_replicas_in_sync
     self._step.assign_add(tf.cast(tf.math.floor(totals[1] / replicas + 1e-6), self._step.dtype))
     if self._state is not None:

@@ -341,7 +341,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
     return result, changes
 
   def _replica_step_with_metric_changes(self, batch: Sequence[Any]) -> tuple[tf.Tensor, list[Any]]:
-    loss, outputs, gradients = self._replica_step(batch, self._stop_values[None], update=False)
+    loss, outputs, gradients = self._replica_step(batch, tf.zeros([2]), update=False)
     self.apply(gradients)
     sample_weight = batch[2] if len(batch) == 3 else None
     changes = []

@@ -154,7 +154,7 @@ def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_
   calls = {
       name: count
       for (line, name), count in events.items()
-      if line == "python" and re.fullmatch(r"EagerLocalExecute: __inference__many_steps_\d+", name)
+      if line == "python" and re.fullmatch(r"EagerLocalExecute: __inference__steps_\d+", name)
   }
   assert list(calls.values()) == [1], events
   assert events["tf_Compute", "while/body/_1/while/AssignAddVariableOp:AssignAddVariableOp"] == 3, events
