@@ -272,13 +272,12 @@ class InnerLoops:
             valid_labels=label_range,
         )
         self.eval_loop = (label_range, loop)
-      evaluated = self.eval_loop[1](iter(dataset), steps or _ALL_STEPS)
-      evaluated.raise_problems()
+      results = self.eval_loop[1](iter(dataset), steps or _ALL_STEPS)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRangeError) as e:
       raise data_checks.step_error(e, data.provider, label_range, step=None, purpose="evaluation") from None
-    if not evaluated.results["num_examples"]:
+    if not results["num_examples"]:
       raise data_checks.no_evaluation_examples_error()
-    return evaluated.results
+    return results
 
   def _train_loop(
       self, global_batch_size: int, label_range: Any, looping: bool, rewind: Callable[[int], Any]

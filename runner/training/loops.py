@@ -88,27 +88,6 @@ class TrainLoopResult:
       )
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalLoopResult:
-  """What one call of an `EvalLoop` found.
-
-  Attributes:
-    results: `{"loss": float, <metric>: float, ..., "num_examples": int}`;
-      `loss` is the weighted sum of per-example losses over the number of
-      real examples.
-    labels_out_of_range: a real example's label lay outside the loop's
-      `valid_labels`.
-  """
-
-  results: dict[str, float]
-  labels_out_of_range: bool = False
-
-  def raise_problems(self) -> None:
-    """Raises `data_checks.LabelsOutOfRangeError` (the Trainer names the label) when a label was out of range."""
-    if self.labels_out_of_range:
-      raise data_checks.LabelsOutOfRangeError(None)
-
-
 # What one step of a checked loop gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
 # four checks, each finite when its part of the step was: the gradients, the batch's features, its labels, and the
 # labels' range (see `TrainLoop`). Under several workers, also the replicas whose worker noted SIGTERM / SIGINT. An
@@ -529,7 +508,7 @@ class EvalLoop:
   """Evaluates a padded distributed dataset (see `input_pipeline.for_evaluation`) in one call.
 
   The call runs steps until the real examples are used up (or `max_steps`),
-  and returns an `EvalLoopResult`, fetched as one float64 vector `[loss,
+  and returns the results, fetched as one float64 vector `[loss,
   num_examples, labels_out_of_range, *metric_results]`. Metrics are reset at
   the start of each call.
 
@@ -574,15 +553,25 @@ class EvalLoop:
       self._forward = own_function(self._forward, jit_compile=True)
     self.function = own_function(self._evaluate, autograph=False)
 
-  def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
-    """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
+  def __call__(self, iterator: Any, max_steps: int) -> dict[str, float]:
+    """Evaluates up to `max_steps` batches of `iterator` (to its end).
+
+    Returns:
+      `{"loss": float, <metric>: float, ..., "num_examples": int}`; `loss` is
+      the weighted sum of per-example losses over the number of real examples.
+
+    Raises:
+      data_checks.LabelsOutOfRangeError: a real example's label lay outside
+        `valid_labels` (the Trainer names it).
+    """
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
-    results = {
+    if values[2] > 0:
+      raise data_checks.LabelsOutOfRangeError(None)
+    return {
         "loss": float(values[0]),
         **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
         "num_examples": int(values[1]),
     }
-    return EvalLoopResult(results=results, labels_out_of_range=bool(values[2] > 0))
 
   def _evaluate(self, iterator: Any, max_steps: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
