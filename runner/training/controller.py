@@ -4,6 +4,7 @@ And the loops of one Trainer, assembled from its parts and options (`InnerLoops`
 """
 
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from strategies import description
 _ALL_STEPS = 2**62
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Controller:
   """Runs a train loop (`loops.TrainLoop`, `loops.RerunChecked`) in calls of up to `steps_per_loop` steps.
 
@@ -36,43 +38,30 @@ class Controller:
   wall time: from the end of the loop before (so the actions after that one,
   such as a checkpoint, and any stall there, count) to its own end, less the
   time of evaluations (`actions.Evaluate`, reported with their own time).
+
+  Attributes:
+    train_loop: the inner loop.
+    actions: run after every call, in order, when due.
+    steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
+      chosen from the times this controller records (the loop's function
+      must loop then: it is called for zero steps to time a call's own
+      cost).
+    global_batch_size: examples per step, for the throughput.
+    is_chief: this worker writes the run's files (passed on to actions).
+    single_worker: no other worker takes part, so a signal noted during a
+      call stops training after that call; with several workers it stops
+      after the next call, which tells every worker.
+    profile: None, or the steps to profile: loops end around them, and the
+      profiler runs for exactly their loops.
   """
 
-  def __init__(
-      self,
-      *,
-      train_loop: loops.TrainLoop | loops.RerunChecked,
-      actions: Sequence[interfaces.Action],
-      steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop,
-      global_batch_size: int,
-      is_chief: bool,
-      single_worker: bool,
-      profile: profiling.ProfileWindow | None = None,
-  ) -> None:
-    """Initializes the `Controller`.
-
-    Args:
-      train_loop: the inner loop.
-      actions: run after every call, in order, when due.
-      steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
-        chosen from the times this controller records (the loop's function
-        must loop then: it is called for zero steps to time a call's own
-        cost).
-      global_batch_size: examples per step, for the throughput.
-      is_chief: this worker writes the run's files (passed on to actions).
-      single_worker: no other worker takes part, so a signal noted during a
-        call stops training after that call; with several workers it stops
-        after the next call, which tells every worker.
-      profile: None, or the steps to profile: loops end around them, and the
-        profiler runs for exactly their loops.
-    """
-    self._train_loop = train_loop
-    self._actions = tuple(actions)
-    self._steps_per_loop = steps_per_loop
-    self._global_batch_size = global_batch_size
-    self._is_chief = is_chief
-    self._single_worker = single_worker
-    self._profile = profile
+  train_loop: loops.TrainLoop | loops.RerunChecked
+  actions: Sequence[interfaces.Action]
+  steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop
+  global_batch_size: int
+  is_chief: bool
+  single_worker: bool
+  profile: profiling.ProfileWindow | None = None
 
   def run(
       self,
@@ -105,12 +94,12 @@ class Controller:
     evaluation_seconds = 0.0  # Of the evaluations since the loop before.
     try:
       while step < end:
-        if self._profile is not None:
-          self._profile.before_loop(step)
+        if self.profile is not None:
+          self.profile.before_loop(step)
         loop_start = time.perf_counter()
-        result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
+        result = self.train_loop(iterator, self._loop_size(step, end), stop_signal())
         loop_end = time.perf_counter()
-        self._steps_per_loop.record_loop(
+        self.steps_per_loop.record_loop(
             steps=result.steps_run,
             seconds=loop_end - loop_start,
             host_seconds=None if previous_end is None else loop_start - previous_end,
@@ -119,18 +108,18 @@ class Controller:
         previous_end = loop_end
         step += result.steps_run
         advance(step, result.results)
-        if self._profile is not None:
-          self._profile.after_loop(step)
+        if self.profile is not None:
+          self.profile.after_loop(step)
         result.raise_problems(step=step)
         loop = interfaces.LoopEnd(
             step=step,
             total_steps=total_steps,
             train_results=result.results,
             steps_per_sec=result.steps_run / seconds,
-            examples_per_sec=result.steps_run * self._global_batch_size / seconds,
+            examples_per_sec=result.steps_run * self.global_batch_size / seconds,
             learning_rate=result.learning_rate,
-            stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
-            is_chief=self._is_chief,
+            stop_signal=result.stop_signal or (stop_signal() if self.single_worker else None),
+            is_chief=self.is_chief,
             tracing_seconds=tracing_seconds,
         )
         tracing_seconds = None
@@ -138,8 +127,8 @@ class Controller:
         if stop_at is not None:
           end = min(end, max(stop_at, step))
     finally:
-      if self._profile is not None:
-        self._profile.close(step)
+      if self.profile is not None:
+        self.profile.close(step)
 
   def _ready(self, iterator: Any) -> float | None:
     """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.
@@ -147,9 +136,9 @@ class Controller:
     For measured loop sizes, it also times a call's own cost.
     """
     trace_start = time.perf_counter()
-    tracing_seconds = time.perf_counter() - trace_start if self._train_loop.trace(iterator) else None
-    if self._steps_per_loop.needs_call_overhead:
-      self._steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
+    tracing_seconds = time.perf_counter() - trace_start if self.train_loop.trace(iterator) else None
+    if self.steps_per_loop.needs_call_overhead:
+      self.steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
     return tracing_seconds
 
   def _run_actions(self, loop: interfaces.LoopEnd) -> tuple[int | None, float]:
@@ -158,7 +147,7 @@ class Controller:
     Each action sees the `LoopEnd` the one before returned.
     """
     evaluation_seconds = 0.0
-    for action in self._actions:
+    for action in self.actions:
       if actions_lib.is_due(action, loop.step):
         start = time.perf_counter()
         loop = action(loop) or loop
@@ -168,16 +157,16 @@ class Controller:
 
   def _timed_empty_call(self, iterator: Any) -> float:
     start = time.perf_counter()
-    self._train_loop(iterator, 0, None)
+    self.train_loop(iterator, 0, None)
     return time.perf_counter() - start
 
   def _loop_size(self, step: int, end: int) -> int:
     """Steps for the next call: the loop sizes' next one, cut where an action is next due and around profiling."""
-    size = self._steps_per_loop.next_size(step, end)
-    for action in self._actions:
+    size = self.steps_per_loop.next_size(step, end)
+    for action in self.actions:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
-    return size if self._profile is None else self._profile.loop_size(step, size, self._steps_per_loop.size)
+    return size if self.profile is None else self.profile.loop_size(step, size, self.steps_per_loop.size)
 
 
 class InnerLoops:
@@ -240,7 +229,7 @@ class InnerLoops:
     return Controller(
         train_loop=self._train_loop(global_batch_size, label_range, sizes.looping, rewind),
         steps_per_loop=sizes,
-        actions=actions,
+        actions=tuple(actions),
         global_batch_size=global_batch_size,
         is_chief=self._strategy.extended.should_checkpoint,
         single_worker=self._single_worker,

@@ -38,13 +38,9 @@ class TrainLoopResult:
     metrics: every metric's result over those steps, by name.
     stop_signal: None, or `signal.SIGINT` or `signal.SIGTERM` when some
       worker noted that signal (SIGINT wins when both were).
-    non_finite: None, or, when the last step's batch was finite, what was
-      not finite at that step, e.g. "the loss became nan" (the training
-      diverged).
-    non_finite_data: the parts of the last step's batch that held NaN or inf
-      values, of ("features", "labels"); empty when it was finite.
-    labels_out_of_range: the last step's batch held a label outside the
-      loop's `valid_labels`.
+    bad_step: None when every step was finite; else the last step's loss
+      and checks by name (`loss`, `gradients`, `features`, `labels`,
+      `label_range`, each finite exactly when its part of the step was).
   """
 
   steps_run: int
@@ -52,9 +48,7 @@ class TrainLoopResult:
   learning_rate: float
   metrics: dict[str, float]
   stop_signal: int | None = None
-  non_finite: str | None = None
-  non_finite_data: tuple[str, ...] = ()
-  labels_out_of_range: bool = False
+  bad_step: Mapping[str, float] | None = None
 
   @property
   def results(self) -> dict[str, float]:
@@ -72,20 +66,29 @@ class TrainLoopResult:
       FloatingPointError: the loss or gradients were not finite, the batch
         being finite (the training diverged); the message names the step.
     """
-    if self.labels_out_of_range:
+    bad = self.bad_step
+    if bad is None:
+      return
+    if not math.isfinite(bad["label_range"]):
       raise data_checks.LabelsOutOfRangeError(step)
-    if self.non_finite_data:
+    data = [part for part in ("features", "labels") if not math.isfinite(bad[part])]
+    if data:
       raise data_checks.DataError(
-          f"The training data's {' and '.join(self.non_finite_data)} hold NaN or inf values in the batch of step "
+          f"The training data's {' and '.join(data)} hold NaN or inf values in the batch of step "
           f"{step}; training stopped there, and no checkpoint holds weights from that step on. Find them with "
           "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter)."
       )
-    if self.non_finite:
-      raise FloatingPointError(
-          f"Training stopped at step {step}: {self.non_finite}. No checkpoint holds weights from that step on. "
-          "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-          "(config.optimizer.clipnorm), or use float32 precision."
-      )
+    loss = bad["loss"]
+    what = (
+        f"the loss became {loss}"
+        if not math.isfinite(loss)
+        else f"the gradients became non-finite (the loss was {loss:.4g})"
+    )
+    raise FloatingPointError(
+        f"Training stopped at step {step}: {what}; the batch's features and labels are finite, so the training "
+        "diverged. No checkpoint holds weights from that step on. Lower the learning rate "
+        "(config.optimizer.learning_rate), set a gradient bound (config.optimizer.clipnorm), or use float32 precision."
+    )
 
 
 # What one step of a checked loop gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
@@ -136,8 +139,8 @@ class TrainLoop:
   adds its loss, 1 and (with `valid_labels`) its label check to a variable of
   its own (`ON_READ`, summed when read), with no cross-replica reduction
   beyond the optimizer's; it runs all `num_steps` steps, and its result's
-  `non_finite` says only whether the summed loss or a variable of `state` is
-  not finite at the loop's end (see `finite_sum`).
+  `bad_step` says only whether the summed loss or a variable of `state` is
+  not finite at the loop's end (see `finite_sum`): it holds its totals.
 
   A worker's stop request (a SIGTERM or SIGINT was noted) is summed over
   workers with each step's values when there are several workers, so every
@@ -283,27 +286,21 @@ class TrainLoop:
 
   def _decoded(self, vector: Any) -> TrainLoopResult:
     size = len(self._names)
-    last_size = 0 if self._state is not None else size
     totals = dict(zip(self._names, vector[:size].tolist()))
-    last = dict(zip(self._names, vector[size : size + last_size].tolist()))
-    steps_run = self._steps_in(vector)
-    result = TrainLoopResult(
+    if self._state is None:  # The last step's values follow the totals.
+      last, vector = dict(zip(self._names, vector[size : 2 * size].tolist())), vector[2 * size :]
+    else:  # Unchecked: its totals tell whether `RerunChecked` runs it again.
+      last, vector = totals, vector[size:]
+    steps_run = self._steps_in(list(totals.values()))
+    return TrainLoopResult(
         steps_run=steps_run,
         loss=totals["loss"] / steps_run if steps_run else math.nan,
-        learning_rate=float(vector[size + last_size]),
-        metrics={metric.name: value for metric, value in zip(self._metrics, vector[size + last_size + 1 :].tolist())},
+        learning_rate=float(vector[0]),
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[1:].tolist())},
         stop_signal=(
             signal.SIGINT if totals.get("sigint", 0) > 0 else signal.SIGTERM if totals.get("sigterm", 0) > 0 else None
         ),
-    )
-    if self._state is not None:  # Unchecked: `RerunChecked` runs the steps again, checked, when not finite.
-      finite = all(math.isfinite(value) for value in totals.values())
-      return result if finite else dataclasses.replace(result, non_finite="the loss or a variable is not finite")
-    return dataclasses.replace(
-        result,
-        non_finite=non_finite_cause(last),
-        non_finite_data=non_finite_data(last),
-        labels_out_of_range=not math.isfinite(last["label_range"]),
+        bad_step=None if all(math.isfinite(value) for value in last.values()) else last,
     )
 
   def _steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
@@ -489,7 +486,7 @@ class RerunChecked:
     end = int(self._step.numpy()) + num_steps
     try:
       result = self._unchecked(iterator, num_steps, None)
-      if result.non_finite is None:
+      if result.bad_step is None:
         return result
     except tf.errors.OpError:
       if self._unchecked.finite_so_far():
@@ -643,33 +640,6 @@ def labels_in(labels: tf.Tensor, valid_labels: Any, mask: tf.Tensor | None = Non
   if valid_labels.integer and not labels.dtype.is_integer:
     valid &= tf.reduce_all(tf.equal(labels, tf.floor(labels)))
   return valid
-
-
-def non_finite_data(values: Mapping[str, float]) -> tuple[str, ...]:
-  """Returns the parts of a step's batch, of ("features", "labels"), that held NaN or inf values.
-
-  Args:
-    values: the step's checks `features` and `labels` by name (each finite
-      exactly when that part was), as `TrainLoop` decodes them.
-  """
-  return tuple(part for part in ("features", "labels") if not math.isfinite(values[part]))
-
-
-def non_finite_cause(values: Mapping[str, float]) -> str | None:
-  """Says what was not finite at a step although its batch was finite; None if all was.
-
-  Args:
-    values: the step's `loss` and its checks `gradients`, `features` and
-      `labels` by name, as `TrainLoop` decodes them.
-  """
-  if non_finite_data(values) or (math.isfinite(values["loss"]) and math.isfinite(values["gradients"])):
-    return None
-  what = (
-      f"the loss became {values['loss']}"
-      if not math.isfinite(values["loss"])
-      else f"the gradients became non-finite (the loss was {values['loss']:.4g})"
-  )
-  return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 
 def _scalar(metric: Any) -> tf.Tensor:

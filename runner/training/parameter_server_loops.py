@@ -258,9 +258,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
         learning_rate=learning_rate,
         metrics=self._metric_results([states for _, states in outputs]),
         stop_signal=stop_signal,
-        non_finite=loops.non_finite_cause(bad[0]) if bad else None,
-        non_finite_data=loops.non_finite_data(bad[0]) if bad else (),
-        labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]),
+        bad_step=bad[0] if bad else None,
     )
 
   def trace(self, iterator: Any) -> bool:
