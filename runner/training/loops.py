@@ -215,7 +215,7 @@ class TrainLoop:
     self._names = _UNCHECKED_VALUES if state is not None else _VALUES + (_STOP_VALUES if multi_worker else ())
     # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's update,
     # the checks and the metrics included; with more, the forward and backward pass (`_split_step`).
-    self._step_fn = self._replica_step
+    self._step_fn: Callable[..., Any] = self._replica_step
     if xla and strategy.num_replicas_in_sync == 1 and not multi_worker:
       self._step_fn = own_function(self._replica_step, jit_compile=True)
     elif xla:
