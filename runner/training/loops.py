@@ -2,6 +2,16 @@
 
 Each loop returns one vector per call (a single host transfer); its layout is
 defined, and decoded into a named result, here and nowhere else.
+
+A `TrainLoop` checks every step (the batch's finiteness, the labels' range,
+the gradients' finiteness), or, given the variables to check (`state`),
+runs its steps unchecked and checks once per loop that the summed loss and
+those variables are finite. `RerunChecked` runs the unchecked loop once a
+checkpoint exists to fall back to; when a loop is not finite (or raised
+part-way with a state that is not), it restores the checkpoint saved last
+and runs the steps from there to the loop's end again from the same batches
+with the checked loop, which stops at the first bad step and names it as it
+always does. No copy of the variables is kept.
 """
 
 from collections.abc import Callable, Mapping, Sequence
