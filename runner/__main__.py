@@ -157,18 +157,34 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
 
 
 def main(command_line: CommandLine) -> None:
-  """Runs the command line; a ConfigError, non-finite step, ClusterError or unreachable workdir is an `error:` line."""
+  """Runs the command line; a ConfigError, non-finite step, ClusterError or unreachable workdir is an `error:` line.
+
+  A run (`runner.run`) prints what it did: the workdir, strategy, global step, metrics and export.
+  """
   with _exit_statuses():
     workdir = remote.user_path(_WORKDIR.value)
     config = _config(command_line)
     # The config holds; what follows needs TensorFlow's devices.
     if _CHECK_TPU.value:  # Before any TensorFlow device work: it splits the CPU into logical CPUs.
       _check_tpu(config)
-    elif not _served(config):  # A worker or ps task of a parameter-server cluster only serves.
-      if _DRY_RUN.value:
-        _dry_run(config, workdir)
-      else:
-        _train(config, workdir)
+      return
+    if _served(config):  # A worker or ps task of a parameter-server cluster only serves.
+      return
+    if _DRY_RUN.value:
+      _dry_run(config, workdir)
+      return
+    from runner import from_config
+
+    result = from_config.run(config, workdir)
+  print(f"workdir: {result.workdir}")
+  print(f"strategy: {strategies.describe(result.strategy)}")
+  print(f"global step: {result.global_step}")
+  if result.train_metrics:
+    print(f"train: {format_metrics(result.train_metrics)}")
+  if result.eval_metrics:
+    print(f"eval: {format_metrics(result.eval_metrics)}")
+  if result.export_path:
+    print(f"export: {result.export_path}")
 
 
 @contextlib.contextmanager
@@ -252,22 +268,6 @@ def _dry_run(config: Any, workdir: str | None) -> None:
   print(f"workdir: {from_config.describe_workdir(workdir, step)}")
   print(f"plan: {from_config.step_plan(config, strategy, step)}")
   print("dry run: nothing trained or written.")
-
-
-def _train(config: Any, workdir: str | None) -> None:
-  """Runs `config` (`runner.run`) and prints what it did."""
-  from runner import from_config
-
-  result = from_config.run(config, workdir)
-  print(f"workdir: {result.workdir}")
-  print(f"strategy: {strategies.describe(result.strategy)}")
-  print(f"global step: {result.global_step}")
-  if result.train_metrics:
-    print(f"train: {format_metrics(result.train_metrics)}")
-  if result.eval_metrics:
-    print(f"eval: {format_metrics(result.eval_metrics)}")
-  if result.export_path:
-    print(f"export: {result.export_path}")
 
 
 def run_main() -> None:

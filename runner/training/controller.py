@@ -4,6 +4,7 @@ And the loops of one Trainer, assembled from its parts and options (`InnerLoops`
 """
 
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -20,14 +21,14 @@ from runner.training import loops
 from runner.training import model_parts
 from runner.training import parameter_server_loops
 from runner.training import steps_per_loop as steps_per_loop_lib
-from runner.training import unchecked_loops
 from strategies import description
 
 _ALL_STEPS = 2**62
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Controller:
-  """Runs a train loop (`loops.TrainLoop`, `unchecked_loops.RerunChecked`) in calls of up to `steps_per_loop` steps.
+  """Runs a train loop (`loops.TrainLoop`, `loops.RerunChecked`) in calls of up to `steps_per_loop` steps.
 
   A call ends early at every step where an action with `every_steps` is due,
   so that action sees exactly that step. The loop's function is traced before
@@ -37,43 +38,30 @@ class Controller:
   wall time: from the end of the loop before (so the actions after that one,
   such as a checkpoint, and any stall there, count) to its own end, less the
   time of evaluations (`actions.Evaluate`, reported with their own time).
+
+  Attributes:
+    train_loop: the inner loop.
+    actions: run after every call, in order, when due.
+    steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
+      chosen from the times this controller records (the loop's function
+      must loop then: it is called for zero steps to time a call's own
+      cost).
+    global_batch_size: examples per step, for the throughput.
+    is_chief: this worker writes the run's files (passed on to actions).
+    single_worker: no other worker takes part, so a signal noted during a
+      call stops training after that call; with several workers it stops
+      after the next call, which tells every worker.
+    profile: None, or the steps to profile: loops end around them, and the
+      profiler runs for exactly their loops.
   """
 
-  def __init__(
-      self,
-      *,
-      train_loop: loops.TrainLoop | unchecked_loops.RerunChecked,
-      actions: Sequence[interfaces.Action],
-      steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop,
-      global_batch_size: int,
-      is_chief: bool,
-      single_worker: bool,
-      profile: profiling.ProfileWindow | None = None,
-  ) -> None:
-    """Initializes the `Controller`.
-
-    Args:
-      train_loop: the inner loop.
-      actions: run after every call, in order, when due.
-      steps_per_loop: the loop sizes (`steps_per_loop.resolve`): fixed, or
-        chosen from the times this controller records (the loop's function
-        must loop then: it is called for zero steps to time a call's own
-        cost).
-      global_batch_size: examples per step, for the throughput.
-      is_chief: this worker writes the run's files (passed on to actions).
-      single_worker: no other worker takes part, so a signal noted during a
-        call stops training after that call; with several workers it stops
-        after the next call, which tells every worker.
-      profile: None, or the steps to profile: loops end around them, and the
-        profiler runs for exactly their loops.
-    """
-    self._train_loop = train_loop
-    self._actions = tuple(actions)
-    self._steps_per_loop = steps_per_loop
-    self._global_batch_size = global_batch_size
-    self._is_chief = is_chief
-    self._single_worker = single_worker
-    self._profile = profile
+  train_loop: loops.TrainLoop | loops.RerunChecked
+  actions: Sequence[interfaces.Action]
+  steps_per_loop: steps_per_loop_lib.FixedStepsPerLoop | steps_per_loop_lib.MeasuredStepsPerLoop
+  global_batch_size: int
+  is_chief: bool
+  single_worker: bool
+  profile: profiling.ProfileWindow | None = None
 
   def run(
       self,
@@ -106,12 +94,12 @@ class Controller:
     evaluation_seconds = 0.0  # Of the evaluations since the loop before.
     try:
       while step < end:
-        if self._profile is not None:
-          self._profile.before_loop(step)
+        if self.profile is not None:
+          self.profile.before_loop(step)
         loop_start = time.perf_counter()
-        result = self._train_loop(iterator, self._loop_size(step, end), stop_signal())
+        result = self.train_loop(iterator, self._loop_size(step, end), stop_signal())
         loop_end = time.perf_counter()
-        self._steps_per_loop.record_loop(
+        self.steps_per_loop.record_loop(
             steps=result.steps_run,
             seconds=loop_end - loop_start,
             host_seconds=None if previous_end is None else loop_start - previous_end,
@@ -120,18 +108,18 @@ class Controller:
         previous_end = loop_end
         step += result.steps_run
         advance(step, result.results)
-        if self._profile is not None:
-          self._profile.after_loop(step)
+        if self.profile is not None:
+          self.profile.after_loop(step)
         result.raise_problems(step=step)
         loop = interfaces.LoopEnd(
             step=step,
             total_steps=total_steps,
             train_results=result.results,
             steps_per_sec=result.steps_run / seconds,
-            examples_per_sec=result.steps_run * self._global_batch_size / seconds,
+            examples_per_sec=result.steps_run * self.global_batch_size / seconds,
             learning_rate=result.learning_rate,
-            stop_signal=result.stop_signal or (stop_signal() if self._single_worker else None),
-            is_chief=self._is_chief,
+            stop_signal=result.stop_signal or (stop_signal() if self.single_worker else None),
+            is_chief=self.is_chief,
             tracing_seconds=tracing_seconds,
         )
         tracing_seconds = None
@@ -139,8 +127,8 @@ class Controller:
         if stop_at is not None:
           end = min(end, max(stop_at, step))
     finally:
-      if self._profile is not None:
-        self._profile.close(step)
+      if self.profile is not None:
+        self.profile.close(step)
 
   def _ready(self, iterator: Any) -> float | None:
     """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.
@@ -148,9 +136,9 @@ class Controller:
     For measured loop sizes, it also times a call's own cost.
     """
     trace_start = time.perf_counter()
-    tracing_seconds = time.perf_counter() - trace_start if self._train_loop.trace(iterator) else None
-    if self._steps_per_loop.needs_call_overhead:
-      self._steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
+    tracing_seconds = time.perf_counter() - trace_start if self.train_loop.trace(iterator) else None
+    if self.steps_per_loop.needs_call_overhead:
+      self.steps_per_loop.record_call_overhead(min(self._timed_empty_call(iterator) for _ in range(2)))
     return tracing_seconds
 
   def _run_actions(self, loop: interfaces.LoopEnd) -> tuple[int | None, float]:
@@ -159,7 +147,7 @@ class Controller:
     Each action sees the `LoopEnd` the one before returned.
     """
     evaluation_seconds = 0.0
-    for action in self._actions:
+    for action in self.actions:
       if actions_lib.is_due(action, loop.step):
         start = time.perf_counter()
         loop = action(loop) or loop
@@ -169,16 +157,16 @@ class Controller:
 
   def _timed_empty_call(self, iterator: Any) -> float:
     start = time.perf_counter()
-    self._train_loop(iterator, 0, None)
+    self.train_loop(iterator, 0, None)
     return time.perf_counter() - start
 
   def _loop_size(self, step: int, end: int) -> int:
     """Steps for the next call: the loop sizes' next one, cut where an action is next due and around profiling."""
-    size = self._steps_per_loop.next_size(step, end)
-    for action in self._actions:
+    size = self.steps_per_loop.next_size(step, end)
+    for action in self.actions:
       if action.every_steps is not None:
         size = min(size, action.every_steps - step % action.every_steps)
-    return size if self._profile is None else self._profile.loop_size(step, size, self._steps_per_loop.size)
+    return size if self.profile is None else self.profile.loop_size(step, size, self.steps_per_loop.size)
 
 
 class InnerLoops:
@@ -188,7 +176,7 @@ class InnerLoops:
   TPU, whose compiled step checks nearly for free) and there is a
   `model_dir`, loops run unchecked once it holds a checkpoint, and the steps
   of a loop that is not finite run again from that checkpoint with the
-  checks (`unchecked_loops.RerunChecked`). Under parameter servers a loop is
+  checks (`loops.RerunChecked`). Under parameter servers a loop is
   one scheduled function of `steps_per_loop` steps per worker.
 
   Attributes:
@@ -241,7 +229,7 @@ class InnerLoops:
     return Controller(
         train_loop=self._train_loop(global_batch_size, label_range, sizes.looping, rewind),
         steps_per_loop=sizes,
-        actions=actions,
+        actions=tuple(actions),
         global_batch_size=global_batch_size,
         is_chief=self._strategy.extended.should_checkpoint,
         single_worker=self._single_worker,
@@ -273,71 +261,70 @@ class InnerLoops:
             valid_labels=label_range,
         )
         self.eval_loop = (label_range, loop)
-      evaluated = self.eval_loop[1](iter(dataset), steps or _ALL_STEPS)
-      evaluated.raise_problems()
+      results = self.eval_loop[1](iter(dataset), steps or _ALL_STEPS)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError, data_checks.LabelsOutOfRangeError) as e:
       raise data_checks.step_error(e, data.provider, label_range, step=None, purpose="evaluation") from None
-    if not evaluated.results["num_examples"]:
+    if not results["num_examples"]:
       raise data_checks.no_evaluation_examples_error()
-    return evaluated.results
+    return results
 
   def _train_loop(
       self, global_batch_size: int, label_range: Any, looping: bool, rewind: Callable[[int], Any]
-  ) -> loops.TrainLoop | unchecked_loops.RerunChecked:
+  ) -> loops.TrainLoop | loops.RerunChecked:
     """The inner loop for this batch size, label range and looping: unchecked where it can be (see the class doc)."""
     saves = self._state.checkpoints
     one_process = self._coordinator is None and self._single_worker and not model_parts.is_tpu(self._strategy)
     if not (looping and saves is not None and one_process):
-      return self._checked(global_batch_size, label_range, looping=looping)
-    return unchecked_loops.RerunChecked(
-        unchecked=self._unchecked(global_batch_size, label_range),
-        checked=functools.partial(self._checked, global_batch_size, label_range, looping=True),
+      return self._loop(global_batch_size, label_range, looping=looping)
+    return loops.RerunChecked(
+        unchecked=self._loop(global_batch_size, label_range, looping=True, unchecked=True),
+        checked=functools.partial(self._loop, global_batch_size, label_range, looping=True),
         step=self._parts.step,
         rewind=rewind,
         saved_step=lambda: saves.saved_step,
         restore_saved=saves.restore_saved,
     )
 
-  def _arguments(self, global_batch_size: int, label_range: Any) -> dict[str, Any]:
-    return dict(
-        strategy=self._strategy,
-        model=self._parts.model,
-        optimizer=self._parts.optimizer,
-        task_loss=self._task.loss,
-        metrics=self._parts.metrics,
-        step=self._parts.step,
-        global_batch_size=global_batch_size,
-        xla=self._xla,
-        clipnorm=self._options.clipnorm,
-        loss_scale=self._parts.loss_scaled,
-        keras_version=self._parts.keras_version,
-        valid_labels=label_range,
-    )
+  def _loop(self, global_batch_size: int, label_range: Any, *, looping: bool, unchecked: bool = False) -> Any:
+    """The loop for this batch size, label range, looping and kind, made once and kept.
 
-  def _checked(self, global_batch_size: int, label_range: Any, *, looping: bool) -> loops.TrainLoop:
-    """The loop that checks every step, for this batch size, label range and looping, made once and kept."""
-    key = (global_batch_size, label_range, looping)
+    Steps check the label range only where the task's loss does not fail by
+    itself on a label out of range, as the built-in `Classification`'s does
+    on a CPU (an op error): checked steps there where one process runs every
+    replica on CPUs, unchecked ones everywhere (on a GPU its loss is NaN, so the rerun
+    checks it).
+    """
+    key = (global_batch_size, label_range, looping, unchecked)
     if key not in self.train_loops:
-      arguments = self._arguments(global_batch_size, label_range)
+      parts, task = self._parts, self._task
+      own_check = isinstance(task, tasks.Classification) and type(task).loss is tasks.Classification.loss
+      # One process on CPUs: a replica's op error ends the step on every replica (on several workers, one
+      # worker's would leave the others waiting).
+      alone_on_cpus = (
+          self._coordinator is None
+          and self._single_worker
+          and not tf.config.list_logical_devices("GPU")
+          and not model_parts.is_tpu(self._strategy)
+      )
+      arguments = dict(
+          strategy=self._strategy,
+          model=parts.model,
+          optimizer=parts.optimizer,
+          task_loss=task.loss,
+          metrics=parts.metrics,
+          step=parts.step,
+          global_batch_size=global_batch_size,
+          xla=self._xla,
+          clipnorm=self._options.clipnorm,
+          loss_scale=parts.loss_scaled,
+          keras_version=parts.keras_version,
+          valid_labels=None if own_check and (unchecked or alone_on_cpus) else label_range,
+      )
       if self._coordinator is not None:
         self.train_loops[key] = parameter_server_loops.ScheduledTrainLoop(coordinator=self._coordinator, **arguments)
+      elif unchecked:
+        state = list(parts.model.variables) + list(parts.keras_version.optimizer_variables(parts.optimizer))
+        self.train_loops[key] = loops.TrainLoop(looping=True, state=state, **arguments)
       else:
         self.train_loops[key] = loops.TrainLoop(looping=looping, multi_worker=not self._single_worker, **arguments)
-    return self.train_loops[key]
-
-  def _unchecked(self, global_batch_size: int, label_range: Any) -> unchecked_loops.UncheckedTrainLoop:
-    """The unchecked loop for this batch size and label range, made once and kept.
-
-    Its steps check the label range only where the task's loss does not fail
-    by itself on a label out of range, as the built-in `Classification`'s
-    does (on a CPU an op error, on a GPU a NaN loss).
-    """
-    key = ("unchecked", global_batch_size, label_range)
-    if key not in self.train_loops:
-      parts = self._parts
-      state = list(parts.model.variables) + list(parts.keras_version.optimizer_variables(parts.optimizer))
-      arguments = self._arguments(global_batch_size, label_range)
-      if isinstance(self._task, tasks.Classification) and type(self._task).loss is tasks.Classification.loss:
-        arguments["valid_labels"] = None
-      self.train_loops[key] = unchecked_loops.UncheckedTrainLoop(state=state, **arguments)
     return self.train_loops[key]

@@ -2,6 +2,16 @@
 
 Each loop returns one vector per call (a single host transfer); its layout is
 defined, and decoded into a named result, here and nowhere else.
+
+A `TrainLoop` checks every step (the batch's finiteness, the labels' range,
+the gradients' finiteness), or, given the variables to check (`state`),
+runs its steps unchecked and checks once per loop that the summed loss and
+those variables are finite. `RerunChecked` runs the unchecked loop once a
+checkpoint exists to fall back to; when a loop is not finite (or raised
+part-way with a state that is not), it restores the checkpoint saved last
+and runs the steps from there to the loop's end again from the same batches
+with the checked loop, which stops at the first bad step and names it as it
+always does. No copy of the variables is kept.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -38,13 +48,9 @@ class TrainLoopResult:
     metrics: every metric's result over those steps, by name.
     stop_signal: None, or `signal.SIGINT` or `signal.SIGTERM` when some
       worker noted that signal (SIGINT wins when both were).
-    non_finite: None, or, when the last step's batch was finite, what was
-      not finite at that step, e.g. "the loss became nan" (the training
-      diverged).
-    non_finite_data: the parts of the last step's batch that held NaN or inf
-      values, of ("features", "labels"); empty when it was finite.
-    labels_out_of_range: the last step's batch held a label outside the
-      loop's `valid_labels`.
+    bad_step: None when every step was finite; else the last step's loss
+      and checks by name (`loss`, `gradients`, `features`, `labels`,
+      `label_range`, each finite exactly when its part of the step was).
   """
 
   steps_run: int
@@ -52,9 +58,7 @@ class TrainLoopResult:
   learning_rate: float
   metrics: dict[str, float]
   stop_signal: int | None = None
-  non_finite: str | None = None
-  non_finite_data: tuple[str, ...] = ()
-  labels_out_of_range: bool = False
+  bad_step: Mapping[str, float] | None = None
 
   @property
   def results(self) -> dict[str, float]:
@@ -72,49 +76,38 @@ class TrainLoopResult:
       FloatingPointError: the loss or gradients were not finite, the batch
         being finite (the training diverged); the message names the step.
     """
-    if self.labels_out_of_range:
+    bad = self.bad_step
+    if bad is None:
+      return
+    if not math.isfinite(bad["label_range"]):
       raise data_checks.LabelsOutOfRangeError(step)
-    if self.non_finite_data:
+    data = [part for part in ("features", "labels") if not math.isfinite(bad[part])]
+    if data:
       raise data_checks.DataError(
-          f"The training data's {' and '.join(self.non_finite_data)} hold NaN or inf values in the batch of step "
+          f"The training data's {' and '.join(data)} hold NaN or inf values in the batch of step "
           f"{step}; training stopped there, and no checkpoint holds weights from that step on. Find them with "
           "tf.debugging.check_numerics in the dataset, or leave such examples out (dataset.filter)."
       )
-    if self.non_finite:
-      raise FloatingPointError(
-          f"Training stopped at step {step}: {self.non_finite}. No checkpoint holds weights from that step on. "
-          "Lower the learning rate (config.optimizer.learning_rate), set a gradient bound "
-          "(config.optimizer.clipnorm), or use float32 precision."
-      )
+    loss = bad["loss"]
+    what = (
+        f"the loss became {loss}"
+        if not math.isfinite(loss)
+        else f"the gradients became non-finite (the loss was {loss:.4g})"
+    )
+    raise FloatingPointError(
+        f"Training stopped at step {step}: {what}; the batch's features and labels are finite, so the training "
+        "diverged. No checkpoint holds weights from that step on. Lower the learning rate "
+        "(config.optimizer.learning_rate), set a gradient bound (config.optimizer.clipnorm), or use float32 precision."
+    )
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalLoopResult:
-  """What one call of an `EvalLoop` found.
-
-  Attributes:
-    results: `{"loss": float, <metric>: float, ..., "num_examples": int}`;
-      `loss` is the weighted sum of per-example losses over the number of
-      real examples.
-    labels_out_of_range: a real example's label lay outside the loop's
-      `valid_labels`.
-  """
-
-  results: dict[str, float]
-  labels_out_of_range: bool = False
-
-  def raise_problems(self) -> None:
-    """Raises `data_checks.LabelsOutOfRangeError` (the Trainer names the label) when a label was out of range."""
-    if self.labels_out_of_range:
-      raise data_checks.LabelsOutOfRangeError(None)
-
-
-# What one step gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
-# four checks, each finite when its part of the step was: the gradients, the batch's features, its
-# labels, and the labels' range (see `TrainLoop`). Under several workers, also the replicas whose
-# worker noted SIGTERM / SIGINT.
+# What one step of a checked loop gives, summed over replicas: the loss, 1 per replica (which counts the steps), and
+# four checks, each finite when its part of the step was: the gradients, the batch's features, its labels, and the
+# labels' range (see `TrainLoop`). Under several workers, also the replicas whose worker noted SIGTERM / SIGINT. An
+# unchecked loop sums the loss, the 1 and the range check per replica, and adds the sum of every variable it checks.
 _VALUES = ("loss", "replicas", "gradients", "features", "labels", "label_range")
 _STOP_VALUES = ("sigterm", "sigint")
+_UNCHECKED_VALUES = ("loss", "replicas", "label_range", "state")
 
 
 def own_function(fn: Callable[..., Any], **options: Any) -> Any:
@@ -127,11 +120,6 @@ def own_function(fn: Callable[..., Any], **options: Any) -> Any:
   own = functools.partial(fn)
   own.__name__ = getattr(fn, "__name__", "function")  # type: ignore[attr-defined]
   return tf.function(own, **options)
-
-
-def maybe_xla(fn: Callable[..., Any], xla: bool) -> Callable[..., Any]:
-  """Returns `fn` compiled with XLA in a `tf.function` of its own when `xla`, else `fn`."""
-  return own_function(fn, jit_compile=True) if xla else fn
 
 
 class TrainLoop:
@@ -156,6 +144,13 @@ class TrainLoop:
   totals then tell what was not. The global step advances once per call by
   the steps run, also when the data runs out or a step raises part-way: the
   call reads the totals then and advances it before passing the error on.
+
+  With `state` the loop is unchecked (`RerunChecked` runs it): each replica
+  adds its loss, 1 and (with `valid_labels`) its label check to a variable of
+  its own (`ON_READ`, summed when read), with no cross-replica reduction
+  beyond the optimizer's; it runs all `num_steps` steps, and its result's
+  `bad_step` says only whether the summed loss or a variable of `state` is
+  not finite at the loop's end (see `finite_sum`): it holds its totals.
 
   A worker's stop request (a SIGTERM or SIGINT was noted) is summed over
   workers with each step's values when there are several workers, so every
@@ -185,6 +180,7 @@ class TrainLoop:
       keras_version: keras_versions.KerasVersion = keras_versions.KERAS_3,
       valid_labels: Any = None,
       multi_worker: bool = False,
+      state: Sequence[Any] | None = None,
   ) -> None:
     """Initializes the `TrainLoop`.
 
@@ -206,9 +202,12 @@ class TrainLoop:
         stop training).
       keras_version: the Keras of the model and optimizer (Keras 3 or tf_keras).
       valid_labels: None, or the `runner.tasks.LabelRange` every label must
-        lie in; a step whose batch holds another stops training.
+        lie in; a step whose batch holds another stops training. Pass None
+        where the task's loss fails by itself on such a label (an op error).
       multi_worker: other workers take part, so stop requests are summed
         over workers in the steps.
+      state: None (every step checked), or the variables an unchecked loop
+        checks finite at its end (looping on one worker only).
     """
     self._strategy = strategy
     self._model = model
@@ -221,21 +220,32 @@ class TrainLoop:
     self._loss_scale = loss_scale
     self._keras = keras_version
     self._valid_labels = valid_labels
-    # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's
-    # update and the checks included; with more, the forward and backward pass.
-    self._whole_step_xla = xla and strategy.num_replicas_in_sync == 1 and not multi_worker
-    self._gradients = maybe_xla(self._loss_and_gradients, xla and not self._whole_step_xla)
-    self._update = maybe_xla(self._update_and_checks, self._whole_step_xla)
     self._looping = looping
-    self._names = _VALUES + (_STOP_VALUES if multi_worker else ())
-    self._stop_values: dict[int | None, tf.Tensor] = {
-        None: tf.constant([0.0, 0.0]),
-        signal.SIGTERM: tf.constant([1.0, 0.0]),
-        signal.SIGINT: tf.constant([0.0, 1.0]),
-    }
-    if self._looping:
-      self._make_totals()
-    self.function = own_function(self._many_steps if self._looping else self._one_step)
+    self._state = None if state is None else [v for v in state if tf.as_dtype(v.dtype).is_floating]
+    self._names = _UNCHECKED_VALUES if state is not None else _VALUES + (_STOP_VALUES if multi_worker else ())
+    # One replica has no cross-replica sum inside its step, so XLA can compile all of it, the optimizer's update,
+    # the checks and the metrics included; with more, the forward and backward pass (`_split_step`).
+    self._step_fn: Callable[..., Any] = self._replica_step
+    if xla and strategy.num_replicas_in_sync == 1 and not multi_worker:
+      self._step_fn = own_function(self._replica_step, jit_compile=True)
+    elif xla:
+      self._forward_backward = own_function(functools.partial(self._replica_step, update=False), jit_compile=True)
+      self._step_fn = self._split_step
+    if state is None:
+      with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
+        self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
+        self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
+    else:
+      with strategy.scope():  # [loss, replicas, label range] per replica, summed over the replicas when read.
+        self._totals = tf.Variable(
+            tf.zeros([3]),
+            trainable=False,
+            synchronization=tf.VariableSynchronization.ON_READ,
+            aggregation=tf.VariableAggregation.SUM,
+            name="unchecked_loop_sums",
+        )
+      self._finite_sums = own_function(lambda: tf.concat([self._totals.read_value(), [self._state_sum()]], 0))
+    self.function = own_function(self._steps)
 
   def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> TrainLoopResult:
     """Runs `num_steps` steps (1 when looping is off) from `iterator`; returns a `TrainLoopResult`.
@@ -249,14 +259,9 @@ class TrainLoop:
       tf.errors.OpError: as a step raised it (e.g. `OutOfRangeError`: the
         data ran out); the global step counts the steps before it.
     """
-    return self._decoded(self._vector(iterator, num_steps, self._stop_values[stop_signal]))
-
-  def _vector(self, iterator: Any, num_steps: int, stop: tf.Tensor) -> Any:
-    """Calls the function; returns its vector (see `__call__`)."""
-    if not self._looping:
-      return self.function(iterator, stop).numpy()
+    stop = tf.constant([float(stop_signal == signal.SIGTERM), float(stop_signal == signal.SIGINT)])
     try:
-      return self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy()
+      return self._decoded(self.function(iterator, tf.constant(num_steps, tf.int32), stop).numpy())
     except tf.errors.OpError:
       self._step.assign_add(self._steps_in(self._totals.numpy()))
       raise
@@ -273,16 +278,17 @@ class TrainLoop:
     if self.function.experimental_get_tracing_count():
       return False
     if self._looping:
-      self.function(iterator, tf.constant(0, tf.int32), self._stop_values[None])
+      self.function(iterator, tf.constant(0, tf.int32), tf.zeros([2]))
     else:
-      self.function.get_concrete_function(iterator, self._stop_values[None])
+      self.function.get_concrete_function(iterator, tf.constant(1, tf.int32), tf.zeros([2]))
     return True
 
-  def _make_totals(self) -> None:
-    """Makes the variables `_many_steps` keeps its running totals and the last step's values in."""
-    with tf.init_scope():  # Plain variables of this host, also when made in a strategy's scope.
-      self._totals = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_totals")
-      self._last = tf.Variable(tf.zeros([len(self._names)]), trainable=False, name="train_loop_last_step")
+  def finite_so_far(self) -> bool:
+    """Whether an unchecked loop's loss summed so far and every variable are finite (after a call raised part-way)."""
+    return bool(math.isfinite(float(self._finite_sums().numpy().sum())))
+
+  def _state_sum(self) -> tf.Tensor:
+    return finite_sum([tf.convert_to_tensor(v) for v in self._state or ()])
 
   def _steps_in(self, totals: Any) -> int:
     # A replica that raised part-way counts one step less (unchecked loops): the steps every replica finished.
@@ -291,138 +297,225 @@ class TrainLoop:
   def _decoded(self, vector: Any) -> TrainLoopResult:
     size = len(self._names)
     totals = dict(zip(self._names, vector[:size].tolist()))
-    last = dict(zip(self._names, vector[size : 2 * size].tolist()))
-    steps_run = self._steps_in(vector)
+    if self._state is None:  # The last step's values follow the totals.
+      last, vector = dict(zip(self._names, vector[size : 2 * size].tolist())), vector[2 * size :]
+    else:  # Unchecked: its totals tell whether `RerunChecked` runs it again.
+      last, vector = totals, vector[size:]
+    steps_run = self._steps_in(list(totals.values()))
     return TrainLoopResult(
         steps_run=steps_run,
         loss=totals["loss"] / steps_run if steps_run else math.nan,
-        learning_rate=float(vector[2 * size]),
-        metrics={metric.name: value for metric, value in zip(self._metrics, vector[2 * size + 1 :].tolist())},
+        learning_rate=float(vector[0]),
+        metrics={metric.name: value for metric, value in zip(self._metrics, vector[1:].tolist())},
         stop_signal=(
             signal.SIGINT if totals.get("sigint", 0) > 0 else signal.SIGTERM if totals.get("sigterm", 0) > 0 else None
         ),
-        non_finite=non_finite_cause(last),
-        non_finite_data=non_finite_data(last),
-        labels_out_of_range=not math.isfinite(last["label_range"]),
+        bad_step=None if all(math.isfinite(value) for value in last.values()) else last,
     )
 
-  def _step_values(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
-    """Runs one step; returns its values summed over replicas."""
-    return self._strategy.reduce(SUM, self._strategy.run(self._replica_step, args=(next(iterator), stop)), axis=None)
-
-  def _one_step(self, iterator: Any, stop: tf.Tensor) -> tf.Tensor:
-    for metric in self._metrics:
-      metric.reset_state()
-    values = self._step_values(iterator, stop)
-    with tf.control_dependencies([values]):  # Not advanced by a step that raised (e.g. a loss op on a bad label).
-      self._step.assign_add(1)
-    return self._results(values, values)
-
-  def _many_steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
+  def _steps(self, iterator: Any, num_steps: tf.Tensor, stop: tf.Tensor) -> tf.Tensor:
+    """Runs `num_steps` steps (one, with no loop around it, when not looping); returns the call's vector."""
     for metric in self._metrics:
       metric.reset_state()
     self._totals.assign(tf.zeros_like(self._totals))
 
     def step(i: tf.Tensor) -> tf.Tensor:
-      values = self._step_values(iterator, stop)
+      values = self._strategy.run(self._step_fn, args=(next(iterator), stop))
+      if self._state is not None:  # Each replica added its values to its own totals.
+        return i + 1
+      values = self._strategy.reduce(SUM, values, axis=None)
       self._totals.assign_add(values)
       self._last.assign(values)
       return tf.where(tf.math.is_finite(tf.reduce_sum(values)), i + 1, num_steps)
 
-    tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
-    totals = self._totals.read_value()
-    self._step.assign_add(tf.cast(tf.round(totals[1] / self._strategy.num_replicas_in_sync), self._step.dtype))
+    if self._looping:
+      tf.while_loop(lambda i: i < num_steps, step, [tf.constant(0)])
+    else:
+      step(tf.constant(0))
+    totals = self._totals.read_value()  # Read after the steps: a step that raised (e.g. on a bad label) adds nothing.
+    replicas = self._strategy.num_replicas_in_sync
+    self._step.assign_add(tf.cast(tf.math.floor(totals[1] / replicas + 1e-6), self._step.dtype))
+    if self._state is not None:
+      return self._results(tf.concat([totals, [self._state_sum()]], axis=0), tf.zeros([0]))
     return self._results(totals, self._last.read_value())
 
   def _results(self, totals: tf.Tensor, last: tf.Tensor) -> tf.Tensor:
     learning_rate = tf.cast(self._keras.learning_rate(self._optimizer), tf.float32)
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
-  def _replica_step(self, batch: Sequence[Any], stop: tf.Tensor) -> tf.Tensor:
-    """One replica's forward and backward pass, optimizer update and metrics; returns its values (`self._names`).
+  def _replica_step(self, batch: Sequence[Any], stop: tf.Tensor, update: bool = True) -> Any:
+    """One replica's step under `tf.GradientTape`: forward and backward pass, then `_updated`.
 
-    With `xla` and one replica, the update is one XLA program. The values are
-    its share of the global loss, 1, and the checks, each finite exactly when
-    its part was fine: the gradients, the batch's features and its labels
-    hold only finite values, and the labels lie in `valid_labels`.
+    With `update=False` only the forward and backward pass: it returns
+    `(loss, outputs, gradients)` (XLA compiles that alone on several replicas).
     """
-    loss, outputs, checks = self._update(batch[0], batch[1], batch[2] if len(batch) == 3 else None)
-    for metric in self._metrics:
-      metric.update_state(batch[1], outputs, sample_weight=batch[2] if len(batch) == 3 else None)
-    values = tf.stack([loss, 1.0, *checks])
-    return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
-
-  def _apply_update(
-      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
-  ) -> tuple[tf.Tensor, Any, list[Any]]:
-    """One replica's forward and backward pass and optimizer update; returns its loss, outputs and gradients."""
-    loss, gradients, outputs = self._gradients(features, labels, sample_weight)
-    if self._loss_scale:
-      gradients = self._keras.gradients_to_apply(self._optimizer, gradients)
-    self._keras.apply(self._optimizer, self._agreed_and_clipped(gradients), self._model.trainable_variables)
-    return loss, outputs, gradients
-
-  def _update_and_checks(
-      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
-  ) -> tuple[tf.Tensor, Any, tuple[tf.Tensor, ...]]:
-    loss, outputs, gradients = self._apply_update(features, labels, sample_weight)
-    checks = (
-        # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
-        tf.constant(0.0) if self._loss_scale else finite_sum([g for g in gradients if g is not None]),
-        finite_sum(tf.nest.flatten(features, expand_composites=True)),
-        finite_sum([labels]),
-        tf.math.log(tf.cast(labels_in(labels, self._valid_labels), tf.float32)),
-    )
-    return loss, outputs, checks
-
-  def _loss_and_gradients(
-      self, features: Any, labels: tf.Tensor, sample_weight: tf.Tensor | None
-  ) -> tuple[tf.Tensor, list[Any], Any]:
+    features, labels = batch[0], batch[1]
+    sample_weight = batch[2] if len(batch) == 3 else None
     with tf.GradientTape() as tape:
       outputs = float32_outputs(self._model(features, training=True))
       per_example_loss = self._task_loss(labels, outputs)
-      if sample_weight is not None:
-        sample_weight = tf.cast(sample_weight, per_example_loss.dtype)
-      loss = tf.nn.compute_average_loss(
-          per_example_loss, sample_weight=sample_weight, global_batch_size=self._global_batch_size
-      )
+      if sample_weight is None:  # `tf.nn.compute_average_loss` without its assertions, a dozen ops a step fewer.
+        loss = tf.reduce_sum(per_example_loss) / self._global_batch_size
+      else:
+        loss = tf.nn.compute_average_loss(
+            per_example_loss,
+            sample_weight=tf.cast(sample_weight, per_example_loss.dtype),
+            global_batch_size=self._global_batch_size,
+        )
       if self._model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(extra, tf.float32) for extra in self._model.losses]))
       objective = self._keras.scaled_loss(self._optimizer, loss) if self._loss_scale else loss
-    return loss, sharded_variables.gradients(tape, objective, self._model.trainable_variables), outputs
+    gradients = sharded_variables.gradients(tape, objective, self._model.trainable_variables)
+    if not update:
+      return loss, outputs, gradients
+    return self._updated(batch, stop, loss, outputs, gradients)
 
-  def _agreed_and_clipped(self, gradients: list[Any]) -> list[Any]:
-    """Applies `clipnorm` to the gradient summed over replicas; makes replicas agree on finiteness.
+  def _split_step(self, batch: Sequence[Any], stop: tf.Tensor) -> Any:
+    """A replica's step whose forward and backward pass XLA compiles, and whose update (with its all-reduce) not."""
+    return self._updated(batch, stop, *self._forward_backward(batch, stop))
+
+  def _updated(self, batch: Sequence[Any], stop: tf.Tensor, loss: tf.Tensor, outputs: Any, gradients: list[Any]) -> Any:
+    """Applies the gradients and updates the metrics; returns the step's values (see `_VALUES`).
+
+    An unchecked loop's replica adds its values to its own totals instead,
+    and returns nothing.
+    """
+    self.apply(gradients)
+    sample_weight = batch[2] if len(batch) == 3 else None
+    for metric in self._metrics:
+      metric.update_state(batch[1], outputs, sample_weight=sample_weight)
+    if self._state is not None:
+      self._totals.assign_add(tf.stack([loss, 1.0, self.label_check(batch[1])]))
+      return None
+    values = tf.stack([loss, 1.0, *self.checks(batch, gradients)])
+    return tf.concat([values, stop], axis=0) if len(self._names) > len(_VALUES) else values
+
+  def checks(self, batch: Sequence[Any], gradients: list[Any]) -> tuple[tf.Tensor, ...]:
+    """A step's checks, each finite exactly when its part is fine: the gradients, features, labels and label range."""
+    return (
+        # A LossScaleOptimizer skips steps with non-finite gradients by itself: they do not stop training.
+        tf.constant(0.0) if self._loss_scale else finite_sum([g for g in gradients if g is not None]),
+        finite_sum(tf.nest.flatten(batch[0], expand_composites=True)),
+        finite_sum([batch[1]]),
+        self.label_check(batch[1]),
+    )
+
+  def label_check(self, labels: tf.Tensor) -> tf.Tensor:
+    """0.0 when every label lies in `valid_labels` (or there are none to check), else -inf."""
+    if self._valid_labels is None:
+      return tf.constant(0.0)
+    return tf.math.log(tf.cast(labels_in(labels, self._valid_labels), tf.float32))
+
+  def apply(self, gradients: list[Any]) -> None:
+    """Applies one replica's `gradients` (under loss scaling, unscaled first; clipped with `clipnorm`).
 
     Each replica scales its own gradient by the same factor, so the sum the
     optimizer forms is the clipped sum. Under loss scaling, a non-finite
     gradient on any replica is made non-finite on all of them, so every
     replica skips the same steps.
     """
+    if self._loss_scale:
+      gradients = self._keras.gradients_to_apply(self._optimizer, gradients)
     clip = self._clipnorm is not None
-    agree = self._loss_scale and self._strategy.num_replicas_in_sync > 1
-    if not (clip or agree):
-      return gradients
-    context = tf.distribute.get_replica_context()
-    present = [g for g in gradients if g is not None]
-    if clip:
-      norm = tf.linalg.global_norm(context.all_reduce(SUM, present))
-      if self._loss_scale:
-        norm /= tf.cast(self._keras.loss_scale(self._optimizer), norm.dtype)
-      factor = self._clipnorm / tf.maximum(norm, self._clipnorm)
-      poison = tf.where(tf.math.is_finite(norm), 0.0, float("nan"))
-    else:
-      local_bad = 1.0 - tf.cast(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present]), tf.float32)
-      factor = 1.0
-      poison = tf.where(context.all_reduce(SUM, local_bad) > 0, float("nan"), 0.0)
-    return [None if g is None else g * tf.cast(factor, g.dtype) + tf.cast(poison, g.dtype) for g in gradients]
+    if clip or (self._loss_scale and self._strategy.num_replicas_in_sync > 1):
+      context = tf.distribute.get_replica_context()
+      present = [g for g in gradients if g is not None]
+      if clip:
+        norm = tf.linalg.global_norm(context.all_reduce(SUM, present))
+        if self._loss_scale:
+          norm /= tf.cast(self._keras.loss_scale(self._optimizer), norm.dtype)
+        factor = self._clipnorm / tf.maximum(norm, self._clipnorm)
+        poison = tf.where(tf.math.is_finite(norm), 0.0, float("nan"))
+      else:
+        local_bad = 1.0 - tf.cast(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in present]), tf.float32)
+        factor = 1.0
+        poison = tf.where(context.all_reduce(SUM, local_bad) > 0, float("nan"), 0.0)
+      gradients = [None if g is None else g * tf.cast(factor, g.dtype) + tf.cast(poison, g.dtype) for g in gradients]
+    self._keras.apply(self._optimizer, gradients, self._model.trainable_variables)
+
+
+class RerunChecked:
+  """The call contract of `TrainLoop`: loops run unchecked; the steps of one that is not finite run again, checked.
+
+  Loops run checked while `saved_step()` is None (no checkpoint to fall back
+  to). After that, a loop whose summed loss or final variables are not
+  finite, or that raised part-way with a state that was not finite, is run
+  again: `restore_saved` restores the checkpoint saved last (waiting for one
+  being written), and the checked loop runs from its step to the loop's end
+  on the same batches (a new iterator from `rewind`, which is used from then
+  on), stopping at the first bad step with its usual result. A loop that
+  raised with a finite state raises as it did: the global step counts the
+  steps before the error, as a checked loop's would. No copy of the
+  variables is kept.
+  """
+
+  def __init__(
+      self,
+      *,
+      unchecked: TrainLoop,
+      checked: Callable[[], TrainLoop],
+      step: tf.Variable,
+      rewind: Callable[[int], Any],
+      saved_step: Callable[[], int | None],
+      restore_saved: Callable[[], int],
+  ) -> None:
+    """Initializes the `RerunChecked`.
+
+    Args:
+      unchecked: the loop (a `TrainLoop` with `state`) that runs every call once a checkpoint exists.
+      checked: returns the checked loop.
+      step: the global step variable.
+      rewind: `rewind(step)` returns a distributed iterator whose first batch
+        is that of global step `step` (`train_input.training_iterator`).
+      saved_step: returns the step of the checkpoint saved last, or None.
+      restore_saved: restores that checkpoint; returns its step.
+    """
+    self._unchecked = unchecked
+    self._checked = checked
+    self._step = step
+    self._rewind = rewind
+    self._saved_step = saved_step
+    self._restore_saved = restore_saved
+    self._rewound: tuple[Any, Any] | None = None  # (an iterator, the rewound one used in its place)
+
+  def __call__(self, iterator: Any, num_steps: int, stop_signal: int | None) -> TrainLoopResult:
+    """Runs `num_steps` steps from `iterator`; returns a `TrainLoopResult` (see the class doc).
+
+    Its `steps_run` counts from the global step before the call; `stop_signal`
+    is as for `TrainLoop` (one worker: the controller reads it itself).
+
+    Raises:
+      tf.errors.OpError: as a step raised it; the global step counts the
+        steps before it.
+    """
+    given = iterator
+    if self._rewound is not None and self._rewound[0] is given:
+      iterator = self._rewound[1]
+    if self._saved_step() is None:
+      return self._checked()(iterator, num_steps, stop_signal)
+    end = int(self._step.numpy()) + num_steps
+    try:
+      result = self._unchecked(iterator, num_steps, None)
+      if result.bad_step is None:
+        return result
+    except tf.errors.OpError:
+      if self._unchecked.finite_so_far():
+        raise
+    restored = self._restore_saved()
+    self._rewound = (given, self._rewind(restored))
+    result = self._checked()(self._rewound[1], end - restored, stop_signal)
+    return dataclasses.replace(result, steps_run=restored + result.steps_run - (end - num_steps))
+
+  def trace(self, iterator: Any) -> bool:
+    """Traces the loop's function that the next call runs (see `TrainLoop.trace`); whether it was traced now."""
+    return (self._checked() if self._saved_step() is None else self._unchecked).trace(iterator)
 
 
 class EvalLoop:
   """Evaluates a padded distributed dataset (see `input_pipeline.for_evaluation`) in one call.
 
   The call runs steps until the real examples are used up (or `max_steps`),
-  and returns an `EvalLoopResult`, fetched as one float64 vector `[loss,
+  and returns the results, fetched as one float64 vector `[loss,
   num_examples, labels_out_of_range, *metric_results]`. Metrics are reset at
   the start of each call.
 
@@ -462,18 +555,30 @@ class EvalLoop:
     self._metrics = metrics
     self._single_pipeline = num_input_pipelines == 1
     self._valid_labels = valid_labels
-    self._forward = maybe_xla(lambda features: self._model(features, training=False), xla)
+    self._forward = lambda features: self._model(features, training=False)
+    if xla:
+      self._forward = own_function(self._forward, jit_compile=True)
     self.function = own_function(self._evaluate, autograph=False)
 
-  def __call__(self, iterator: Any, max_steps: int) -> EvalLoopResult:
-    """Evaluates up to `max_steps` batches of `iterator` (to its end); returns an `EvalLoopResult`."""
+  def __call__(self, iterator: Any, max_steps: int) -> dict[str, float]:
+    """Evaluates up to `max_steps` batches of `iterator` (to its end).
+
+    Returns:
+      `{"loss": float, <metric>: float, ..., "num_examples": int}`; `loss` is
+      the weighted sum of per-example losses over the number of real examples.
+
+    Raises:
+      data_checks.LabelsOutOfRangeError: a real example's label lay outside
+        `valid_labels` (the Trainer names it).
+    """
     values = self.function(iterator, tf.constant(max_steps, tf.int64)).numpy()
-    results = {
+    if values[2] > 0:
+      raise data_checks.LabelsOutOfRangeError(None)
+    return {
         "loss": float(values[0]),
         **{metric.name: float(value) for metric, value in zip(self._metrics, values[3:])},
         "num_examples": int(values[1]),
     }
-    return EvalLoopResult(results=results, labels_out_of_range=bool(values[2] > 0))
 
   def _evaluate(self, iterator: Any, max_steps: tf.Tensor) -> tf.Tensor:
     for metric in self._metrics:
@@ -545,33 +650,6 @@ def labels_in(labels: tf.Tensor, valid_labels: Any, mask: tf.Tensor | None = Non
   if valid_labels.integer and not labels.dtype.is_integer:
     valid &= tf.reduce_all(tf.equal(labels, tf.floor(labels)))
   return valid
-
-
-def non_finite_data(values: Mapping[str, float]) -> tuple[str, ...]:
-  """Returns the parts of a step's batch, of ("features", "labels"), that held NaN or inf values.
-
-  Args:
-    values: the step's checks `features` and `labels` by name (each finite
-      exactly when that part was), as `TrainLoop` decodes them.
-  """
-  return tuple(part for part in ("features", "labels") if not math.isfinite(values[part]))
-
-
-def non_finite_cause(values: Mapping[str, float]) -> str | None:
-  """Says what was not finite at a step although its batch was finite; None if all was.
-
-  Args:
-    values: the step's `loss` and its checks `gradients`, `features` and
-      `labels` by name, as `TrainLoop` decodes them.
-  """
-  if non_finite_data(values) or (math.isfinite(values["loss"]) and math.isfinite(values["gradients"])):
-    return None
-  what = (
-      f"the loss became {values['loss']}"
-      if not math.isfinite(values["loss"])
-      else f"the gradients became non-finite (the loss was {values['loss']:.4g})"
-  )
-  return f"{what}; the batch's features and labels are finite, so the training diverged"
 
 
 def _scalar(metric: Any) -> tf.Tensor:

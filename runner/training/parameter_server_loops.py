@@ -258,9 +258,7 @@ class ScheduledTrainLoop(loops.TrainLoop):
         learning_rate=learning_rate,
         metrics=self._metric_results([states for _, states in outputs]),
         stop_signal=stop_signal,
-        non_finite=loops.non_finite_cause(bad[0]) if bad else None,
-        non_finite_data=loops.non_finite_data(bad[0]) if bad else (),
-        labels_out_of_range=bool(bad) and not math.isfinite(bad[0]["label_range"]),
+        bad_step=bad[0] if bad else None,
     )
 
   def trace(self, iterator: Any) -> bool:
@@ -341,14 +339,15 @@ class ScheduledTrainLoop(loops.TrainLoop):
     return result, changes
 
   def _replica_step_with_metric_changes(self, batch: Sequence[Any]) -> tuple[tf.Tensor, list[Any]]:
+    loss, outputs, gradients = self._replica_step(batch, tf.zeros([2]), update=False)
+    self.apply(gradients)
     sample_weight = batch[2] if len(batch) == 3 else None
-    loss, outputs, checks = self._update(batch[0], batch[1], sample_weight)
     changes = []
     for metric in self._metrics:
       initial = metric.stateless_reset_state()
       updated = metric.stateless_update_state(initial, batch[1], outputs, sample_weight=sample_weight)
       changes.append([new - old for new, old in zip(updated, initial)])
-    return tf.stack([loss, *checks]), changes
+    return tf.stack([loss, *self.checks(batch, gradients)]), changes
 
 
 def function_sizes(num_steps: int, workers: int) -> list[int]:

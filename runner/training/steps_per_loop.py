@@ -123,11 +123,9 @@ class FixedStepsPerLoop:
 
   def record_call_overhead(self, seconds: float) -> None:
     """Ignores the measurement: the size is fixed."""
-    del seconds
 
   def record_loop(self, *, steps: int, seconds: float, host_seconds: float | None = None) -> None:
     """Ignores the measurement: the size is fixed."""
-    del steps, seconds, host_seconds
 
   def next_size(self, step: int, end: int) -> int:
     """The steps of the loop that starts at global step `step` of a call that ends at `end`."""

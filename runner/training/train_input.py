@@ -17,7 +17,7 @@ class TrainInput:
   the last one stopped (and skip rebuilding the input pipeline). A new
   iterator starts at the batch of a given global step (`training_iterator`),
   and is kept for the calls after. A new one that is not rewound (steps run
-  again with the checks, `unchecked_loops.RerunChecked`) notes what the data
+  again with the checks, `loops.RerunChecked`) notes what the data
   is in the checkpoints (`Checkpoints.swap_training_data`), and a resume on
   other data than the checkpoint's says so.
 

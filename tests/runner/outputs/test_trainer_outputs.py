@@ -148,13 +148,13 @@ def test_profile_steps_trace_exactly_those_steps_where_the_profile_plugin_lists_
   events = collections.Counter(
       (line.name.split("/")[0], names[event.metadata_id]) for line in host.lines for event in line.events
   )
-  # One call of the train loop's function (unchecked: runner.training.unchecked_loops), and in it three steps (3, 4
+  # One call of the train loop's function (unchecked: runner.training.loops.RerunChecked), and in it three steps (3, 4
   # and 5): three additions to the loop's totals, then one advance of the global step (by the steps run). Batches read are not counted: the input
   # pipeline's background thread may read one ahead inside the window.
   calls = {
       name: count
       for (line, name), count in events.items()
-      if line == "python" and re.fullmatch(r"EagerLocalExecute: __inference__unchecked_steps_\d+", name)
+      if line == "python" and re.fullmatch(r"EagerLocalExecute: __inference__steps_\d+", name)
   }
   assert list(calls.values()) == [1], events
   assert events["tf_Compute", "while/body/_1/while/AssignAddVariableOp:AssignAddVariableOp"] == 3, events

@@ -37,7 +37,7 @@ def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
   trainer.train(data, global_batch_size=GLOBAL_BATCH, steps=7)  # Loops of 3, 3 and 1 steps.
   assert trainer.global_step == 7
   assert task.traces == 1
-  # With the checkpoint of step 7 the loops run unchecked (runner.training.unchecked_loops): one more trace.
+  # With the checkpoint of step 7 the loops run unchecked (runner.training.loops.RerunChecked): one more trace.
   trainer.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=9)  # A new iterator.
   assert trainer.global_step == 9
   assert task.traces == 2
@@ -49,9 +49,7 @@ def test_a_shorter_last_loop_and_a_resumed_train_reuse_one_trace(tmp_path):
 def test_steps_per_loop_one_traces_no_loop_and_many_steps_trace_one():
   def while_ops(trainer, steps_per_loop):
     (loop,) = trainer._loops.train_loops.values()  # noqa: SLF001
-    arguments = [trainer._input.current[2], tf.constant([0.0, 0.0])]  # noqa: SLF001
-    if steps_per_loop > 1:
-      arguments.insert(1, tf.constant(1))
+    arguments = [trainer._input.current[2], tf.constant(1), tf.constant([0.0, 0.0])]  # noqa: SLF001
     assert loop.function.experimental_get_tracing_count() == 1
     graph = loop.function.get_concrete_function(*arguments).graph
     assert loop.function.experimental_get_tracing_count() == 1  # The trace that ran, not a new one.
