@@ -55,6 +55,8 @@ LONGEST_FILES = (
     "runner/cluster/test_cluster.py",
     "runner/cluster/test_trainer_parameter_server.py",
     "runner/cluster/test_ray_train.py",
+    "runner/test_gnn_example.py",
+    "runner/test_cli.py",
     "runner/training/test_trainer_tf_keras.py",
     "runner/training/test_unchecked_loops.py",
     "runner/training/test_trainer_multi_worker.py",

@@ -3,7 +3,7 @@
 Every case is a real child process. A stopped run is restarted with the same
 command and must end with the final checkpoint of an uninterrupted run,
 within 1e-6 on 2 logical CPUs. The same on one device, bit for bit, with
-SIGTERM, Ctrl-C and SIGKILL during background checkpoint writes:
+SIGTERM and SIGKILL during background checkpoint writes:
 tests/runner/outputs/test_async_checkpoints.py; on 2 workers:
 tests/runner/cluster/test_launch.py.
 """

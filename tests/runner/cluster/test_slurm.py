@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+import runner
 from testlib import paths
 from testlib import process_testlib
 from testlib import reference_runs
@@ -176,14 +177,13 @@ def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_pa
   """
   args = _runner_args("--config.strategy.name=parameter_server", "--config.strategy.num_ps=1")
   srun = _srun(3, [*args, f"--workdir={tmp_path / 'srun'}"], env, tmp_path / "logs")
-  one_device = _runner_args("--config.strategy.name=one_device", f"--workdir={tmp_path / 'one_device'}")
-  alone = process_testlib.Process(
-      [sys.executable, "-m", "runner", *one_device], env=env, logs=str(tmp_path / "logs"), name="one_device"
-  )
-  status, stdout, stderr = srun.wait()
-  alone_status, _, alone_stderr = alone.wait()
+  try:  # The same run on one device, in this process while the job runs.
+    overrides = [arg.removeprefix("--").removeprefix("config.") for arg in _runner_args()[1:]]
+    alone = runner.run(runner.load_config(SYNTHETIC, [*overrides, "strategy.name=one_device"]), str(tmp_path / "one"))
+  finally:
+    status, stdout, stderr = srun.wait()
   assert status == 0, stderr[-3000:]
-  assert alone_status == 0, alone_stderr[-3000:]
+  assert alone.global_step == STEPS
   sizes = "1 chief, 1 ps task, 1 worker"
   chief = _cluster_line(stderr, 0, f"{sizes}; this task is chief:0 at localhost:")
   assert chief.group(2).startswith("ports reserved by SLURM (")
@@ -193,4 +193,4 @@ def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_pa
   for rank, task in ((1, "ps:0"), (2, "worker:0")):
     assert f"{rank}: serving as {task} of a parameter-server cluster until the coordinator" in stdout
   assert [row["step"] for row in process_testlib.train_rows(tmp_path / "srun")] == list(range(10, STEPS + 1, 10))
-  _assert_same_weights(tmp_path / "srun", process_testlib.final_checkpoint_values(tmp_path / "one_device"))
+  _assert_same_weights(tmp_path / "srun", process_testlib.final_checkpoint_values(tmp_path / "one"))

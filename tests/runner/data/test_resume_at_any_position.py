@@ -248,7 +248,7 @@ def test_a_run_resumed_at_any_step_ends_with_the_weights_of_an_uninterrupted_one
     np.testing.assert_array_equal(got, want)
 
 
-def test_a_resume_on_training_files_added_or_emptied_says_so_in_one_warning(tmp_path):
+def test_a_resume_on_training_files_added_or_emptied_says_so_in_one_warning(tmp_path, caplog):
   features, labels = trainer_testlib.classification_arrays(64)
   first, second = str(tmp_path / "part-0.tfrecord"), str(tmp_path / "part-1.tfrecord")
   trainer_testlib.write_classification_records(first, features[:32], labels[:32])
@@ -262,15 +262,24 @@ def test_a_resume_on_training_files_added_or_emptied_says_so_in_one_warning(tmp_
   ]
   runner.run(runner.load_config(SYNTHETIC, [*overrides, "trainer.train_steps=4"]), workdir, quiet=True)
 
-  def resumed(steps):
-    """Resumes the run to `steps` through the command line; returns (then, now) of its one warning."""
-    arguments = [f"--config={SYNTHETIC}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
-    status, _, stderr = process_testlib.runner_cli(
-        [*arguments, f"--config.trainer.train_steps={steps}"], logs=f"{workdir}.logs"
-    ).wait()
-    assert status == 0, stderr[-3000:]
-    assert "so this run sees the batches" not in stderr
-    [warning] = process_testlib.warning_lines(stderr)
+  def resumed(steps, *, command_line):
+    """Resumes the run to `steps` through the command line or in this process; returns (then, now) of its warning."""
+    if command_line:
+      arguments = [f"--config={SYNTHETIC}", f"--workdir={workdir}", *(f"--config.{o}" for o in overrides)]
+      status, _, stderr = process_testlib.runner_cli(
+          [*arguments, f"--config.trainer.train_steps={steps}"], logs=f"{workdir}.logs"
+      ).wait()
+      assert status == 0, stderr[-3000:]
+      output, warnings = stderr, process_testlib.warning_lines(stderr)
+    else:
+      caplog.clear()
+      with caplog.at_level("INFO", logger="absl"):
+        runner.run(runner.load_config(SYNTHETIC, [*overrides, f"trainer.train_steps={steps}"]), workdir, quiet=True)
+      output, warnings = caplog.text, [
+          record.getMessage() for record in caplog.records if record.levelname == "WARNING"
+      ]
+    assert "so this run sees the batches" not in output
+    [warning] = warnings
     said = re.fullmatch(
         rf"Resuming at step {steps - 2} on other training data than the checkpoint's \(it was trained on (.+); the "
         rf"data now is (.+)\): reading the data from where a run that had always trained on it would be at step "
@@ -285,9 +294,9 @@ def test_a_resume_on_training_files_added_or_emptied_says_so_in_one_warning(tmp_
 
   size = os.path.getsize(first)
   trainer_testlib.write_classification_records(second, features[32:], labels[32:])  # A file added.
-  then, now = resumed(6)
+  then, now = resumed(6, command_line=True)  # One warning line on stderr.
   assert re.fullmatch(files(size), then) and re.fullmatch(files(size, size), now), (then, now)
   open(first, "wb").close()  # A file emptied.
-  then, emptied = resumed(8)
+  then, emptied = resumed(8, command_line=False)
   assert then == now  # The checkpoint of step 6 holds the files it was trained on.
   assert re.fullmatch(files(0, size), emptied), emptied

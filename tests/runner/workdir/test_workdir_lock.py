@@ -173,11 +173,13 @@ def _first_to_exit(runs):
 
 
 def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, subprocess_env):
-  """Three times two processes on a new workdir (the second time with another model); a SIGKILLed holder last."""
+  """Twice two processes on a new workdir, each time a holder and one refused at once.
+
+  First the second has another model (the lock is checked before the model) and its holder is stopped by SIGTERM;
+  then the same command twice, its holder SIGKILLed and its stale lock taken over by the next run.
+  """
   another_model = ["--config.model.hidden_units=(32,)"]
-  for attempt, (second_args, stop) in enumerate(
-      [((), signal.SIGTERM), (another_model, signal.SIGTERM), ((), signal.SIGKILL)]
-  ):
+  for attempt, (second_args, stop) in enumerate([(another_model, signal.SIGTERM), ((), signal.SIGKILL)]):
     workdir = str(tmp_path / f"attempt{attempt}")
     runs = [
         _runner(workdir, subprocess_env, name="first"),
