@@ -93,15 +93,15 @@ def for_evaluation(
 
   Each input pipeline batches its elements by the per-replica batch size
   (the provider's `get_batches`) and maps each batch to `(features, labels, weight, mask)` (weight: the sample
-  weights or 1; mask: 1 per example); endless padding follows (weight 0 and
-  mask 0: zeros, or for features without a fixed shape, such as ragged,
-  sparse or a `GraphTensor`, copies of the first batch), and
-  `Dataset.rebatch` cuts full batches of the stream. Every batch is
-  therefore full and of static batch size (as TPUs and XLA need); the
-  padding adds nothing to the loss, metrics or example count, and the
-  evaluation loop stops once the real examples are used up. The batches are
-  those of padding the elements one by one and then batching, made a batch
-  at a time (one map per batch, not per example) and prefetched.
+  weights or 1; mask: 1 per example), its final partial batch filled up with
+  padding examples (zeros with weight 0 and mask 0); endless batches of
+  padding follow. Every batch is therefore full and of static shape (as TPUs
+  and XLA need); the padding adds nothing to the loss, metrics or example
+  count, and the evaluation loop stops once the real examples are used up.
+  The batches are those of padding the elements one by one and then
+  batching, made a batch at a time (one vectorized map per batch, not per
+  example) and prefetched. Composite features (ragged, sparse, a
+  `GraphTensor`) are padded with copies of the first example instead, by example.
 
   Args:
     strategy: the `tf.distribute.Strategy`.
@@ -129,8 +129,11 @@ def for_evaluation(
           "pass evaluate(..., steps=N) or give data that does not repeat."
       )
     pipelines.append(input_context.num_input_pipelines)
-    batches = batches.map(_weighted_and_masked)
-    batches = batches.concatenate(_padding(batches, batch_size)).rebatch(batch_size, drop_remainder=True)
+    if all(isinstance(spec, tf.TensorSpec) for spec in tf.nest.flatten(batches.element_spec)):
+      batches = batches.map(functools.partial(_weighted_masked_and_full, batch_size=batch_size))
+      batches = batches.concatenate(_padding(batches))
+    else:
+      batches = _padded_by_example(data.get_dataset(input_context), batch_size)
     return without_autotune_model(_preprocessed(batches, preprocess).prefetch(tf.data.AUTOTUNE))
 
   distributed = strategy.distribute_datasets_from_function(dataset_fn)
@@ -171,12 +174,22 @@ def _checked(dataset: Any, purpose: str, *, batched: bool = False) -> tf.data.Da
 
 
 @tf.autograph.experimental.do_not_convert  # Plain graph code: converting it would only add to the first call.
-def _weighted_and_masked(
-    features: Any, labels: Any, sample_weight: Any = None
+def _weighted_masked_and_full(
+    features: Any, labels: Any, sample_weight: Any = None, *, batch_size: int
 ) -> tuple[Any, Any, tf.Tensor, tf.Tensor]:
-  """Maps a batch to `(features, labels, weight, mask)`: weight the sample weights or 1, mask 1."""
-  mask = tf.ones(tf.shape(labels)[:1])
-  return features, labels, mask if sample_weight is None else tf.cast(sample_weight, tf.float32), mask
+  """Maps a batch to `(features, labels, weight, mask)` of `batch_size` examples, a partial one filled with padding."""
+  real = tf.shape(labels)[0]
+  weight = tf.ones([real]) if sample_weight is None else tf.cast(sample_weight, tf.float32)
+  return tf.nest.map_structure(lambda t: _filled_up(t, batch_size), (features, labels, weight, tf.ones([real])))
+
+
+def _filled_up(batch: tf.Tensor, batch_size: int) -> tf.Tensor:
+  """Returns `batch` with zeros appended on its first axis up to `batch_size` rows, that size static."""
+  missing = batch_size - tf.shape(batch)[:1]
+  full = tf.concat([batch, tf.zeros(tf.concat([missing, tf.shape(batch)[1:]], 0), batch.dtype)], 0)
+  if batch.shape.rank is not None:
+    full.set_shape([batch_size, *batch.shape[1:]])
+  return full
 
 
 def _preprocessed(batches: tf.data.Dataset, preprocess: Callable[[Any], Any] | None) -> tf.data.Dataset:
@@ -188,11 +201,32 @@ def _preprocessed(batches: tf.data.Dataset, preprocess: Callable[[Any], Any] | N
   )
 
 
-def _padding(batches: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
-  """Returns endless zero-weight, zero-mask batches like `batches`' (zeros where every part has a fixed shape)."""
+def _padded_by_example(examples: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+  """Batches `examples` with composite features (ragged, sparse, GraphTensor) as `(features, labels, weight, mask)`.
+
+  A composite batch cannot be filled up with zeros, so the examples are
+  followed by endless copies of the first one, each paired with its mask
+  (1, or 0 for a copy), then batched: the batches of the provider's
+  `get_batches`, filled up. Nothing maps single examples: a map would turn
+  an example's ragged tensor of one ragged dimension into a dense one.
+  """
+  real = tf.data.Dataset.zip(examples, tf.data.Dataset.from_tensors(1.0).repeat())
+  padding = tf.data.Dataset.zip(examples.take(1).repeat(), tf.data.Dataset.from_tensors(0.0).repeat())
+  return real.concatenate(padding).batch(batch_size, drop_remainder=True).map(_weighted_and_masked)
+
+
+@tf.autograph.experimental.do_not_convert
+def _weighted_and_masked(element: tuple[Any, ...], mask: tf.Tensor) -> tuple[Any, Any, tf.Tensor, tf.Tensor]:
+  """Maps a batch of `(element, mask)` to `(features, labels, weight, mask)`; weight is 0 where mask is."""
+  weight = mask if len(element) == 2 else tf.cast(element[2], tf.float32) * mask
+  return element[0], element[1], weight, mask
+
+
+def _padding(batches: tf.data.Dataset) -> tf.data.Dataset:
+  """Returns endless zero-weight, zero-mask batches shaped like `batches`' (full batches)."""
   spec = batches.element_spec
-  if all(isinstance(s, tf.TensorSpec) and s.shape[1:].is_fully_defined() for s in tf.nest.flatten(spec)):
-    zeros = tf.nest.map_structure(lambda s: tf.zeros([batch_size, *s.shape[1:]], s.dtype), spec)
+  if all(s.shape.is_fully_defined() for s in tf.nest.flatten(spec)):
+    zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)
     return tf.data.Dataset.from_tensors(zeros).repeat()
   # Shapes known only from the data: copy the first batch, with weights and mask 0.
   return batches.take(1).map(lambda x, y, w, m: (x, y, tf.zeros_like(w), tf.zeros_like(m))).repeat()
