@@ -42,6 +42,8 @@ _TYPE_NAMES = {bool: "a bool", int: "an int", float: "a float", str: "a string",
 
 
 _OPTIONAL = functools.partial(checks.positive_int, optional=True)
+# Fields whose default is not None but that take None too.
+_NULLABLE = frozenset({"config.trainer.seed"})
 
 # Section -> field -> (default, check). A type as the default: the field is None until set, of that type. A check,
 # `check(value, 'config.SECTION.FIELD')`, raises ConfigError; the type is checked for every field. A field's meaning
@@ -74,7 +76,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "jit_compile": (False, None),  # Compile each replica's step with XLA.
         # float32, mixed_bfloat16 or mixed_float16.
         "precision": ("float32", lambda value, what: checks.one_of(value, scoped_settings.PRECISIONS, what)),
-        "seed": (0, None),  # Fixes the initial weights.
+        "seed": (0, None),  # Fixes the initial weights; None: random ones (one of `_NULLABLE`).
         "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): a profiler trace of those steps.
         # Mode continuous_eval ends after this long with no new checkpoint.
         "eval_timeout_seconds": (3600.0, checks.positive_number),
@@ -191,7 +193,7 @@ def _merge(schema: ml_collections.ConfigDict, given: Any, where: str) -> None:
 
   A value is converted to its field's type (an int to a float, a list to a
   tuple); a bool is no number, and None fits only a field that is None by
-  default.
+  default or one of `_NULLABLE`.
   """
   for field in given:
     value, here = given[field], f"{where}.{field}"
@@ -202,7 +204,9 @@ def _merge(schema: ml_collections.ConfigDict, given: Any, where: str) -> None:
       continue
     field_type = schema.get_type(field)
     try:
-      if (value is None and schema[field] is not None) or (isinstance(value, bool) and field_type in (int, float)):
+      if value is None and schema[field] is not None and here not in _NULLABLE:
+        raise TypeError(value)
+      if isinstance(value, bool) and field_type in (int, float):
         raise TypeError(value)
       schema[field] = value
     except TypeError:

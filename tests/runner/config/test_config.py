@@ -114,6 +114,7 @@ def test_load_config_completes_overrides_and_locks():
   with pytest.raises(AttributeError):
     config.new_field = 1
   assert runner.load_config(DIGITS, {"trainer.seed": 7}).trainer.seed == 7
+  assert runner.load_config(DIGITS, ["trainer.seed=None"]).trainer.seed is None  # Documented: random weights.
 
 
 def test_config_file_variants():
