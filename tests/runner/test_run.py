@@ -4,7 +4,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -21,6 +20,13 @@ REPO = paths.REPO
 DIGITS = os.path.join(REPO, "configs", "digits.py")
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
 SUBPROCESS_TIMEOUT_SECONDS = 300
+
+
+def _run(arguments, env, tmp_path):
+  """`python ARGUMENTS` from the repository; returns `(status, stdout, stderr)`."""
+  return process_testlib.Process([sys.executable, *arguments], env=env, logs=tmp_path / "logs").wait(
+      timeout=SUBPROCESS_TIMEOUT_SECONDS
+  )
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +81,13 @@ def test_readme_command_and_mirrored_over_two_logical_cpus_agree(digits_default,
 
   Mirrored through the command line (`--config.strategy.virtual_cpus=2`) is test_cli.py's `quiet` case.
   """
-  process = subprocess.run(
-      [sys.executable, "-m", "runner", f"--config={DIGITS}", f"--workdir={tmp_path / 'one_device'}"],
-      env=subprocess_env,
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=SUBPROCESS_TIMEOUT_SECONDS,
-      check=False,
+  status, stdout, stderr = _run(
+      ["-m", "runner", f"--config={DIGITS}", f"--workdir={tmp_path / 'one_device'}"], subprocess_env, tmp_path
   )
-  assert process.returncode == 0, process.stderr[-3000:]
-  assert "strategy: one_device: 1 replica on CPU:0" in process.stdout and "workdir: " in process.stdout
-  match = re.search(r"^eval: accuracy=([0-9.]+) loss=[0-9.]+ num_examples=360$", process.stdout, re.M)
-  assert match, process.stdout
+  assert status == 0, stderr[-3000:]
+  assert "strategy: one_device: 1 replica on CPU:0" in stdout and "workdir: " in stdout
+  match = re.search(r"^eval: accuracy=([0-9.]+) loss=[0-9.]+ num_examples=360$", stdout, re.M)
+  assert match, stdout
   assert float(match.group(1)) >= 0.95
   assert abs(float(match.group(1)) - digits_default[0].eval_metrics["accuracy"]) <= 0.01
 
@@ -287,17 +287,9 @@ def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path,
       print(before, logging.get_verbosity())
       """))
   workdir = tmp_path / "run"
-  process = subprocess.run(
-      [sys.executable, str(script), str(workdir)],
-      env=subprocess_env,
-      cwd=REPO,
-      capture_output=True,
-      text=True,
-      timeout=SUBPROCESS_TIMEOUT_SECONDS,
-      check=False,
-  )
-  assert process.returncode == 0, process.stderr[-3000:]
-  shown, quiet = process.stderr.split("=== quiet ===\n")
+  status, stdout, stderr = _run([str(script), str(workdir)], subprocess_env, tmp_path)
+  assert status == 0, stderr[-3000:]
+  shown, quiet = stderr.split("=== quiet ===\n")
   assert re.search(rf"from_config.py:\d+\] Mode train in the workdir {re.escape(str(workdir))} \(new\)\.\n", shown)
   progress = re.findall(r"reports.py:\d+\] (step \d+/\d+: .*)", shown)
   assert len(progress) == 2, shown[-3000:]
@@ -314,7 +306,7 @@ def test_run_from_python_shows_the_clis_progress_and_quiet_silences_it(tmp_path,
   assert shown.count("step 20/40: ") == 1 and "INFO:absl:" not in shown  # Each line once, in the CLI's format.
   assert not re.search(r"^I\d{4} .*(functional_saver|tensorflow)", shown, re.MULTILINE)  # TensorFlow's INFO hidden.
   assert not re.search(r"^I\d{4} ", quiet, re.MULTILINE), quiet[-3000:]  # Quiet: no INFO line at all.
-  assert process.stdout.split() == ["-1", "-1"]  # absl's verbosity as the program had it.
+  assert stdout.split() == ["-1", "-1"]  # absl's verbosity as the program had it.
   assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 80
 
 
