@@ -46,18 +46,34 @@ def _task(class_name: str) -> Callable[[Any], Any]:
   return make
 
 
+def _tfds(config: Any, split: str) -> Any:
+  """The datasets 'tfds:NAME': `runner.data.tfds_files.dataset`, with the function `config.preprocess` names."""
+  from runner.data import tfds_files  # noqa: PLC0415  (only for a 'tfds:' name: it imports TensorFlow and TFDS)
+
+  return tfds_files.dataset(config, split, resolve("preprocess", config.preprocess) if config.preprocess else None)
+
+
 # Kind -> name -> (function, its own config fields with their defaults, None or its check of a section, which runs
-# before any TensorFlow device work).
+# before any TensorFlow device work). A name 'PREFIX:NAME' stands for every name that starts with 'PREFIX:'.
 BUILTINS: dict[str, Mapping[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None] | None]]] = {
     "model": builtin_models.BUILTINS,
-    "dataset": builtin_datasets.BUILTINS,
+    "dataset": {
+        **builtin_datasets.BUILTINS,
+        "tfds:NAME": (_tfds, builtin_datasets.TFDS_FIELDS, builtin_datasets.check_tfds),
+    },
     "task": {
         "classification": (_task("Classification"), {"from_logits": True}, None),
         "regression": (_task("Regression"), {}, None),
     },
+    "preprocess": {},  # config.data.preprocess of a TFDS dataset: an import path.
 }
 # Kind -> the arguments its function is called with.
-_CALLED_WITH = {"model": ("config.model",), "dataset": ("config.data", "split"), "task": ("config.task",)}
+_CALLED_WITH = {
+    "model": ("config.model",),
+    "dataset": ("config.data", "split"),
+    "task": ("config.task",),
+    "preprocess": ("features", "labels"),
+}
 
 
 def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
@@ -115,8 +131,8 @@ def builtin(kind: str, name: str) -> tuple[Callable[..., Any], dict[str, Any], C
   Raises:
     ConfigError: `name` is neither a built-in nor an import path 'package.module:function'.
   """
-  if ":" in name:
-    return None
+  if ":" in name:  # An import path, or a name of a family such as 'tfds:NAME'.
+    return BUILTINS[kind].get(f"{name.partition(':')[0]}:NAME")
   if name not in BUILTINS[kind]:
     raise ConfigError(
         f"Unknown {kind} {name!r}.{did_you_mean(name, BUILTINS[kind])} Built-in {kind}s: "

@@ -10,6 +10,7 @@ import importlib.util
 import math
 from typing import Any
 
+from ml_collections import config_dict
 import numpy as np
 
 from strategies import checks
@@ -89,6 +90,35 @@ def check_synthetic(config: Any) -> None:
   if config.noise < 0:
     raise ConfigError(f"config.data.noise must be >= 0, got {config.noise!r}.")
 
+
+def check_tfds(config: Any) -> None:
+  """Raises ConfigError for a 'tfds:NAME' config without NAME, without tensorflow-datasets (found, not imported), or
+  with an empty split or a preprocess function that is not an import path."""
+  if not config.name.partition(":")[2]:
+    raise ConfigError(f"config.data.name={config.name!r} names no TFDS dataset; give 'tfds:NAME', e.g. 'tfds:mnist'.")
+  if importlib.util.find_spec("tensorflow_datasets") is None:
+    raise ConfigError(
+        f"Dataset {config.name!r} needs tensorflow-datasets, which is not installed: pip install -e \".[tfds]\" "
+        "(or pip install 'tf-runner[tfds]')."
+    )
+  for field in ("train_split", "eval_split"):
+    if not config[field]:
+      raise ConfigError(f"config.data.{field} must name a split of the dataset, got {config[field]!r}.")
+  if config.preprocess is not None and ":" not in config.preprocess:
+    raise ConfigError(
+        f"config.data.preprocess must be an import path 'package.module:function', got {config.preprocess!r}."
+    )
+
+
+# The own fields of a TFDS dataset, 'tfds:NAME' (None: TFDS's default data_dir; the supervised keys; no function).
+TFDS_FIELDS = {
+    "tfds_data_dir": config_dict.placeholder(str),
+    "train_split": "train",
+    "eval_split": "test",
+    "feature_key": config_dict.placeholder(str),
+    "label_key": config_dict.placeholder(str),
+    "preprocess": config_dict.placeholder(str),
+}
 
 # Name -> (function, its own config fields with their defaults, its check).
 BUILTINS: dict[str, tuple[Callable[..., Any], dict[str, Any], Callable[..., None]]] = {
