@@ -92,13 +92,16 @@ def check_synthetic(config: Any) -> None:
 
 
 def check_tfds(config: Any) -> None:
-  """Raises ConfigError for a 'tfds:NAME' config without NAME, without tensorflow-datasets (found, not imported), or
-  with an empty split or a preprocess function that is not an import path."""
+  """Raises ConfigError for a 'tfds:NAME' config that cannot load, or without tensorflow-datasets (found, not imported).
+
+  What only TFDS can tell (the dataset, its splits and features) is checked
+  when the data is made (`runner.data.tfds_files.dataset`).
+  """
   if not config.name.partition(":")[2]:
     raise ConfigError(f"config.data.name={config.name!r} names no TFDS dataset; give 'tfds:NAME', e.g. 'tfds:mnist'.")
   if importlib.util.find_spec("tensorflow_datasets") is None:
     raise ConfigError(
-        f"Dataset {config.name!r} needs tensorflow-datasets, which is not installed: pip install -e \".[tfds]\" "
+        f'Dataset {config.name!r} needs tensorflow-datasets, which is not installed: pip install -e ".[tfds]" '
         "(or pip install 'tf-runner[tfds]')."
     )
   for field in ("train_split", "eval_split"):

@@ -47,6 +47,7 @@ DISTRIBUTIONS = {
     "tensorboard": "tensorboard",
     "tensorboard_plugin_profile": "tensorboard-plugin-profile",
     "tensorflow": "tensorflow",
+    "tensorflow_datasets": "tensorflow-datasets",
     "tensorflow_gnn": "tensorflow-gnn",
     "tf_keras": "tf-keras",
     "xprof": "xprof",

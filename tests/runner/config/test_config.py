@@ -408,7 +408,7 @@ def test_a_declared_field_that_the_section_has_for_every_dataset_is_a_config_err
 
 def test_builtin_names_and_models():
   assert registry.names("model") == ["linear", "mlp"]
-  assert registry.names("dataset") == ["digits", "synthetic"]
+  assert registry.names("dataset") == ["digits", "synthetic", "tfds:NAME"]
   assert registry.names("task") == ["classification", "regression"]
   config = config_lib.default_config()
   with config.model.unlocked():
