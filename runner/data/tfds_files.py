@@ -70,7 +70,7 @@ def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = Non
 
   Raises:
     ConfigError: TFDS has no dataset NAME (or not that version or config), it is not prepared
-      in the data directory (the message gives the command that prepares it), the split does
+      in the data directory (the message gives the command that prepares it) or not as TFRecord files, the split does
       not exist (the message lists the splits), or a key is not one of the dataset's features (the
       message lists them), or no keys are given and the dataset has no supervised keys.
   """
@@ -104,6 +104,11 @@ def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = Non
         f"`tfds build {name}{data_dir}`."
     )
   info, field = builder.info, "train_split" if split == "train" else "eval_split"
+  if info.file_format not in (None, tfds.core.FileFormat.TFRECORD):
+    raise ConfigError(
+        f"The TFDS dataset {name!r} is stored as {info.file_format.value} files; a run reads TFDS's default, "
+        f"tfrecord: prepare it with `tfds build {name}{data_dir} --file_format=tfrecord`."
+    )
   try:
     files = info.splits[config[field]].file_instructions
   except (KeyError, ValueError) as e:

@@ -28,10 +28,10 @@ FEATURES, LABELS = trainer_testlib.classification_arrays(TRAIN + TEST)
 
 
 class TinyShards(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """'supervised' has the supervised keys ('x', 'label'); 'unsupervised' none. Read back through `tfds.builder`."""
+  """'supervised' (and 'arrays') has the supervised keys ('x', 'label'); 'unsupervised' none. Read via `tfds.builder`."""
 
   VERSION = tfds.core.Version("1.0.0")
-  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="supervised"), tfds.core.BuilderConfig(name="unsupervised")]
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=name) for name in ("supervised", "unsupervised", "arrays")]
 
   def _info(self):
     features = tfds.features.FeaturesDict(
@@ -42,7 +42,7 @@ class TinyShards(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             "id": np.int64,
         }
     )
-    supervised = ("x", "label") if self.builder_config.name == "supervised" else None
+    supervised = None if self.builder_config.name == "unsupervised" else ("x", "label")
     return tfds.core.DatasetInfo(builder=self, features=features, supervised_keys=supervised, disable_shuffling=True)
 
   def _split_generators(self, dl_manager):
@@ -63,8 +63,8 @@ def scaled_image(image, label):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   directory = str(tmp_path_factory.mktemp("tfds"))
-  for config in ("supervised", "unsupervised"):
-    TinyShards(config=config, data_dir=directory).download_and_prepare(
+  for config, file_format in (("supervised", None), ("unsupervised", None), ("arrays", "array_record")):
+    TinyShards(config=config, data_dir=directory, file_format=file_format).download_and_prepare(
         download_config=tfds.download.DownloadConfig(num_shards=FILES)
     )
   return directory
@@ -192,7 +192,7 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
         (
             {"name": f"tfds:{NAME}/supervised:2.0.0"},
             f"config.data.name='tfds:{NAME}/supervised:2.0.0': DIR holds no such config or version of '{NAME}'; it "
-            f"holds {NAME}/supervised/1.0.0, {NAME}/unsupervised/1.0.0.",
+            f"holds {NAME}/arrays/1.0.0, {NAME}/supervised/1.0.0, {NAME}/unsupervised/1.0.0.",
         ),
         (
             {"eval_split": "valid"},
@@ -209,6 +209,11 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
             {"name": f"tfds:{NAME}/unsupervised:1.0.0", "feature_key": "x"},
             f"The TFDS dataset '{NAME}/unsupervised:1.0.0' has no supervised keys: set config.data.feature_key and "
             "config.data.label_key to two of its features: id, image, label, x.",
+        ),
+        (
+            {"name": f"tfds:{NAME}/arrays"},
+            f"The TFDS dataset '{NAME}/arrays' is stored as array_record files; a run reads TFDS's default, tfrecord: "
+            f"prepare it with `tfds build {NAME}/arrays --data_dir=DIR --file_format=tfrecord`.",
         ),
         (
             {"preprocess": "scaled_image"},
