@@ -18,7 +18,9 @@ RAY = "ray[train]>=2.60"  # Tested with 2.60.0, whose Ray Train (v2) keeps only 
 # after, with `pip install --no-deps tensorflow-gnn==1.0.3`: its other requirements, apache-beam and google-vizier,
 # serve its data and tuning tools, not its models, and pip cannot leave out a requirement's own requirements.
 GNN = ["tf-keras" + TENSORFLOW_VERSION, "networkx", "pyarrow"]
-TFDS = "tensorflow-datasets>=4.9"  # Datasets by name, 'tfds:NAME' (runner/data/tfds_files.py); tested with 4.9.10.
+# Datasets by name, 'tfds:NAME' (runner/data/tfds_files.py); tested with tensorflow-datasets 4.9.10, whose
+# download_and_prepare imports importlib_resources but declares it only for Python < 3.9.
+TFDS = ["tensorflow-datasets>=4.9", "importlib-resources"]
 
 with open(os.path.join(os.path.dirname(__file__), "README.md"), encoding="utf-8") as readme:
   LONG_DESCRIPTION = readme.read()
@@ -52,7 +54,7 @@ setuptools.setup(
             "xprof",  # The profile plugin's own package, whose TensorBoard context tests build the plugin with.
             RAY,  # tests/runner/cluster/test_ray_train.py runs a real Ray Train job.
             *GNN,  # The tf_keras and TF-GNN tests (with tensorflow-gnn installed as the README says).
-            TFDS,  # tests/runner/data/test_tfds_datasets.py reads a TFDS dataset it prepares.
+            *TFDS,  # tests/runner/data/test_tfds_datasets.py reads a TFDS dataset it prepares.
             # The code checks (pyproject.toml), pinned: a newer release may lint or format differently.
             "ruff==0.17.5",
             "pyink==26.5.1",
@@ -67,7 +69,7 @@ setuptools.setup(
         # tf_keras (Keras 2) models and TF-GNN (docs/keras2_and_gnn.md); then `pip install --no-deps tensorflow-gnn`.
         "gnn": GNN,
         # TFDS datasets by name, config.data.name='tfds:NAME' (docs/config.md#tfds-datasets-by-name).
-        "tfds": [TFDS],
+        "tfds": TFDS,
     },
     entry_points={"console_scripts": ["tf-runner=runner.__main__:run_main", "tf-runner-launch=runner.launch:run_main"]},
 )

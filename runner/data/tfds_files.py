@@ -99,9 +99,11 @@ def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = Non
   except (AssertionError, ValueError) as e:  # A version or config the dataset does not have.
     raise ConfigError(f"config.data.name={config.name!r}: {' '.join(str(e).split())}") from None
   if not builder.is_prepared():
+    at = f", data_dir={config.tfds_data_dir!r}" if config.tfds_data_dir else ""
     raise ConfigError(
         f"The TFDS dataset {name!r} is not prepared in {where} (a run downloads nothing): prepare it with "
-        f"`tfds build {name}{data_dir}`."
+        f'`python -c "import tensorflow_datasets as tfds; tfds.builder({name!r}{at}).download_and_prepare()"` '
+        f"(or `tfds build {name}{data_dir}`, which needs apache-beam)."
     )
   info, field = builder.info, "train_split" if split == "train" else "eval_split"
   if info.file_format not in (None, tfds.core.FileFormat.TFRECORD):

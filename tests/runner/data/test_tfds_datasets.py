@@ -186,8 +186,9 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
         ),
         (
             {"name": "tfds:mnist"},
-            "The TFDS dataset 'mnist' is not prepared in DIR (a run downloads nothing): prepare it with "
-            "`tfds build mnist --data_dir=DIR`.",
+            "The TFDS dataset 'mnist' is not prepared in DIR (a run downloads nothing): prepare it with `python -c "
+            "\"import tensorflow_datasets as tfds; tfds.builder('mnist', data_dir='DIR').download_and_prepare()\"` "
+            "(or `tfds build mnist --data_dir=DIR`, which needs apache-beam).",
         ),
         (
             {"name": f"tfds:{NAME}/supervised:2.0.0"},
