@@ -32,14 +32,21 @@ class TFDSFiles(providers.TFRecordFiles):
   """
 
   def __init__(self, instructions: Sequence[Any], parse_fn: Callable[[tf.Tensor], Any], *, what: str) -> None:
-    """Checks that every file of `instructions` (TFDS `FileInstruction`s) exists; `what` names the split."""
+    """Checks that every file of `instructions` (TFDS `FileInstruction`s) exists; `what` names the split.
+
+    Raises:
+      DataError: a file is missing.
+    """
     paths = [os.fspath(instruction.filename) for instruction in instructions]
-    super().__init__(paths, parse_fn)
+    try:
+      super().__init__(paths, parse_fn)
+    except ConfigError:  # Not one of them is there.
+      self.files = []
     missing = sorted(set(paths) - set(self.files))
     if missing:
       raise providers.DataError(
           f"{what}: {len(missing)} of its {len(paths)} file(s) are missing, e.g. {missing[0]!r}; prepare the "
-          "dataset again (tfds build)."
+          "dataset again (download_and_prepare)."
       )
     self.file_pattern = what  # How messages name the files.
     slices = {path: (instruction.skip, instruction.take) for path, instruction in zip(paths, instructions)}

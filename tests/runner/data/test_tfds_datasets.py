@@ -6,6 +6,7 @@ per-pipeline sharding and the fallback to sharding by example, split slices and 
 files all meet real TFDS files. Example i of 'train' has id i; its features are `trainer_testlib`'s.
 """
 
+import os
 import re
 import shutil
 import sys
@@ -173,6 +174,13 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
       rf"The training data cannot be read at step \d: {re.escape(provider.files[0])} is damaged at record 0 \(counting "
       r"from 0; corrupted record at 0",
       str(error.value),
+  )
+  os.remove(provider.files[3])
+  with pytest.raises(runner.data.DataError) as error:
+    _provider(copy)
+  assert str(error.value) == (
+      f"tfds:{NAME}/supervised:1.0.0 split 'train': 1 of its 12 file(s) are missing, e.g. {provider.files[3]!r}; "
+      "prepare the dataset again (download_and_prepare)."
   )
 
 
