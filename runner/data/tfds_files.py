@@ -81,42 +81,48 @@ def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = Non
       not exist (the message lists the splits), or a key is not one of the dataset's features (the
       message lists them), or no keys are given and the dataset has no supervised keys.
   """
-  name, where = config.name.partition(":")[2], config.tfds_data_dir or "TFDS's default data_dir"
-  data_dir = f" --data_dir={config.tfds_data_dir}" if config.tfds_data_dir else ""
+  name, data_dir = config.name.partition(":")[2], config.tfds_data_dir
+  where = data_dir or "TFDS's default data_dir"
+
+  def prepare(**options: str) -> str:
+    """The command that prepares the dataset in data_dir."""
+    arguments = "".join(f", {key}={value!r}" for key, value in {"data_dir": data_dir, **options}.items() if value)
+    return f'`python -c "import tensorflow_datasets as tfds; tfds.builder({name!r}{arguments}).download_and_prepare()"`'
+
   try:
-    builder = tfds.builder(name, data_dir=config.tfds_data_dir)
+    builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.DatasetNotFoundError:  # Neither TFDS's nor prepared in data_dir, or not in that version or config.
     base = name.split(":")[0].split("/")[0]
-    folder = os.path.join(config.tfds_data_dir or "", base)
+    folder = os.path.join(data_dir or "", base)
     variants = [  # Those prepared in data_dir: 'VERSION' or 'CONFIG/VERSION'.
         os.path.relpath(os.path.dirname(path), folder)
         for depth in ("*", "*/*")
         for path in tf.io.gfile.glob(os.path.join(folder, depth, "dataset_info.json"))
     ]
-    if config.tfds_data_dir and variants:
+    if data_dir and variants:
       raise ConfigError(
-          f"config.data.name={config.name!r}: {config.tfds_data_dir} holds no such config or version of {base!r}; "
+          f"config.data.name={config.name!r}: {data_dir} holds no such config or version of {base!r}; "
           f"it holds {', '.join(f'{base}/{variant}' for variant in sorted(variants))}."
       ) from None
     known = tfds.list_builders(with_community_datasets=False)
+    known += tf.io.gfile.listdir(data_dir) if data_dir and tf.io.gfile.isdir(data_dir) else []
     raise ConfigError(
         f"config.data.name={config.name!r}: TFDS has no dataset {base!r}, and none is prepared in {where}."
-        f"{did_you_mean(base, known + (os.listdir(config.tfds_data_dir) if config.tfds_data_dir else []))}"
+        f"{did_you_mean(base, known)}"
     ) from None
   except (AssertionError, ValueError) as e:  # A version or config the dataset does not have.
     raise ConfigError(f"config.data.name={config.name!r}: {' '.join(str(e).split())}") from None
   if not builder.is_prepared():
-    at = f", data_dir={config.tfds_data_dir!r}" if config.tfds_data_dir else ""
+    tfds_build = f"tfds build {name}" + (f" --data_dir={data_dir}" if data_dir else "")
     raise ConfigError(
         f"The TFDS dataset {name!r} is not prepared in {where} (a run downloads nothing): prepare it with "
-        f'`python -c "import tensorflow_datasets as tfds; tfds.builder({name!r}{at}).download_and_prepare()"` '
-        f"(or `tfds build {name}{data_dir}`, which needs apache-beam)."
+        f"{prepare()} (or `{tfds_build}`, which needs apache-beam)."
     )
   info, field = builder.info, "train_split" if split == "train" else "eval_split"
   if info.file_format not in (None, tfds.core.FileFormat.TFRECORD):
     raise ConfigError(
         f"The TFDS dataset {name!r} is stored as {info.file_format.value} files; a run reads TFDS's default, "
-        f"tfrecord: prepare it with `tfds build {name}{data_dir} --file_format=tfrecord`."
+        f"tfrecord: prepare it so with {prepare(file_format='tfrecord')}."
     )
   try:
     files = info.splits[config[field]].file_instructions

@@ -199,6 +199,11 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
             "(or `tfds build mnist --data_dir=DIR`, which needs apache-beam).",
         ),
         (
+            {"name": "tfds:tiny_shards", "tfds_data_dir": "/nonexistent/tfds"},
+            "config.data.name='tfds:tiny_shards': TFDS has no dataset 'tiny_shards', and none is prepared in "
+            "/nonexistent/tfds.",
+        ),
+        (
             {"name": f"tfds:{NAME}/supervised:2.0.0"},
             f"config.data.name='tfds:{NAME}/supervised:2.0.0': DIR holds no such config or version of '{NAME}'; it "
             f"holds {NAME}/arrays/1.0.0, {NAME}/supervised/1.0.0, {NAME}/unsupervised/1.0.0.",
@@ -222,7 +227,8 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
         (
             {"name": f"tfds:{NAME}/arrays"},
             f"The TFDS dataset '{NAME}/arrays' is stored as array_record files; a run reads TFDS's default, tfrecord: "
-            f"prepare it with `tfds build {NAME}/arrays --data_dir=DIR --file_format=tfrecord`.",
+            'prepare it so with `python -c "import tensorflow_datasets as tfds; '
+            f"tfds.builder('{NAME}/arrays', data_dir='DIR', file_format='tfrecord').download_and_prepare()\"`.",
         ),
         (
             {"preprocess": "scaled_image"},
