@@ -63,7 +63,7 @@ class TFDSFiles(providers.TFRecordFiles):
     """The examples of the file `path` (a string or a scalar string tensor) that its instruction takes."""
     index = tf.argmax(tf.cast(tf.equal(tf.constant(self.files), path), tf.int32))
     skip, take = (tf.gather(tf.constant(values, tf.int64), index) for values in (self._skips, self._takes))
-    return super()._records(path).skip(skip).take(take)
+    return tf.data.TFRecordDataset(path).skip(skip).take(take)  # TFDS writes no compressed files.
 
 
 def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = None) -> TFDSFiles:
@@ -93,22 +93,15 @@ def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = Non
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.DatasetNotFoundError:  # Neither TFDS's nor prepared in data_dir, or not in that version or config.
     base = name.split(":")[0].split("/")[0]
-    folder = os.path.join(data_dir or "", base)
-    variants = [  # Those prepared in data_dir: 'VERSION' or 'CONFIG/VERSION'.
-        os.path.relpath(os.path.dirname(path), folder)
-        for depth in ("*", "*/*")
-        for path in tf.io.gfile.glob(os.path.join(folder, depth, "dataset_info.json"))
-    ]
-    if data_dir and variants:
-      raise ConfigError(
-          f"config.data.name={config.name!r}: {data_dir} holds no such config or version of {base!r}; "
-          f"it holds {', '.join(f'{base}/{variant}' for variant in sorted(variants))}."
-      ) from None
-    known = tfds.list_builders(with_community_datasets=False)
-    known += tf.io.gfile.listdir(data_dir) if data_dir and tf.io.gfile.isdir(data_dir) else []
+    prepared = sorted(  # 'NAME/VERSION' or 'NAME/CONFIG/VERSION'.
+        os.path.relpath(os.path.dirname(path), data_dir)
+        for depth in ("*/*", "*/*/*")
+        for path in (tf.io.gfile.glob(os.path.join(data_dir, depth, "dataset_info.json")) if data_dir else [])
+    )
+    known = tfds.list_builders(with_community_datasets=False) + [variant.split("/")[0] for variant in prepared]
     raise ConfigError(
-        f"config.data.name={config.name!r}: TFDS has no dataset {base!r}, and none is prepared in {where}."
-        f"{did_you_mean(base, known)}"
+        f"config.data.name={config.name!r}: TFDS has no dataset {name!r}, and none is prepared in {where}."
+        f"{did_you_mean(base, known) if base not in known else ''} Prepared there: {', '.join(prepared) or 'none'}."
     ) from None
   except (AssertionError, ValueError) as e:  # A version or config the dataset does not have.
     raise ConfigError(f"config.data.name={config.name!r}: {' '.join(str(e).split())}") from None

@@ -26,6 +26,7 @@ from testlib import trainer_testlib
 NAME = "tiny_shards"
 TRAIN, TEST, FILES = 48, 12, 12  # Examples of 'train' and 'test', each in 12 files.
 FEATURES, LABELS = trainer_testlib.classification_arrays(TRAIN + TEST)
+PREPARED = ", ".join(f"{NAME}/{config}/1.0.0" for config in ("arrays", "supervised", "unsupervised"))
 
 
 class TinyShards(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -190,7 +191,7 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
         (
             {"name": "tfds:tiny_shard"},
             "config.data.name='tfds:tiny_shard': TFDS has no dataset 'tiny_shard', and none is prepared in DIR. "
-            "Did you mean 'tiny_shards'?",
+            f"Did you mean 'tiny_shards'? Prepared there: {PREPARED}.",
         ),
         (
             {"name": "tfds:mnist"},
@@ -201,12 +202,12 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
         (
             {"name": "tfds:tiny_shards", "tfds_data_dir": "/nonexistent/tfds"},
             "config.data.name='tfds:tiny_shards': TFDS has no dataset 'tiny_shards', and none is prepared in "
-            "/nonexistent/tfds.",
+            "/nonexistent/tfds.",  # Then TFDS's own closest name, and "Prepared there: none."
         ),
         (
             {"name": f"tfds:{NAME}/supervised:2.0.0"},
-            f"config.data.name='tfds:{NAME}/supervised:2.0.0': DIR holds no such config or version of '{NAME}'; it "
-            f"holds {NAME}/arrays/1.0.0, {NAME}/supervised/1.0.0, {NAME}/unsupervised/1.0.0.",
+            f"config.data.name='tfds:{NAME}/supervised:2.0.0': TFDS has no dataset '{NAME}/supervised:2.0.0', and none "
+            f"is prepared in DIR. Prepared there: {PREPARED}.",
         ),
         (
             {"eval_split": "valid"},
