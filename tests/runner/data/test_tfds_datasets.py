@@ -117,15 +117,19 @@ def test_a_config_trains_and_evaluates_on_a_tfds_dataset_by_name_on_one_device_a
 
 
 def test_pipelines_read_tfds_files_as_tfds_shards_them_and_start_at_any_position(data_dir):
-  provider = _provider(data_dir, sharding="auto")
+  provider = _provider(data_dir, label_key="id", sharding="auto")
+  builder = tfds.builder(f"{NAME}/supervised:1.0.0", data_dir=data_dir)
   for pipeline in range(2):  # By file: files pipeline, pipeline + 2, ..., as tfds.ReadConfig(input_context=...).
     context = _context(pipeline, 2)
-    labels = _ids(provider.get_repeated_dataset(context, 0).take(3 * TRAIN // 2).map(lambda x, label: label))
-    share = [i for f in range(pipeline, FILES, 2) for i in range(4 * f, 4 * f + 4)]
-    assert labels == list(LABELS[share]) * 3
+    ids = _ids(provider.get_repeated_dataset(context, 0).take(3 * TRAIN // 2).map(lambda x, i: i))
+    read_config = tfds.ReadConfig(input_context=context, interleave_cycle_length=1)  # TFDS's reading, file by file.
+    by_tfds = builder.as_dataset("train", read_config=read_config, shuffle_files=False).map(
+        lambda example: example["id"]
+    )
+    assert ids == _ids(by_tfds) * 3 == [i for f in range(pipeline, FILES, 2) for i in range(4 * f, 4 * f + 4)] * 3
     for start in (5, TRAIN // 2 + 3):  # Inside a file of epoch 0; of epoch 1.
-      resumed = provider.get_repeated_dataset(context, start).take(len(labels) - start)
-      assert _ids(resumed.map(lambda x, label: label)) == labels[start:]
+      resumed = provider.get_repeated_dataset(context, start).take(len(ids) - start)
+      assert _ids(resumed.map(lambda x, i: i)) == ids[start:]
   two_files = _provider(data_dir, train_split="train[:8]", label_key="id")  # For 3 pipelines: by example.
   assert [_ids(two_files.get_dataset(_context(p, 3)).map(lambda x, i: i)) for p in range(3)] == [
       list(range(p, 8, 3)) for p in range(3)
