@@ -235,6 +235,8 @@ def test_a_resumed_run_ends_bit_for_bit_as_an_uninterrupted_one_without_opening_
             'prepare it so with `python -c "import tensorflow_datasets as tfds; '
             f"tfds.builder('{NAME}/arrays', data_dir='DIR', file_format='tfrecord').download_and_prepare()\"`.",
         ),
+        ({"name": "tfds:"}, "config.data.name='tfds:' names no TFDS dataset; give 'tfds:NAME', e.g. 'tfds:mnist'."),
+        ({"train_split": ""}, "config.data.train_split must name a split of the dataset, got ''."),
         (
             {"preprocess": "scaled_image"},
             "config.data.preprocess must be an import path 'package.module:function', got 'scaled_image'.",
