@@ -101,7 +101,8 @@ def dataset(config: Any, split: str, preprocess: Callable[..., Any] | None = Non
     known = tfds.list_builders(with_community_datasets=False) + [variant.split("/")[0] for variant in prepared]
     raise ConfigError(
         f"config.data.name={config.name!r}: TFDS has no dataset {name!r}, and none is prepared in {where}."
-        f"{did_you_mean(base, known) if base not in known else ''} Prepared there: {', '.join(prepared) or 'none'}."
+        f"{did_you_mean(base, known) if base not in known else ''}"
+        + (f" Prepared there: {', '.join(prepared) or 'none'}." if data_dir else "")
     ) from None
   except (AssertionError, ValueError) as e:  # A version or config the dataset does not have.
     raise ConfigError(f"config.data.name={config.name!r}: {' '.join(str(e).split())}") from None
