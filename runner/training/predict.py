@@ -45,12 +45,13 @@ def write(
 ) -> str:
   """Writes `model(features)` for every example of `provider` into the directory `path`, replacing it whole.
 
-  `path` gets files `part-00000.tfrecord`, `part-00001.tfrecord`, ... of `tf.train.Example`s, in the split's
-  order, each with an int64 feature `index` (the example's position in the split: see `indexed`) and a float
-  feature `outputs` (the model's output for it, its tensors flattened and concatenated in `tf.nest` order). The
-  files are written into a new directory beside `path`, which then replaces `path`: a failure leaves `path` as it
-  was. Every worker runs the steps; only the chief writes. Under a ParameterServerStrategy the coordinator runs
-  the model itself, as evaluation does (`parameter_server_loops.evaluation_strategy`).
+  `path` gets files `part-00000.tfrecord`, `part-00001.tfrecord`, ... of `tf.train.Example`s (with one input
+  pipeline in the split's order; with several, each global batch holds every pipeline's share in turn), each
+  with an int64 feature `index` (the example's position in the split: see `indexed`) and a float feature
+  `outputs` (the model's output for it, its tensors flattened and concatenated in `tf.nest` order). The files
+  are written into a new directory beside `path`, which then replaces `path`: a failure leaves `path` as it
+  was. Every worker runs the steps; only the chief writes. Under a ParameterServerStrategy the coordinator
+  runs the model itself, as evaluation does (`parameter_server_loops.evaluation_strategy`).
 
   Args:
     strategy: the `tf.distribute.Strategy` the model was made under.

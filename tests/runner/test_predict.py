@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+from runner import from_config
 from runner.data import builtin_datasets
 from runner.training import predict
 from strategies import ConfigError
@@ -133,6 +134,9 @@ def test_checkpoint_best_predicts_with_the_checkpoint_in_best(workdir):
   assert result.global_step == 2 and result.checkpoint_path == os.path.join(workdir, "best", "ckpt-2")
   _assert_predicted(result, outputs[2]["eval"])
   assert not np.allclose(outputs[2]["eval"], outputs[4]["eval"])
+  assert from_config.step_plan(result.config, result.strategy, 4) == (  # What --dry_run prints.
+      "mode predict: restore the checkpoint in WORKDIR/best, write the outputs over split 'eval' to WORKDIR/predictions"
+  )
 
 
 def test_bad_input_is_one_config_error_and_changes_nothing(workdir, tmp_path):
