@@ -17,6 +17,7 @@ from runner.data import pipeline as input_pipeline
 from runner.data import providers as data_lib
 from runner.training import loops
 from runner.training import parameter_server_loops
+from strategies.errors import ConfigError
 
 DIRECTORY = "predictions"  # Under the workdir, in mode 'predict'.
 EXAMPLES_PER_FILE = 100_000  # A file `part-NNNNN.tfrecord` holds at most this many examples.
@@ -27,10 +28,18 @@ def indexed(provider: Any) -> data_lib.DatasetShards:
 
   `InMemory` arrays are read in their order, unshuffled, so a position is an array row. Every input pipeline
   reads the whole split and keeps its share of it (example i, i + n, ... of n pipelines).
+
+  Raises:
+    ConfigError: the split is infinite (it repeats).
   """
   if isinstance(provider, data_lib.InMemory):
     provider = data_lib.InMemory(*provider.elements)
   whole = provider.get_dataset(tf.distribute.InputContext())
+  if whole.cardinality() == tf.data.INFINITE_CARDINALITY:
+    raise ConfigError(
+        "The prediction data is infinite (it repeats), so predicting all of it never ends; give data "
+        "that does not repeat."
+    )
   return data_lib.DatasetShards(tf.data.Dataset.zip(whole, tf.data.Dataset.range(2**62)))
 
 
@@ -65,7 +74,7 @@ def write(
     `path`.
 
   Raises:
-    ConfigError: the batch size does not split over the replicas.
+    ConfigError: the batch size does not split over the replicas, or the data is infinite.
     DataError: the data cannot be read or parsed (`data_checks.step_error`).
   """
   input_pipeline.check_global_batch_size(strategy, global_batch_size)

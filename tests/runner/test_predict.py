@@ -11,6 +11,7 @@ import tensorflow as tf
 import runner
 from runner import from_config
 from runner.data import builtin_datasets
+from runner.data import providers as data_lib
 from runner.training import predict
 from strategies import ConfigError
 
@@ -165,3 +166,10 @@ def test_bad_input_is_one_config_error_and_changes_nothing(workdir, tmp_path):
     runner.config.validate(_config("predict", predict={"checkpoint": "last"}))
   with pytest.raises(ConfigError, match=r"^Mode 'predict' runs the model of a training run's checkpoint: give"):
     runner.run(_config("predict"))
+
+
+def test_infinite_data_is_a_config_error(tmp_path):
+  data = data_lib.DatasetShards(tf.data.Dataset.from_tensors((tf.zeros([16]), 0)).repeat())
+  with pytest.raises(ConfigError, match=r"^The prediction data is infinite \(it repeats\), so predicting all of it"):
+    predict.write(tf.distribute.get_strategy(), None, data, BATCH, str(tmp_path / "predictions"))
+  assert os.listdir(tmp_path) == []
