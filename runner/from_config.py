@@ -273,13 +273,8 @@ def _predict_result(
         "Mode 'predict' runs the model of a training run's checkpoint: give that run's workdir (--workdir=DIR, or "
         "runner.run(config, workdir))."
     )
-  best = None
-  if config.predict.checkpoint == "best" and (best := best_checkpoint(workdir)) is None:
-    raise ConfigError(
-        f"config.predict.checkpoint='best' needs the best checkpoint in {os.path.join(workdir, BEST_DIR)}, and there "
-        "is none; train with config.trainer.best_metric set, or predict with config.predict.checkpoint='latest'."
-    )
   train_data, _ = check_resumable(config, workdir)
+  best = best_checkpoint(workdir) if config.predict.checkpoint == "best" else None
   trainer = create_trainer(config, strategy, workdir)
   with contextlib.closing(trainer):
     trainer.restore(data=train_data, checkpoint=best)
@@ -395,7 +390,8 @@ def check_resumable(
     recorded run (`config_history.latest`).
 
   Raises:
-    ConfigError: mode 'eval', 'export' or 'predict' without a checkpoint, or a checkpoint
+    ConfigError: mode 'eval', 'export' or 'predict' without a checkpoint (or without the best one, for
+      `config.predict.checkpoint='best'`), or a checkpoint
       trained with another model, task, optimizer, precision or data
       (`config_history.check_resumable`).
   """
@@ -404,6 +400,11 @@ def check_resumable(
     raise ConfigError(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir)."
+    )
+  if config.mode == "predict" and config.predict.checkpoint == "best" and best_checkpoint(workdir) is None:
+    raise ConfigError(
+        f"config.predict.checkpoint='best' needs the best checkpoint in {os.path.join(workdir, BEST_DIR)}, and there "
+        "is none; train with config.trainer.best_metric set, or predict with config.predict.checkpoint='latest'."
     )
   train_data = _prepared(config, "train", "training")
   previous = config_history.latest(workdir)
