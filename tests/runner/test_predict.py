@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import runner
 from runner import from_config
+from runner import models
 from runner.data import builtin_datasets
 from runner.data import providers as data_lib
 from runner.training import predict
@@ -36,27 +37,31 @@ def _config(mode, **sections):
   return config
 
 
-def _outputs_by_split(result):
-  """{split: the model's outputs for the split's examples in their array order} of a run's model."""
+def _outputs_by_split(model):
+  """{split: `model`'s outputs for the split's examples in their array order}."""
   config = runner.config.validate(_config("train"))
   return {
-      split: result.model(builtin_datasets.synthetic(config.data, split).elements[0]).numpy()
-      for split in ("train", "eval")
+      split: model(builtin_datasets.synthetic(config.data, split).elements[0]).numpy() for split in ("train", "eval")
   }
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-  """A workdir trained 4 steps on one device whose `best/` holds the checkpoint of step 2; the outputs at 2 and 4."""
+  """A workdir trained 4 steps on one device whose `best/` holds the checkpoint of step 2; the outputs at 2 and 4.
+
+  The outputs at 4 are those of the training run's model; those at 2 of a new model with ckpt-2 restored.
+  """
   workdir = str(tmp_path_factory.mktemp("predict") / "work")
-  at_2 = _outputs_by_split(runner.run(_config("train"), workdir, quiet=True))
+  trained = runner.run(_config("train", trainer={"train_steps": 4, "checkpoint_every": 2}), workdir, quiet=True)
+  at_2 = models.mlp(trained.config.model)
+  at_2.build((None, trained.config.data.num_features))
+  tf.train.Checkpoint(model=at_2).read(os.path.join(workdir, "checkpoints", "ckpt-2")).assert_existing_objects_matched()
   os.mkdir(os.path.join(workdir, "best"))
   for path in glob.glob(os.path.join(workdir, "checkpoints", "ckpt-2.*")):
     shutil.copy(path, os.path.join(workdir, "best"))
-  with open(os.path.join(workdir, "best", "checkpoint"), "w") as f:
+  with open(os.path.join(workdir, "best", "checkpoint"), "w") as f:  # What tf.train.latest_checkpoint reads.
     f.write('model_checkpoint_path: "ckpt-2"\n')
-  at_4 = _outputs_by_split(runner.run(_config("train", trainer={"train_steps": 4}), workdir, quiet=True))
-  return workdir, {2: at_2, 4: at_4}
+  return workdir, {2: _outputs_by_split(at_2), 4: _outputs_by_split(trained.model)}
 
 
 def _listing(directory):
