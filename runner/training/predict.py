@@ -58,9 +58,10 @@ def write(
   pipeline in the split's order; with several, each global batch holds every pipeline's share in turn), each
   with an int64 feature `index` (the example's position in the split: see `indexed`) and a float feature
   `outputs` (the model's output for it, its tensors flattened and concatenated in `tf.nest` order). The files
-  are written into a new directory beside `path`, which then replaces `path`: a failure leaves `path` as it
-  was. Every worker runs the steps; only the chief writes. Under a ParameterServerStrategy the coordinator
-  runs the model itself, as evaluation does (`parameter_server_loops.evaluation_strategy`).
+  are written into a new directory beside `path` and, once all are, moved into `path`, whatever else it held
+  removed (`_replace`): a failure before leaves `path` as it was. Every worker runs the steps; only the chief
+  writes. Under a ParameterServerStrategy the coordinator runs the model itself, as evaluation does
+  (`parameter_server_loops.evaluation_strategy`).
 
   Args:
     strategy: the `tf.distribute.Strategy` the model was made under.
@@ -98,7 +99,8 @@ def write(
       autograph=False,
   )
   writes = strategy.extended.should_checkpoint
-  temporary = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  # Beside `path`, its name not starting with path's: ram:// (and a listing by prefix) takes a prefix for a folder.
+  temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
   files: list[tf.io.TFRecordWriter] = []
   written = 0
   try:
@@ -145,10 +147,15 @@ def _example(index: Any, outputs: Any) -> bytes:
 
 
 def _replace(path: str, temporary: str) -> None:
-  """Puts the directory `temporary` in the place of `path` (a directory or nothing)."""
-  previous = f"{temporary}.previous"
-  if tf.io.gfile.exists(path):
-    tf.io.gfile.rename(path, previous)
-  tf.io.gfile.rename(temporary, path)
-  if tf.io.gfile.exists(previous):
-    tf.io.gfile.rmtree(previous)
+  """Moves the files of the directory `temporary` into the directory `path`, then removes whatever else it held.
+
+  File by file, not the directory at once: not every TensorFlow file system renames a directory (ram:// does not).
+  """
+  new = tf.io.gfile.listdir(temporary)
+  old = tf.io.gfile.listdir(path) if tf.io.gfile.isdir(path) else []
+  tf.io.gfile.makedirs(path)
+  for name in new:
+    tf.io.gfile.rename(os.path.join(temporary, name), os.path.join(path, name), overwrite=True)
+  for name in set(old) - set(new):
+    stale = os.path.join(path, name.rstrip("/"))
+    (tf.io.gfile.rmtree if tf.io.gfile.isdir(stale) else tf.io.gfile.remove)(stale)
