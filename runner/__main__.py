@@ -7,7 +7,7 @@ Flags:
   --workdir=DIR           checkpoints, summaries, metrics.jsonl, config.json, export
                           (a leading ~ expanded); default: a new temporary directory.
   --mode=MODE             overrides config.mode (train, eval, train_and_eval, export,
-                          continuous_eval); with another --config.mode, an error.
+                          continuous_eval, predict); with another --config.mode, an error.
   --dry_run               prints the resolved config, the strategy, the replicas, the
                           per-replica batch sizes, whether the workdir holds a run and
                           the step it would resume from, and the step plan from there;
@@ -159,7 +159,7 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
 def main(command_line: CommandLine) -> None:
   """Runs the command line; a ConfigError, non-finite step, ClusterError or unreachable workdir is an `error:` line.
 
-  A run (`runner.run`) prints what it did: the workdir, strategy, global step, metrics and export.
+  A run (`runner.run`) prints what it did: the workdir, strategy, global step, metrics, export and predictions.
   """
   with _exit_statuses():
     workdir = remote.user_path(_WORKDIR.value)
@@ -185,6 +185,8 @@ def main(command_line: CommandLine) -> None:
     print(f"eval: {format_metrics(result.eval_metrics)}")
   if result.export_path:
     print(f"export: {result.export_path}")
+  if result.predictions_path:
+    print(f"predictions: {result.predictions_path}")
 
 
 @contextlib.contextmanager

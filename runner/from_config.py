@@ -28,6 +28,7 @@ from runner.tasks import Task
 from runner.training import continuous_eval as continuous_eval_lib
 from runner.training import keras_versions
 from runner.training import options as trainer_options
+from runner.training import predict
 from runner.training import steps_per_loop as steps_per_loop_lib
 from runner.training.trainer import Trainer
 from runner.workdir import config_history
@@ -42,6 +43,7 @@ from strategies.errors import ConfigError
 from strategies.errors import first_line
 
 EXPORT_DIR = "export"
+BEST_DIR = "best"  # The best checkpoint's folder in the workdir; mode 'predict' reads it (`best_checkpoint`).
 _RUNS_STARTED = itertools.count()  # `run` calls past validation in this process.
 TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
 # What a filesystem raises when it cannot be reached (TensorFlow's GCS client: FailedPrecondition for a host it
@@ -71,10 +73,11 @@ class RunResult:
       Mode 'continuous_eval': the evaluation of the last checkpoint it took
       (None if none).
     checkpoint_path: the latest checkpoint in the workdir, or None; for mode
-      'continuous_eval', the last checkpoint it evaluated.
+      'continuous_eval', the last checkpoint it evaluated; for mode 'predict', the one it restored.
     export_path: the SavedModel directory for mode 'export', else None.
     model: the Keras model (Keras 3 or tf_keras) with the run's final weights (on every worker of
       a multi-worker job, the same weights).
+    predictions_path: the predictions' directory (`WORKDIR/predictions`) for mode 'predict', else None.
   """
 
   workdir: str
@@ -87,10 +90,11 @@ class RunResult:
   checkpoint_path: str | None
   export_path: str | None
   model: Any  # A keras.Model, or a tf_keras.Model.
+  predictions_path: str | None = None
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:
-  """Runs `config.mode` ('train', 'eval', 'train_and_eval', 'export' or 'continuous_eval').
+  """Runs `config.mode` ('train', 'eval', 'train_and_eval', 'export', 'continuous_eval' or 'predict').
 
   The config is validated before any TensorFlow device work; then the
   strategy is built and the batch sizes are checked against its replica
@@ -107,7 +111,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   (see `workdir_lock`); 'eval' and 'export' neither take nor wait for it.
   'continuous_eval' is the evaluator beside a trainer (`continuous_eval`):
   it takes the evaluator's lock, not the trainer's (one evaluator per
-  workdir), records no config and writes only its evaluations.
+  workdir), records no config and writes only its evaluations. 'predict'
+  takes no lock either and writes only `WORKDIR/predictions` (`_predict_result`).
   Calls in one process (a sweep) do not pile up: each closes its Trainer
   (`Trainer.close`) before it returns, and each after the first starts by
   freeing what the runs before it left (`_free_earlier_runs`).
@@ -129,7 +134,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
   Raises:
     ConfigError: a bad config, a workdir that is empty, cannot be written or
       that another training run holds (`workdir_lock.WorkdirInUseError`), a batch size
-      the replica count does not divide, no checkpoint to evaluate or export,
+      the replica count does not divide, no checkpoint to evaluate, export or predict with,
       a checkpoint the config does not match, or one that cannot be written.
     runner.data.DataError (a ConfigError): the data does not fit the model or
       the task, cannot be read, or holds NaN or inf values.
@@ -145,6 +150,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
     workdir = reachable_workdir(workdir)
     if config.mode == "continuous_eval":
       return _continuous_eval_result(config, strategy, workdir)
+    if config.mode == "predict":
+      return _predict_result(config, strategy, workdir)
     with (
         _workdir_for(config, strategy, workdir) as workdir,
         _restored_trainer(config, strategy, workdir) as (trainer, train_data),
@@ -245,6 +252,48 @@ def _continuous_eval_result(
   return _result(config, trainer, workdir, last.step, (None, dict(last.metrics), last.checkpoint, None))
 
 
+def _predict_result(
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
+) -> RunResult:
+  """Runs mode 'predict': the model of the workdir's latest (or best) checkpoint over a split, into `predictions/`.
+
+  The split is `config.data.predict_split` (None: 'eval'), in batches of
+  `config.data.eval_global_batch_size`; the files are those of
+  `Trainer.predict`, in `WORKDIR/predictions`, which a rerun replaces whole.
+  It takes no lock and changes nothing else in the workdir: no config is
+  recorded, no metrics, summaries or checkpoints are written.
+
+  Raises:
+    ConfigError: no workdir, no checkpoint in it (or, with
+      `config.predict.checkpoint='best'`, none in `WORKDIR/best`), or one
+      the config does not match; nothing was written.
+  """
+  if workdir is None:
+    raise ConfigError(
+        "Mode 'predict' runs the model of a training run's checkpoint: give that run's workdir (--workdir=DIR, or "
+        "runner.run(config, workdir))."
+    )
+  train_data, _ = check_resumable(config, workdir)
+  best = best_checkpoint(workdir) if config.predict.checkpoint == "best" else None
+  trainer = create_trainer(config, strategy, workdir)
+  with contextlib.closing(trainer):
+    trainer.restore(data=train_data, checkpoint=best)
+    path = trainer.predict(
+        _prepared(config, config.data.predict_split or "eval", "prediction"),
+        global_batch_size=config.data.eval_global_batch_size,
+        path=os.path.join(workdir, predict.DIRECTORY),
+    )
+  result = _result(
+      config, trainer, workdir, trainer.global_step, (None, None, best or checkpoints.latest(workdir), None)
+  )
+  return dataclasses.replace(result, predictions_path=path)
+
+
+def best_checkpoint(workdir: str) -> str | None:
+  """The checkpoint in `WORKDIR/best` (the Trainer's checkpoint, as `tf.train.latest_checkpoint` finds it), or None."""
+  return tf.train.latest_checkpoint(os.path.join(workdir, BEST_DIR))
+
+
 def _free_earlier_runs() -> None:
   """Frees what the runs before this one in this process left, when there were any.
 
@@ -341,15 +390,21 @@ def check_resumable(
     recorded run (`config_history.latest`).
 
   Raises:
-    ConfigError: mode 'eval' or 'export' without a checkpoint, or a checkpoint
+    ConfigError: mode 'eval', 'export' or 'predict' without a checkpoint (or without the best one, for
+      `config.predict.checkpoint='best'`), or a checkpoint
       trained with another model, task, optimizer, precision or data
       (`config_history.check_resumable`).
   """
   checkpoint = checkpoints.latest(workdir)
-  if config.mode in ("eval", "export") and checkpoint is None:
+  if config.mode in ("eval", "export", "predict") and checkpoint is None:
     raise ConfigError(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir)."
+    )
+  if config.mode == "predict" and config.predict.checkpoint == "best" and best_checkpoint(workdir) is None:
+    raise ConfigError(
+        f"config.predict.checkpoint='best' needs the best checkpoint in {os.path.join(workdir, BEST_DIR)}, and there "
+        "is none; train with config.trainer.best_metric set, or predict with config.predict.checkpoint='latest'."
     )
   train_data = _prepared(config, "train", "training")
   previous = config_history.latest(workdir)
@@ -425,11 +480,16 @@ def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strateg
         f"mode continuous_eval: {evaluation} at each new checkpoint in the workdir, once, until the checkpoint of "
         f"step {trainer.train_steps} or {trainer.eval_timeout_seconds:g} s without a new one"
     )
-  if config.mode in ("eval", "export"):
+  if config.mode in ("eval", "export", "predict"):
     if step is None:
       return f"mode {config.mode}: none, it needs a checkpoint in the workdir and there is none (exit 2)"
-    action = evaluation if config.mode == "eval" else f"export a SavedModel to WORKDIR/{EXPORT_DIR}"
-    return f"mode {config.mode}: restore the checkpoint of step {step}, {action}"
+    action = {"eval": evaluation, "export": f"export a SavedModel to WORKDIR/{EXPORT_DIR}"}.get(
+        config.mode,
+        f"write the outputs over split {config.data.predict_split or 'eval'!r} to WORKDIR/{predict.DIRECTORY}",
+    )
+    best = config.mode == "predict" and config.predict.checkpoint == "best"
+    restored = f"the checkpoint in WORKDIR/{BEST_DIR}" if best else f"the checkpoint of step {step}"
+    return f"mode {config.mode}: restore {restored}, {action}"
   step = step or 0
   if step >= trainer.train_steps:
     line = f"mode {config.mode}: nothing to train, step {step} is at train_steps={trainer.train_steps}"

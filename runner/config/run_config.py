@@ -32,7 +32,8 @@ from strategies import checks
 from strategies import schema as strategy_schema
 from strategies.errors import ConfigError
 
-MODES = ("train", "eval", "train_and_eval", "export", "continuous_eval")
+MODES = ("train", "eval", "train_and_eval", "export", "continuous_eval", "predict")
+PREDICT_SPLITS = ("train", "eval")  # What config.data.predict_split may name (None: 'eval').
 # The sections that name a model, dataset or task; besides their common fields
 # they hold that model's, dataset's or task's own fields.
 NAMED_SECTIONS = {"data": "dataset", "model": "model", "task": "task"}
@@ -54,6 +55,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "global_batch_size": (64, checks.positive_int),
         "eval_global_batch_size": (int, _OPTIONAL),  # None: global_batch_size.
         "sharding": ("auto", lambda value, what: checks.one_of(value, sharding_policies.SHARDING, what)),
+        # Mode predict's split, the dataset function's `split` argument; None: 'eval'.
+        "predict_split": (str, lambda value, what: value is None or checks.one_of(value, PREDICT_SPLITS, what)),
     },
     "model": {"name": ("mlp", None)},
     "task": {"name": ("classification", None)},
@@ -80,6 +83,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): a profiler trace of those steps.
         # Mode continuous_eval ends after this long with no new checkpoint.
         "eval_timeout_seconds": (3600.0, checks.positive_number),
+    },
+    "predict": {  # Mode predict.
+        "checkpoint": ("latest", lambda value, what: checks.one_of(value, ("latest", "best"), what)),
     },
 }
 

@@ -29,6 +29,7 @@ from runner.training import export
 from runner.training import model_parts
 from runner.training import options as trainer_options
 from runner.training import parameter_server_loops
+from runner.training import predict
 from runner.training import run_state
 from runner.training import train_errors
 from runner.training import train_input
@@ -333,6 +334,12 @@ class Trainer:
       export.export_saved_model(self._strategy, self._parts, path)
       logging.info("Exported a SavedModel at step %d to %s.", self._state.step, path)
       return path
+
+  def predict(self, data: Data, *, global_batch_size: int, path: str) -> str:
+    """Writes the model's outputs for every example of `data` (as for `evaluate`) to `path`; see `predict.write`."""
+    with progress_output.shown(quiet=self._options.quiet):
+      provider = self._checked_data(data, "prediction")[0].provider
+      return predict.write(self._strategy, self.model, provider, global_batch_size, path, preprocess=self._preprocess)
 
   def close(self) -> None:
     """Releases what the Trainer keeps open between calls; it stays usable.

@@ -220,16 +220,18 @@ def cli_runs(tmp_path_factory):
     return processes[case].returncode, stdout, stderr, workdirs[case]
 
   # Once the run "quiet" (40 steps) has finished, dry runs on its workdir beside the others: one taking it further,
-  # one with another model.
+  # one with another model; and mode predict, over an eval split of 101 examples (neither 64 nor 2 replicas divide it).
   results = {"quiet": finish("quiet")}
   listing = _listing(workdirs["quiet"])
   for case, args in {
       "dry_run_resume": ["--config.trainer.train_steps=100", "--config.trainer.steps_per_loop=20"],
       "dry_run_other_model": ["--config.model.hidden_units=(8,)"],
+      "predict": ["--mode=predict", *cases["quiet"][1:], "--config.data.num_eval_examples=101"],
   }.items():
     workdirs[case] = workdirs["quiet"]
+    dry_run = [] if case == "predict" else ["--dry_run"]
     processes[case] = subprocess.Popen(
-        [sys.executable, "-m", "runner", f"--workdir={workdirs['quiet']}", f"--config={SYNTHETIC}", "--dry_run", *args],
+        [sys.executable, "-m", "runner", f"--workdir={workdirs['quiet']}", f"--config={SYNTHETIC}", *dry_run, *args],
         env=_with_log_level(env, "0") if case == "dry_run_resume" else env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -237,7 +239,9 @@ def cli_runs(tmp_path_factory):
         text=True,
     )
   results.update({case: finish(case) for case in processes if case != "quiet"})
-  assert _listing(workdirs["quiet"]) == listing, "the dry run changed the workdir"
+  predictions = os.path.join(workdirs["quiet"], "predictions", "")
+  unchanged = [file for file in _listing(workdirs["quiet"]) if not file[0].startswith(predictions)]
+  assert unchanged == listing, "a dry run or mode predict changed the workdir"
   return results
 
 
@@ -315,6 +319,19 @@ def test_a_dry_run_on_a_workdir_trained_with_another_model_refuses_as_the_run_do
       "(model.hidden_units: [64] -> [8]). Rerun with the values it was trained with, or use a new --workdir."
   ]
   assert "Traceback" not in stderr and "would resume" not in stdout and "plan:" not in stdout
+
+
+def test_mode_predict_writes_every_eval_example_once_to_the_predictions_folder(cli_runs):
+  """Mirrored over 2 logical CPUs; the fixture checks that it changed no other file of the workdir."""
+  import tensorflow as tf  # noqa: PLC0415  # As `_write_records`.
+
+  returncode, stdout, stderr, workdir = cli_runs["predict"]
+  assert returncode == 0, stderr[-3000:]
+  assert stdout.endswith(f"global step: 40\npredictions: {workdir / 'predictions'}\n")
+  assert os.listdir(workdir / "predictions") == ["part-00000.tfrecord"]
+  spec = {"index": tf.io.FixedLenFeature([], tf.int64), "outputs": tf.io.FixedLenFeature([10], tf.float32)}
+  records = tf.data.TFRecordDataset(str(workdir / "predictions" / "part-00000.tfrecord"))
+  assert [int(tf.io.parse_single_example(record, spec)["index"]) for record in records] == list(range(101))
 
 
 def test_a_quoted_tilde_in_the_workdir_is_the_home_folder(cli_runs):
@@ -403,8 +420,8 @@ def test_a_typo_in_a_declared_field_is_one_line_with_a_did_you_mean(cli_runs):
   assert "Traceback" not in stderr
   assert _error_lines(stderr) == [
       "error: Override 'data.train_file=/data/train-*.rec': config.data has no field 'train_file'. Did you mean "
-      "'train_files'? Fields of config.data: eval_global_batch_size, global_batch_size, name, sharding, "
-      "shuffle_buffer, train_files."
+      "'train_files'? Fields of config.data: eval_global_batch_size, global_batch_size, name, predict_split, "
+      "sharding, shuffle_buffer, train_files."
   ]
   assert not workdir.exists()
 

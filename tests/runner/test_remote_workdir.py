@@ -41,9 +41,9 @@ CONFIG = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def remote_runs(tmp_path_factory):
-  """Trains 20 steps, resumes to 40, evaluates and exports, workdir and config file on `ram://`.
+  """Trains 20 steps, resumes to 40, evaluates, exports and predicts, workdir and config file on `ram://`.
 
-  Returns {name: RunResult} ('first', 'resumed', 'eval', 'export', and 'local': 40 steps uninterrupted on a
+  Returns {name: RunResult} ('first', 'resumed', 'eval', 'export', 'predict', and 'local': 40 steps uninterrupted on a
   local workdir), the remote workdir, and the local folder that was the working directory.
   """
   local = tmp_path_factory.mktemp("remote_runs")
@@ -61,6 +61,7 @@ def remote_runs(tmp_path_factory):
         "resumed": runner.run(runner.load_config(f"{config_path}:40"), workdir, quiet=True),
         "eval": runner.run(runner.load_config(f"{config_path}:40", ["mode=eval"]), workdir, quiet=True),
         "export": runner.run(runner.load_config(f"{config_path}:40", ["mode=export"]), workdir, quiet=True),
+        "predict": runner.run(runner.load_config(f"{config_path}:40", ["mode=predict"]), workdir, quiet=True),
     }
   with tf.io.gfile.GFile(config_path) as remote_file, open(local / "tiny.py", "w", encoding="utf-8") as f:
     f.write(remote_file.read())
@@ -79,8 +80,9 @@ def test_a_remote_run_trains_resumes_and_writes_nothing_locally(remote_runs):
       "config_history.jsonl",
       "export",
       "metrics_parts",
+      "predictions",
       "summaries",
-  ]  # The lock is gone: each run released it.
+  ]  # The lock is gone: each run released it; the predictions' temporary folder is gone too.
   history = [row["step"] for row in map(json.loads, _lines(f"{workdir}/config_history.jsonl"))]
   assert history == [0, 20, 40, 40]
 
@@ -108,6 +110,14 @@ def test_the_remote_checkpoint_list_names_both_checkpoints(remote_runs):
   _, workdir, _ = remote_runs
   listed = checkpoint_list.read(f"{workdir}/checkpoints")
   assert [os.path.basename(path) for path in listed.paths] == ["ckpt-20", "ckpt-40"]
+
+
+def test_remote_predictions_hold_every_eval_example(remote_runs):
+  results, workdir, _ = remote_runs
+  assert tf.io.gfile.listdir(results["predict"].predictions_path) == ["part-00000.tfrecord"]
+  spec = {"index": tf.io.FixedLenFeature([], tf.int64)}
+  records = tf.data.TFRecordDataset(f"{workdir}/predictions/part-00000.tfrecord")
+  assert [int(tf.io.parse_single_example(record, spec)["index"]) for record in records] == list(range(100))
 
 
 def test_a_remote_export_loads_and_serves(remote_runs):

@@ -67,8 +67,9 @@ def user_module(tmp_path, monkeypatch):
 
 def test_default_config_has_every_field_of_the_design_with_a_default():
   config = config_lib.default_config()
-  assert set(config) == {"mode", "strategy", "data", "model", "task", "optimizer", "trainer"}
-  assert {"name", "global_batch_size", "eval_global_batch_size"} <= set(config.data)
+  assert set(config) == {"mode", "strategy", "data", "model", "task", "optimizer", "trainer", "predict"}
+  assert {"name", "global_batch_size", "eval_global_batch_size", "predict_split"} <= set(config.data)
+  assert (config.data.predict_split, config.predict.checkpoint) == (None, "latest")
   assert set(config.optimizer) == {"name", "learning_rate", "schedule", "warmup_steps", "weight_decay", "clipnorm"}
   assert set(config.trainer) == {
       "train_steps",
@@ -326,6 +327,7 @@ def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, t
       "global_batch_size",
       "eval_global_batch_size",
       "sharding",
+      "predict_split",
       "train_files",
       "num_classes",
       "shuffle_buffer",
@@ -336,7 +338,7 @@ def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, t
       ConfigError,
       match=r"config.data has no field 'train_file'. Did you mean 'train_files'\? "
       r"Fields of config.data: eval_global_batch_size, global_batch_size, name, "
-      r"num_classes, sharding, shuffle_buffer, train_files, vocab.$",
+      r"num_classes, predict_split, sharding, shuffle_buffer, train_files, vocab.$",
   ):
     runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.train_file=x"])
   with pytest.raises(ConfigError, match=r"config.data.shuffle_buffer must be an int, got 'big'"):
