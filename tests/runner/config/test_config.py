@@ -69,7 +69,15 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
   config = config_lib.default_config()
   assert set(config) == {"mode", "strategy", "data", "model", "task", "optimizer", "trainer"}
   assert {"name", "global_batch_size", "eval_global_batch_size"} <= set(config.data)
-  assert set(config.optimizer) == {"name", "learning_rate", "schedule", "warmup_steps", "weight_decay", "clipnorm"}
+  assert set(config.optimizer) == {
+      "name",
+      "learning_rate",
+      "schedule",
+      "warmup_steps",
+      "weight_decay",
+      "clipnorm",
+      "gradient_accumulation_steps",
+  }
   assert set(config.trainer) == {
       "train_steps",
       "steps_per_loop",
