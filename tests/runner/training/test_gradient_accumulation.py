@@ -55,12 +55,9 @@ def test_k_micro_batches_end_at_the_weights_and_metrics_of_one_step_of_the_globa
   clipnorm = 0.01  # Below every step's gradient norm: clipping is active in every step.
   references = {None: _train(one_device), clipnorm: _train(one_device, clipnorm=clipnorm)}
   runs = {  # Each behaviour once: one device, 2 replicas, clipping, XLA, unchecked loops (after a checkpoint).
-      "one_device, k=4": (None, _train(one_device, gradient_accumulation_steps=4)),
-      "2 mirrored, k=4, clipnorm, model_dir": (
-          clipnorm,
-          _train(
-              mirrored, gradient_accumulation_steps=4, clipnorm=clipnorm, model_dir=str(tmp_path), checkpoint_every=2
-          ),
+      "2 mirrored, k=4, model_dir": (
+          None,
+          _train(mirrored, gradient_accumulation_steps=4, model_dir=str(tmp_path), checkpoint_every=2),
       ),
       "one_device, k=2, clipnorm, XLA": (
           clipnorm,
@@ -76,16 +73,6 @@ def test_k_micro_batches_end_at_the_weights_and_metrics_of_one_step_of_the_globa
     for got, want in zip(rows, want_rows, strict=True):
       assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), name
       assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), name
-
-
-def test_mixed_float16_scales_the_micro_batches_losses_and_unscales_their_sum_once():
-  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-  (want, want_rows), (got, rows) = (
-      _train(strategy, precision="mixed_float16", gradient_accumulation_steps=k) for k in (1, 2)
-  )
-  for got_weights, want_weights in zip(got, want, strict=True):
-    np.testing.assert_allclose(got_weights, want_weights, rtol=1e-3, atol=1e-4)
-  assert rows[-1]["loss"] == pytest.approx(want_rows[-1]["loss"], rel=1e-3)
 
 
 def test_a_global_batch_that_k_and_the_replicas_do_not_divide_is_one_error(cpu_devices):
