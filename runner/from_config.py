@@ -441,12 +441,13 @@ def create_strategy(config: ml_collections.ConfigDict) -> tf.distribute.Strategy
 
   Raises:
     ConfigError: from `strategies.create`, or a batch size in `config.data`
-      that the replica count does not divide (both numbers named).
+      that the replica count (for training, times `gradient_accumulation_steps`) does not divide (the numbers named).
   """
   strategy = strategy_factory.create(config.strategy)
-  for field in ("global_batch_size", "eval_global_batch_size"):
+  accumulation = config.optimizer.gradient_accumulation_steps
+  for field, micro_batches in (("global_batch_size", accumulation), ("eval_global_batch_size", 1)):
     try:
-      input_pipeline.check_global_batch_size(strategy, config.data[field])
+      input_pipeline.check_global_batch_size(strategy, config.data[field], micro_batches)
     except ConfigError as e:
       raise ConfigError(f"config.data.{field}: {e}") from None
   return strategy

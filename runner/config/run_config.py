@@ -67,6 +67,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "warmup_steps": (0, None),  # Checked against the schedule and train_steps in `validate`.
         "weight_decay": (0.0, functools.partial(checks.positive_number, allow_zero=True)),
         "clipnorm": (float, functools.partial(checks.positive_number, optional=True)),
+        "gradient_accumulation_steps": (1, checks.positive_int),  # Micro-batches per step (Trainer option).
     },
     "trainer": {  # The Trainer's options of the same names (runner.training.options), and the run's steps.
         "train_steps": (1000, checks.positive_int),  # The global step to train to.

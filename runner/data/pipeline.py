@@ -13,21 +13,43 @@ from strategies.errors import ConfigError
 ELEMENT_CONTRACT = "(features, labels) or (features, labels, sample_weight)"
 
 
-def check_global_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int) -> None:
-  """Checks that `global_batch_size` splits evenly over the strategy's replicas.
+def check_global_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int, micro_batches: int = 1) -> None:
+  """Checks that `global_batch_size` splits evenly over the strategy's replicas (and `micro_batches` within each).
 
   Raises:
-    ConfigError: it is not a positive int, or the replica count does not
-      divide it (the message names both numbers and the nearest valid sizes).
+    ConfigError: it is not a positive int, or the replica count (times
+      `micro_batches`) does not divide it (the message names the numbers and
+      the nearest valid sizes).
   """
   checks.positive_int(global_batch_size, "global_batch_size")
   replicas = strategy.num_replicas_in_sync
-  if global_batch_size % replicas:
-    lower = global_batch_size // replicas * replicas
-    nearest = [size for size in (lower, lower + replicas) if size > 0]
+  multiple = replicas * micro_batches
+  if global_batch_size % multiple:
+    lower = global_batch_size // multiple * multiple
+    nearest = [size for size in (lower, lower + multiple) if size > 0]
+    each = f" times gradient_accumulation_steps={micro_batches} micro-batches each" if micro_batches > 1 else ""
     raise ConfigError(
-        f"global_batch_size={global_batch_size} does not split over the {replicas} replicas of the strategy; "
-        f"it must be a multiple of {replicas}, e.g. {' or '.join(map(str, nearest))}."
+        f"global_batch_size={global_batch_size} does not split over the {replicas} replicas of the strategy{each}; "
+        f"it must be a multiple of {multiple}, e.g. {' or '.join(map(str, nearest))}."
+    )
+
+
+def check_micro_batches(data: "PreparedData", preprocess: Callable[[Any], Any] | None, micro_batches: int) -> None:
+  """Checks that gradient accumulation can slice `data`'s batches of features (after `preprocess`) into micro-batches.
+
+  Raises:
+    ConfigError: `micro_batches` > 1 and a feature is neither a tensor nor a
+      ragged tensor (a `tf.SparseTensor`, a `GraphTensor`).
+  """
+  if micro_batches == 1:
+    return
+  spec = data.features_spec if preprocess is None else preprocessed_spec(preprocess, data.features_spec)
+  sliceable = (tf.TensorSpec, tf.RaggedTensorSpec)
+  kinds = {s.value_type.__name__ for s in tf.nest.flatten(spec) if not isinstance(s, sliceable)}
+  if kinds:
+    raise ConfigError(
+        f"gradient_accumulation_steps={micro_batches} slices each batch into micro-batches, which its features' "
+        f"{', '.join(sorted(kinds))} cannot be (tensors and ragged tensors can); set gradient_accumulation_steps=1."
     )
 
 

@@ -316,6 +316,7 @@ class InnerLoops:
           global_batch_size=global_batch_size,
           xla=self._xla,
           clipnorm=self._options.clipnorm,
+          micro_batches=self._options.gradient_accumulation_steps,
           loss_scale=parts.loss_scaled,
           keras_version=parts.keras_version,
           valid_labels=None if own_check and (unchecked or alone_on_cpus) else label_range,

@@ -181,6 +181,7 @@ class TrainLoop:
       valid_labels: Any = None,
       multi_worker: bool = False,
       state: Sequence[Any] | None = None,
+      micro_batches: int = 1,
   ) -> None:
     """Initializes the `TrainLoop`.
 
@@ -208,6 +209,9 @@ class TrainLoop:
         over workers in the steps.
       state: None (every step checked), or the variables an unchecked loop
         checks finite at its end (looping on one worker only).
+      micro_batches: k, the gradient accumulation steps: a step's forward
+        and backward pass runs over k slices of each replica's batch in turn
+        (`_accumulated`), which `global_batch_size` is a multiple of.
     """
     self._strategy = strategy
     self._model = model
@@ -216,6 +220,7 @@ class TrainLoop:
     self._metrics = metrics
     self._step = step
     self._global_batch_size = global_batch_size
+    self._micro_batches = micro_batches
     self._clipnorm = clipnorm
     self._loss_scale = loss_scale
     self._keras = keras_version
@@ -344,11 +349,18 @@ class TrainLoop:
     return tf.concat([totals, last, tf.stack([learning_rate] + [_scalar(m) for m in self._metrics])], axis=0)
 
   def _replica_step(self, batch: Sequence[Any], stop: tf.Tensor, update: bool = True) -> Any:
-    """One replica's step under `tf.GradientTape`: forward and backward pass, then `_updated`.
+    """One replica's step: forward and backward pass (`_gradients`; `_accumulated` over micro-batches), then `_updated`.
 
     With `update=False` only the forward and backward pass: it returns
     `(loss, outputs, gradients)` (XLA compiles that alone on several replicas).
     """
+    loss, outputs, gradients = (self._accumulated if self._micro_batches > 1 else self._gradients)(batch)
+    if not update:
+      return loss, outputs, gradients
+    return self._updated(batch, stop, loss, outputs, gradients)
+
+  def _gradients(self, batch: Sequence[Any]) -> tuple[tf.Tensor, Any, list[Any]]:
+    """`(loss, outputs, gradients)` of `batch` under `tf.GradientTape`, the loss averaged over the global batch."""
     features, labels = batch[0], batch[1]
     sample_weight = batch[2] if len(batch) == 3 else None
     with tf.GradientTape() as tape:
@@ -362,13 +374,51 @@ class TrainLoop:
             sample_weight=tf.cast(sample_weight, per_example_loss.dtype),
             global_batch_size=self._global_batch_size,
         )
-      if self._model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(extra, tf.float32) for extra in self._model.losses]))
+      if self._model.losses:  # Each of k micro-batches adds 1/k of it: a step adds the regularization once.
+        extra = tf.add_n([tf.cast(extra, tf.float32) for extra in self._model.losses])
+        loss += tf.nn.scale_regularization_loss(extra if self._micro_batches == 1 else extra / self._micro_batches)
       objective = self._keras.scaled_loss(self._optimizer, loss) if self._loss_scale else loss
-    gradients = sharded_variables.gradients(tape, objective, self._model.trainable_variables)
-    if not update:
-      return loss, outputs, gradients
-    return self._updated(batch, stop, loss, outputs, gradients)
+    return loss, outputs, sharded_variables.gradients(tape, objective, self._model.trainable_variables)
+
+  def _accumulated(self, batch: Sequence[Any]) -> tuple[tf.Tensor, Any, list[Any]]:
+    """`_gradients` of the replica's batch as the sums over its `micro_batches` equal slices, run one after another.
+
+    Each slice's loss is averaged over the global batch, so the sums are the
+    batch's loss and gradients (sparse ones summed dense), and the slices'
+    outputs are joined into the batch's. The first slice runs before a
+    `tf.while_loop` over the others (its results give the loop's structure),
+    which starts after its gradients and runs one iteration at a time: one
+    slice's activations are alive at a time.
+    """
+    size = self._global_batch_size // self._strategy.num_replicas_in_sync // self._micro_batches
+
+    def gradients_of(i: Any) -> tuple[tf.Tensor, Any, list[Any]]:
+      examples = i * size + tf.range(size)  # Of static size, as XLA needs.
+      loss, outputs, gradients = self._gradients(tf.nest.map_structure(lambda t: tf.gather(t, examples), batch))
+      return loss, outputs, [None if g is None else tf.convert_to_tensor(g) for g in gradients]
+
+    loss, outputs, gradients = gradients_of(0)
+    present = [j for j, g in enumerate(gradients) if g is not None]
+
+    def add(i: tf.Tensor, loss: tf.Tensor, sums: list[tf.Tensor], arrays: list[Any]) -> tuple[Any, ...]:
+      more_loss, more_outputs, more = gradients_of(i)
+      arrays = [array.write(i, o) for array, o in zip(arrays, tf.nest.flatten(more_outputs))]
+      return i + 1, loss + more_loss, [total + more[j] for total, j in zip(sums, present)], arrays
+
+    with tf.control_dependencies([gradients[j] for j in present]):
+      first = tf.identity(1)
+    flat = tf.nest.flatten(outputs)
+    arrays = [tf.TensorArray(o.dtype, size=self._micro_batches).write(0, o) for o in flat]
+    _, loss, sums, arrays = tf.while_loop(
+        lambda i, *_: i < self._micro_batches,
+        add,
+        (first, loss, [gradients[j] for j in present], arrays),
+        parallel_iterations=1,
+    )
+    for j, total in zip(present, sums):
+      gradients[j] = total
+    joined = [tf.reshape(array.stack(), tf.concat([[-1], tf.shape(o)[1:]], 0)) for array, o in zip(arrays, flat)]
+    return loss, tf.nest.pack_sequence_as(outputs, joined), gradients
 
   def _split_step(self, batch: Sequence[Any], stop: tf.Tensor) -> Any:
     """A replica's step whose forward and backward pass XLA compiles, and whose update (with its all-reduce) not."""

@@ -44,6 +44,10 @@ class TrainerOptions:
     jit_compile: compile each replica's forward and backward pass with XLA.
     precision: 'float32', 'mixed_bfloat16' or 'mixed_float16'.
     clipnorm: None, or the bound on the global norm of the summed gradient.
+    gradient_accumulation_steps: k; a step runs k micro-batches of
+      `global_batch_size / k` one after another and applies their summed
+      gradient once, so it trains as k = 1 does, with one micro-batch's
+      activations in memory (`loops.TrainLoop`; docs/trainer.md#gradient-accumulation).
     seed: None, or an int that fixes the initial weights.
     actions: `runner.actions.Action`s run after every train loop.
     profile_steps: None, or `(first, last)`: record a TensorFlow profiler
@@ -66,6 +70,7 @@ class TrainerOptions:
   jit_compile: bool = False
   precision: str = "float32"
   clipnorm: float | None = None
+  gradient_accumulation_steps: int = 1
   seed: int | None = None
   actions: Sequence[interfaces.Action] = ()
   profile_steps: tuple[int, int] | None = None
@@ -82,6 +87,7 @@ class TrainerOptions:
       checks.boolean(getattr(self, name), name)
     checks.one_of(self.precision, scoped_settings.PRECISIONS, "precision")
     checks.positive_number(self.clipnorm, "clipnorm", optional=True)
+    checks.positive_int(self.gradient_accumulation_steps, "gradient_accumulation_steps")
     if self.seed is not None and not checks.is_int(self.seed):
       raise ConfigError(f"seed must be None or an int, got {self.seed!r}.")
     if isinstance(self.actions, interfaces.Action) or not all(isinstance(a, interfaces.Action) for a in self.actions):
@@ -107,11 +113,13 @@ def _is_positive_int(value: Any) -> bool:
 def config_arguments(config: Any, model_dir: str | None) -> dict[str, Any]:
   """Returns the Trainer's keyword arguments for the options a run config sets (`runner.run`).
 
-  Those of `config.trainer` by their names, `config.optimizer.clipnorm`, and
-  `model_dir`; the config's `steps_per_loop` None (auto) is "auto".
+  Those of `config.trainer` by their names, `config.optimizer.clipnorm` and
+  `gradient_accumulation_steps`, and `model_dir`; the config's `steps_per_loop` None (auto) is "auto".
   """
   arguments = {f.name: config.trainer[f.name] for f in dataclasses.fields(TrainerOptions) if f.name in config.trainer}
-  arguments.update(model_dir=model_dir, clipnorm=config.optimizer.clipnorm)
+  for name in ("clipnorm", "gradient_accumulation_steps"):
+    arguments[name] = config.optimizer[name]
+  arguments["model_dir"] = model_dir
   arguments["steps_per_loop"] = arguments["steps_per_loop"] or steps_per_loop_lib.AUTO
   return arguments
 

@@ -71,6 +71,7 @@ class Trainer:
       jit_compile: bool = False,
       precision: str = "float32",
       clipnorm: float | None = None,
+      gradient_accumulation_steps: int = 1,
       seed: int | None = None,
       actions: Sequence[interfaces.Action] = (),
       profile_steps: tuple[int, int] | None = None,
@@ -87,7 +88,7 @@ class Trainer:
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
-        seed, actions, profile_steps, quiet: the options, made once into one
+        gradient_accumulation_steps, seed, actions, profile_steps, quiet: the options, made once into one
         `runner.training.options.TrainerOptions`, whose doc says what each does.
 
     Raises:
@@ -174,7 +175,7 @@ class Trainer:
         of such datasets, or a `pipeline.PreparedData` of either (as
         `runner.run` makes once per split). It is repeated as needed.
       global_batch_size: examples per step over all replicas; a multiple of
-        the replica count.
+        the replica count times `gradient_accumulation_steps`.
       steps: the global step to train to.
       eval_data: like `data` but finite: evaluated every `eval_every` steps and at the end.
       eval_every: None (evaluate at the end only) or a positive int.
@@ -198,7 +199,7 @@ class Trainer:
       ClusterError: another worker, or under parameter servers a ps task, is
         gone; the message names it and the step the job resumes from.
     """
-    input_pipeline.check_global_batch_size(self._strategy, global_batch_size)
+    input_pipeline.check_global_batch_size(self._strategy, global_batch_size, self._options.gradient_accumulation_steps)
     if not checks.is_int(steps) or steps < 0:
       raise ConfigError(f"steps (the global step to train to) must be an int >= 0, got {steps!r}.")
     if checks.positive_int(eval_every, "eval_every", optional=True) and eval_data is None:
@@ -208,6 +209,7 @@ class Trainer:
       raise data_checks.no_evaluation_examples_error()
     with progress_output.shown(quiet=self._options.quiet):
       data, label_range = self._checked_data(data, "training")
+      input_pipeline.check_micro_batches(data, self._preprocess, self._options.gradient_accumulation_steps)
       if self._state.step >= steps:
         return self._state.nothing_to_train(steps)
       evaluate = functools.partial(

@@ -9,7 +9,9 @@ Trainer in loops of 3 steps. With one worker a loop's steps run one after
 another, as in the hand-written loop the test compares with. It writes the
 initial and final weights to OUT_DIR/weights.npz and, to
 OUT_DIR/results.json, every loop's train results (loss and the task's
-Keras 3 accuracy) and the kernel's shards. Then a task whose metric is a
+Keras 3 accuracy) and the kernel's shards, and to OUT_DIR/accumulated.npz the
+final weights of the same training in 2 micro-batches per step
+(`gradient_accumulation_steps=2`). Then a task whose metric is a
 tf_keras one: the error its train raises, and the global step after it.
 """
 
@@ -66,6 +68,11 @@ def main(argv):
   trainer.train(data, global_batch_size=trainer_testlib.MULTI_WORKER_BATCH, steps=STEPS)
   np.savez(os.path.join(out_dir, "weights.npz"), *initial, *_weights(trainer.model))
   kernel = trainer.model.layers[0].kernel
+  accumulated = tf_keras_testlib.make_trainer(
+      strategy, steps_per_loop=STEPS_PER_LOOP, gradient_accumulation_steps=2, quiet=True
+  )
+  accumulated.train(data, global_batch_size=trainer_testlib.MULTI_WORKER_BATCH, steps=STEPS)
+  np.savez(os.path.join(out_dir, "accumulated.npz"), *_weights(accumulated.model))
 
   refused = tf_keras_testlib.make_trainer(strategy, task=_TfKerasAccuracy(), quiet=True)
   error = None

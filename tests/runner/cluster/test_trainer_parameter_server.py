@@ -243,7 +243,7 @@ def test_each_worker_reads_and_trains_on_its_own_share_once_per_epoch(tmp_path, 
 
 
 def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(tmp_path, subprocess_env):
-  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks.
+  """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks; so does gradient accumulation.
 
   A tf_keras metric, which cannot update statelessly, is one ConfigError before any step.
   """
@@ -258,6 +258,8 @@ def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_lo
   )
   assert not np.allclose(reference[0], initial[0], atol=1e-2)  # It trained.
   tf_keras_testlib.assert_weights_close(trained, reference)
+  with np.load(tmp_path / "accumulated.npz") as saved:  # 2 micro-batches per step: the same training.
+    tf_keras_testlib.assert_weights_close([saved[f"arr_{i}"] for i in range(len(saved.files))], reference)
   # Each loop's mean loss, and the task's Keras 3 accuracy, updated statelessly on the worker.
   assert [loop["step"] for loop in results["loops"]] == [3, 6]
   for loop, steps in zip(results["loops"], (step_results[:3], step_results[3:])):

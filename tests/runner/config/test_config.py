@@ -70,7 +70,15 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
   assert set(config) == {"mode", "strategy", "data", "model", "task", "optimizer", "trainer", "predict"}
   assert {"name", "global_batch_size", "eval_global_batch_size", "predict_split"} <= set(config.data)
   assert (config.data.predict_split, config.predict.checkpoint) == (None, "latest")
-  assert set(config.optimizer) == {"name", "learning_rate", "schedule", "warmup_steps", "weight_decay", "clipnorm"}
+  assert set(config.optimizer) == {
+      "name",
+      "learning_rate",
+      "schedule",
+      "warmup_steps",
+      "weight_decay",
+      "clipnorm",
+      "gradient_accumulation_steps",
+  }
   assert set(config.trainer) == {
       "train_steps",
       "steps_per_loop",

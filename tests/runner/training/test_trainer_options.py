@@ -1,4 +1,4 @@
-"""Options: precision, jit_compile, clipnorm and seed."""
+"""Options: precision (with gradient accumulation under loss scaling), jit_compile, clipnorm and seed."""
 
 import keras
 import numpy as np
@@ -29,6 +29,15 @@ def test_mixed_precision_trains_with_float32_weights_and_leaves_the_global_polic
   optimizer = trainer._parts.optimizer  # noqa: SLF001
   assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "mixed_float16")
   assert trainer.evaluate(trainer_testlib.classification_data(20), global_batch_size=GLOBAL_BATCH)["num_examples"] == 20
+  if (
+      precision == "mixed_float16"
+  ):  # 2 micro-batches a step: each one's loss scaled, their summed gradient unscaled once.
+    accumulated = trainer_testlib.make_trainer(
+        strategies.MirroredStrategy(cpu_devices(2)), precision=precision, gradient_accumulation_steps=2
+    )
+    accumulated.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=3)
+    for got, want in zip(accumulated.model.get_weights(), trainer.model.get_weights(), strict=True):
+      np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
 
 
 def test_jit_compile_trains_like_graph_mode(cpu_devices):
