@@ -57,7 +57,13 @@ BUILTINS: dict[str, Mapping[str, tuple[Callable[..., Any], dict[str, Any], Calla
     },
 }
 # Kind -> the arguments its function is called with.
-_CALLED_WITH = {"model": ("config.model",), "dataset": ("config.data", "split"), "task": ("config.task",)}
+_CALLED_WITH = {
+    "model": ("config.model",),
+    "dataset": ("config.data", "split"),
+    "task": ("config.task",),
+    "optimizer": ("learning_rate",),  # With keyword arguments (`runner.config.optimizers.create`); no built-ins.
+    "schedule": ("learning_rate", "decay_steps"),  # No built-ins.
+}
 
 
 def config_fields(**fields: Any) -> Callable[[_Fn], _Fn]:
@@ -129,7 +135,7 @@ def resolve(kind: str, name: str) -> Callable[..., Any]:
   """Returns the function that `name` stands for.
 
   Args:
-    kind: 'model', 'dataset' or 'task'.
+    kind: 'model', 'dataset', 'task', or 'optimizer' or 'schedule' (import paths only).
     name: a built-in name of that kind or an import path 'package.module:function'.
 
   Raises:
