@@ -5,6 +5,8 @@ own arguments (the fields of `config.optimizer` that are not in the schema) are 
 (`create`), against the optimizers of the model's Keras, which that imports.
 """
 
+from collections.abc import Callable
+import functools
 import inspect
 from typing import Any
 
@@ -14,6 +16,24 @@ from runner.config import registry
 from strategies import checks
 from strategies.errors import ConfigError
 
+_OPTIONAL_NUMBER = functools.partial(checks.positive_number, optional=True)
+# The schema of `config.optimizer` (`runner.config.run_config.SCHEMA`): field -> (default, check). Its other fields
+# are the optimizer's own arguments. name, schedule, warmup_steps, ema_momentum and the schedules' fields are
+# checked by `check`.
+FIELDS: dict[str, tuple[Any, Callable[[Any, str], Any] | None]] = {
+    "name": ("adam", None),  # Every optimizer of the model's Keras, by name, or 'module:function'.
+    "learning_rate": (1e-3, checks.positive_number),
+    "schedule": ("constant", None),
+    "warmup_steps": (0, None),
+    "weight_decay": (0.0, functools.partial(checks.positive_number, allow_zero=True)),
+    "clipnorm": (float, _OPTIONAL_NUMBER),
+    "ema_momentum": (float, None),  # None: no moving average of the weights.
+    "end_learning_rate": (0.0, functools.partial(checks.positive_number, allow_zero=True)),  # 'linear'
+    "decay_rate": (float, _OPTIONAL_NUMBER),  # 'exponential'
+    "decay_steps": (int, functools.partial(checks.positive_int, optional=True)),  # 'exponential'
+    "boundaries": (tuple, None),  # 'piecewise'
+    "rates": (tuple, None),  # 'piecewise'
+}
 SCHEDULES = ("constant", "cosine", "warmup_cosine", "linear", "exponential", "piecewise", "rsqrt")
 # Schedule -> the fields of config.optimizer that it needs and that only it takes.
 SCHEDULE_FIELDS = {
@@ -150,11 +170,8 @@ def create(config: ml_collections.ConfigDict, train_steps: int, keras_module: An
       name of Keras 3 that tf_keras does not have, a function that does not
       import, or an argument the optimizer does not take (with the ones it takes).
   """
-  from runner.config import run_config  # noqa: PLC0415  (it imports this module)
-
   keras_module = keras_module or _keras_3()
-  common = run_config.SCHEMA["optimizer"]
-  own = {field: config[field] for field in config if field not in common}
+  own = {field: config[field] for field in config if field not in FIELDS}
   arguments = {"learning_rate": learning_rate(config, train_steps, keras_module), "weight_decay": config.weight_decay}
   if config.ema_momentum is not None:
     arguments.update(use_ema=True, ema_momentum=config.ema_momentum)
@@ -165,11 +182,11 @@ def create(config: ml_collections.ConfigDict, train_steps: int, keras_module: An
     make = _keras_optimizer(config.name, keras_module)
     what = f"{keras_module.__name__}.optimizers.{make.__name__}"
   parameters = inspect.signature(make).parameters
-  valid = [name for name, p in parameters.items() if name not in (*common, *NOT_OWN) and p.kind != p.VAR_KEYWORD]
+  valid = [name for name, p in parameters.items() if name not in (*FIELDS, *NOT_OWN) and p.kind != p.VAR_KEYWORD]
   for field in own:
     if field not in valid:
       raise ConfigError(
-          f"config.optimizer.{field} is not an argument of {what}.{checks.did_you_mean(field, [*valid, *common])} "
+          f"config.optimizer.{field} is not an argument of {what}.{checks.did_you_mean(field, [*valid, *FIELDS])} "
           f"Its arguments: {', '.join(valid) or 'none'}."
       )
   try:

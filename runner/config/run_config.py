@@ -58,23 +58,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
     },
     "model": {"name": ("mlp", None)},
     "task": {"name": ("classification", None)},
-    "optimizer": {
-        # name, schedule, warmup_steps, ema_momentum and the schedules' fields: checked in `validate`
-        # (`optimizers.check`); besides these fields the section holds the optimizer's own arguments, which are
-        # checked where the optimizer is made (`optimizers.create`).
-        "name": ("adam", None),  # Every optimizer of the model's Keras, by name, or 'module:function'.
-        "learning_rate": (1e-3, checks.positive_number),
-        "schedule": ("constant", None),
-        "warmup_steps": (0, None),
-        "weight_decay": (0.0, functools.partial(checks.positive_number, allow_zero=True)),
-        "clipnorm": (float, functools.partial(checks.positive_number, optional=True)),
-        "ema_momentum": (float, None),  # None: no moving average of the weights.
-        "end_learning_rate": (0.0, functools.partial(checks.positive_number, allow_zero=True)),  # 'linear'
-        "decay_rate": (float, functools.partial(checks.positive_number, optional=True)),  # 'exponential'
-        "decay_steps": (int, _OPTIONAL),  # 'exponential'
-        "boundaries": (tuple, None),  # 'piecewise'
-        "rates": (tuple, None),  # 'piecewise'
-    },
+    "optimizer": optimizers.FIELDS,  # With the optimizer's own arguments (`runner.config.optimizers`).
     "trainer": {  # The Trainer's options of the same names (runner.training.options), and the run's steps.
         "train_steps": (1000, checks.positive_int),  # The global step to train to.
         "steps_per_loop": (int, _OPTIONAL),  # Steps per tf.function call; None: auto (runner.training.steps_per_loop).

@@ -1,5 +1,7 @@
 """`config.optimizer`: every optimizer of the installed Keras by name, its own arguments, and the schedules."""
 
+import os
+
 import keras
 import ml_collections
 import numpy as np
@@ -11,6 +13,7 @@ import runner
 from runner.config import optimizers
 from runner.config import run_config as config_lib
 from strategies import ConfigError
+from testlib import paths
 
 
 def _optimizer_config(train_steps=10, **fields):
@@ -34,7 +37,7 @@ def test_every_optimizer_of_the_installed_keras_builds_from_its_name_and_takes_a
 
 def test_own_arguments_from_the_command_line_reach_the_optimizer():
   config = runner.load_config(
-      "configs/synthetic.py",
+      os.path.join(paths.REPO, "configs", "synthetic.py"),
       ["optimizer.name=SGD", "optimizer.momentum=0.5", "optimizer.nesterov", "optimizer.ema_momentum=0.9"],
   )
   optimizer = optimizers.create(config.optimizer, 10)
