@@ -40,10 +40,9 @@ def test_evaluation_and_export_hold_the_average_of_each_steps_weights(keras_modu
   devices = cpu_devices(replicas)
   strategy = strategies.MirroredStrategy(devices) if replicas > 1 else strategies.OneDeviceStrategy(devices[0])
   testlib = trainer_testlib if keras_module is keras else tf_keras_testlib
-  make_trainer = lambda: testlib.make_trainer(  # noqa: E731
+  trainer = testlib.make_trainer(
       strategy, optimizer_fn=_optimizer_fn(keras_module), model_dir=str(tmp_path), quiet=True
   )
-  trainer = make_trainer()
   features, labels = trainer_testlib.classification_arrays(64)
   data = tf.data.Dataset.from_tensor_slices((features, labels))
   if keras_module is keras and replicas == 1:  # Before any step Keras 3 has no average: the raw weights count.
@@ -69,10 +68,9 @@ def test_evaluation_and_export_hold_the_average_of_each_steps_weights(keras_modu
     np.testing.assert_array_equal(got, want)
 
   if keras_module is keras and replicas == 1:  # Resumed from step 1's checkpoint: step 3's weights and averages.
-    resumed = make_trainer()
-    resumed.restore(checkpoint=os.path.join(str(tmp_path), "checkpoints", "ckpt-1"))
-    resumed.train(data, global_batch_size=BATCH, steps=3)
-    optimizer = resumed._parts.optimizer  # noqa: SLF001  (what a checkpoint holds)
+    trainer.restore(checkpoint=os.path.join(str(tmp_path), "checkpoints", "ckpt-1"))
+    trainer.train(data, global_batch_size=BATCH, steps=3)
+    optimizer = trainer._parts.optimizer  # noqa: SLF001  (what a checkpoint holds)
     assert len(held) == len(optimizer.variables) + 2 > 5  # The weights, the step, the momentum, the averages.
-    for got, want in zip([v.numpy() for v in [*resumed.model.weights, *optimizer.variables]], held):
+    for got, want in zip([v.numpy() for v in [*trainer.model.weights, *optimizer.variables]], held):
       np.testing.assert_array_equal(got, want)
