@@ -122,10 +122,11 @@ def learning_rate(config: ml_collections.ConfigDict, train_steps: int, keras_mod
     after = lambda step: tf.constant(rate)  # noqa: E731
   else:
     after = registry.resolve("schedule", config.schedule)(rate, decay_steps)
-  if not warmup and isinstance(after, schedules.LearningRateSchedule):
+  base: Any = schedules.LearningRateSchedule  # The model's Keras's: its optimizer takes no other.
+  if not warmup and isinstance(after, base):
     return after
 
-  class Schedule(schedules.LearningRateSchedule):
+  class Schedule(base):
     """The linear warmup, then `after` from its step 0."""
 
     def __call__(self, step: Any) -> Any:
