@@ -84,6 +84,7 @@ CONTENDERS = {
     "trainer_auto": ("trainer", "auto"),  # steps_per_loop="auto": chosen from the measured step time.
     "trainer_jit_100": ("trainer_jit", 100),
     "trainer_dir_100": ("trainer_dir", 100),  # With a model_dir: its loops run unchecked once it holds a checkpoint.
+    "trainer_ema_100": ("trainer_ema", 100),  # Its optimizer keeps a moving average of the weights (0.999).
     "loop_1": ("loop", 1),
     "loop_100": ("loop", 100),
     "orbit_100": ("orbit", 100),
@@ -149,11 +150,15 @@ def make_model(workload):
   return keras.Sequential(layers)
 
 
-def make_optimizer(name="sgd"):
-  """Returns the benchmark optimizer: SGD with momentum, or Adam (`name="adam"`, learning rate 1e-4)."""
+def make_optimizer(name="sgd", ema_momentum=None):
+  """Returns the benchmark optimizer: SGD with momentum, or Adam (`name="adam"`, learning rate 1e-4).
+
+  With `ema_momentum`, it keeps a moving average of the weights (`use_ema=True`).
+  """
+  ema = {} if ema_momentum is None else {"use_ema": True, "ema_momentum": ema_momentum}
   if name == "adam":
-    return keras.optimizers.Adam(learning_rate=1e-4)
-  return keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=0.9)
+    return keras.optimizers.Adam(learning_rate=1e-4, **ema)
+  return keras.optimizers.SGD(learning_rate=LEARNING_RATE, momentum=0.9, **ema)
 
 
 def timed(train):
@@ -330,15 +335,19 @@ class _LossOnly(runner.tasks.Classification):
     return []
 
 
-def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=False, model_dir=None):
+def warm_trainer(
+    strategy, steps_per_call, warmup_steps, workload, jit_compile=False, model_dir=None, ema_momentum=None
+):
   """Warms up `runner.Trainer` with `steps_per_loop=steps_per_call`; returns it timed (see `timed`).
+
+  With `ema_momentum`, its optimizer keeps a moving average of the weights.
 
   `Trainer.train` takes a total step count, so each call continues the last.
   """
   trainer = runner.Trainer(
       strategy,
       model_fn=lambda: make_model(workload),
-      optimizer_fn=lambda: make_optimizer(workload.optimizer),
+      optimizer_fn=lambda: make_optimizer(workload.optimizer, ema_momentum),
       task=runner.tasks.Classification(from_logits=True) if workload.accuracy else _LossOnly(from_logits=True),
       steps_per_loop=steps_per_call,
       jit_compile=jit_compile,
@@ -358,6 +367,7 @@ def warm_trainer(strategy, steps_per_call, warmup_steps, workload, jit_compile=F
 WARM_UPS = {
     "trainer": warm_trainer,
     "trainer_jit": functools.partial(warm_trainer, jit_compile=True),
+    "trainer_ema": functools.partial(warm_trainer, ema_momentum=0.999),
     "trainer_dir": lambda *args: warm_trainer(*args, model_dir=tempfile.mkdtemp(prefix=f"trainer_dir-{os.getpid()}-")),
     "loop": warm_loop,
     "orbit": warm_orbit,

@@ -15,7 +15,8 @@ Here the contenders share one process, one strategy and the same workload
 (`benchmarks.contenders`), each with its own model and input. A contender is
 `KIND_N`: a kind of `benchmarks.contenders` (`trainer`, `loop`, `orbit`,
 which needs Orbit installed, see docs/benchmarks.md) at N steps per call
-(`trainer_auto`: `steps_per_loop="auto"`). After 1000 warm-up steps each,
+(`trainer_auto`: `steps_per_loop="auto"`; `trainer_ema_N`: the Trainer whose optimizer keeps a
+moving average of the weights, against `trainer_N`). After 1000 warm-up steps each,
 every round times `--steps` steps of each contender in turn (the order
 rotates). The report gives, per contender, the median milliseconds per step
 (wall and CPU of the process) and its ratio to `loop_N` at the same steps
@@ -41,7 +42,7 @@ from benchmarks import contenders
 from benchmarks import throughput
 from runner.cluster import process_exit
 
-KINDS = ("trainer", "loop", "orbit")
+KINDS = ("trainer", "loop", "orbit", "trainer_ema")  # trainer_ema: a moving average of the weights.
 DEFAULT_CONTENDERS = "trainer_100,trainer_1000,loop_100,loop_1000"
 WARMUP_STEPS = 1000
 
@@ -129,6 +130,9 @@ def report(rounds, args, strategy_name, workload_name, minutes):
   for kind, per_call in wall:
     if kind == "trainer" and ("orbit", per_call) in wall:
       print(f"- trainer_{per_call} against orbit_{per_call}: {wall['orbit', per_call] / wall[kind, per_call]:.3f}x")
+    if kind == "trainer_ema" and ("trainer", per_call) in wall:
+      ratio = wall["trainer", per_call] / wall[kind, per_call]
+      print(f"- trainer_ema_{per_call} against trainer_{per_call}: {ratio:.3f}x")
   fixed = [key for key in wall if key[0] == "trainer" and key[1] != "auto"]
   if ("trainer", "auto") in wall and fixed:
     fastest = min(fixed, key=wall.get)

@@ -34,6 +34,7 @@ REFERENCES = {
     "trainer_auto": "trainer_100",
     "trainer_jit_100": "trainer_100",  # XLA against the graph.
     "trainer_dir_100": "loop_100",
+    "trainer_ema_100": "trainer_100",  # With a moving average of the weights against without.
     "loop_1": "loop_100",
     "orbit_100": "loop_100",
     "keras_fit_1": "loop_1",

@@ -73,6 +73,8 @@ _CALLED_WITH = {
     "dataset": ("config.data", "split"),
     "task": ("config.task",),
     "preprocess": ("features", "labels"),
+    "optimizer": ("learning_rate",),  # With keyword arguments (`runner.config.optimizers.create`); no built-ins.
+    "schedule": ("learning_rate", "decay_steps"),  # No built-ins.
 }
 
 
@@ -145,7 +147,7 @@ def resolve(kind: str, name: str) -> Callable[..., Any]:
   """Returns the function that `name` stands for.
 
   Args:
-    kind: 'model', 'dataset' or 'task'.
+    kind: 'model', 'dataset', 'task', or 'optimizer' or 'schedule' (import paths only).
     name: a built-in name of that kind or an import path 'package.module:function'.
 
   Raises:

@@ -8,6 +8,7 @@ default and its check. `load_config` loads a config file the way the CLI does
 Every bad input raises ConfigError, naming what was wrong and what is valid.
 """
 
+import ast
 from collections.abc import Callable, Iterable, Iterator, Mapping
 import contextlib
 import functools
@@ -60,15 +61,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
     },
     "model": {"name": ("mlp", None)},
     "task": {"name": ("classification", None)},
-    "optimizer": {
-        "name": ("adam", lambda value, what: checks.one_of(value, tuple(optimizers.OPTIMIZERS), what)),
-        "learning_rate": (1e-3, checks.positive_number),
-        "schedule": ("constant", lambda value, what: checks.one_of(value, optimizers.SCHEDULES, what)),
-        "warmup_steps": (0, None),  # Checked against the schedule and train_steps in `validate`.
-        "weight_decay": (0.0, functools.partial(checks.positive_number, allow_zero=True)),
-        "clipnorm": (float, functools.partial(checks.positive_number, optional=True)),
-        "gradient_accumulation_steps": (1, checks.positive_int),  # Micro-batches per step (Trainer option).
-    },
+    "optimizer": optimizers.FIELDS,  # With the optimizer's own arguments (`runner.config.optimizers`).
     "trainer": {  # The Trainer's options of the same names (runner.training.options), and the run's steps.
         "train_steps": (1000, checks.positive_int),  # The global step to train to.
         "steps_per_loop": (int, _OPTIONAL),  # Steps per tf.function call; None: auto (runner.training.steps_per_loop).
@@ -204,6 +197,9 @@ def _merge(schema: ml_collections.ConfigDict, given: Any, where: str) -> None:
   """
   for field in given:
     value, here = given[field], f"{where}.{field}"
+    if field not in schema and where == "config.optimizer":  # An argument of the optimizer (`optimizers.create`).
+      schema[field] = value
+      continue
     if field not in schema:
       raise ConfigError(_no_field(where, field, schema))
     if isinstance(schema[field], ml_collections.ConfigDict):
@@ -271,16 +267,7 @@ def validate(config: Any) -> ml_collections.ConfigDict:
         f"config.trainer.profile_steps={trainer.profile_steps} goes past config.trainer.train_steps="
         f"{trainer.train_steps}; choose steps the run trains."
     )
-  if optimizer.schedule == "warmup_cosine" and not 0 < optimizer.warmup_steps < trainer.train_steps:
-    raise ConfigError(
-        f"Schedule 'warmup_cosine' needs 0 < config.optimizer.warmup_steps < "
-        f"config.trainer.train_steps={trainer.train_steps}, got warmup_steps={optimizer.warmup_steps}."
-    )
-  if optimizer.schedule != "warmup_cosine" and optimizer.warmup_steps:
-    raise ConfigError(
-        f"config.optimizer.warmup_steps={optimizer.warmup_steps} is used only by schedule 'warmup_cosine', "
-        f"not by {optimizer.schedule!r}. Set schedule='warmup_cosine' or warmup_steps=0."
-    )
+  optimizers.check(optimizer, trainer.train_steps)
   config.lock()
   return config
 
@@ -416,6 +403,10 @@ def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tu
   for item in items:
     field_path, equals, value = item.partition("=") if isinstance(item, str) else (item[0], "=", item[1])
     override = item if isinstance(item, str) else f"{field_path}={value!r}"
+    section, _, name = field_path.partition(".")
+    if section == "optimizer" and name and "." not in name and name not in config.optimizer:
+      with config.optimizer.unlocked():  # An argument of the optimizer (`optimizers.create`), of its value's type.
+        config.optimizer[name] = (_literal(value) if equals else True) if isinstance(item, str) else value
     holder, field = _field(config, field_path, override)
     if not equals and holder.get_type(field) is not bool:
       raise ConfigError(f"Override {override!r} has no value; write {field_path}=VALUE.")
@@ -437,6 +428,14 @@ def _apply_overrides(config: ml_collections.ConfigDict, items: Iterable[str | tu
     except (flags.Error, TypeError, ValueError):
       shown = repr(given[-1].partition("=")[2])
       raise _wrong_type(f"Override {given[-1]!r}: config.{field_path}", holder.get_type(field), shown) from None
+
+
+def _literal(text: str) -> Any:
+  """The Python literal `text` stands for ('0.9', 'True', '(1, 2)'), else `text` itself."""
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def _field(config: ml_collections.ConfigDict, field_path: str, override: str) -> tuple[ml_collections.ConfigDict, str]:

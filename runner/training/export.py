@@ -8,6 +8,7 @@ import tensorflow as tf
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
 from runner.outputs import worker_files
+from runner.training import ema
 from runner.training import loops
 from strategies.errors import ConfigError
 
@@ -20,6 +21,8 @@ def export_saved_model(strategy: tf.distribute.Strategy, parts: Any, path: str) 
   dict: `{"outputs": tensor}` for a single output, `{"outputs_<i>": ...}` for
   a list, the model's own keys for a dict. Floating outputs are float32. The
   SavedModel loads with `tf.saved_model.load` alone, without this package.
+  It holds the moving average of the weights when the optimizer keeps one
+  (`ema.averaged_weights`).
 
   A signature takes dense tensors only, so with composite features (ragged,
   sparse, a TF-GNN `GraphTensor`) the function is given as the SavedModel's
@@ -70,7 +73,7 @@ def export_saved_model(strategy: tf.distribute.Strategy, parts: Any, path: str) 
   module = tf.Module()
   module.model = model
   module.serve = serve
-  with worker_files.destination(strategy, path) as written:
+  with ema.averaged_weights(strategy, parts), worker_files.destination(strategy, path) as written:
     with warnings.catch_warnings():  # Composite specs: "loading ... will require that this type be imported".
       warnings.filterwarnings("ignore", "Encoding a StructuredValue with type", UserWarning)
       tf.saved_model.save(module, written, signatures=None if composite else {"serving_default": serve})

@@ -25,6 +25,7 @@ from runner.data import pipeline as input_pipeline
 from runner.data import providers as data_lib
 from runner.outputs import progress_output
 from runner.training import controller as controller_lib
+from runner.training import ema
 from runner.training import export
 from runner.training import model_parts
 from runner.training import options as trainer_options
@@ -253,6 +254,8 @@ class Trainer:
 
     Each input pipeline is padded with zero-weight examples to full batches
     (static shapes, as TPUs and XLA need); the padding counts nowhere.
+    An optimizer made with `use_ema=True` has its moving average of the
+    weights evaluated (`runner.training.ema`).
 
     Args:
       data: as for `train`, finite unless `steps` is given.
@@ -275,7 +278,8 @@ class Trainer:
     with progress_output.shown(quiet=self._options.quiet):
       data, label_range = self._checked_data(data, "evaluation")
       start = time.perf_counter()
-      results = self._loops.evaluate(data, label_range, global_batch_size, steps=steps, preprocess=self._preprocess)
+      with ema.averaged_weights(self._strategy, self._parts):  # The optimizer's moving average, if it keeps one.
+        results = self._loops.evaluate(data, label_range, global_batch_size, steps=steps, preprocess=self._preprocess)
       self._state.evaluated(results, seconds=time.perf_counter() - start)
       return dict(results)
 

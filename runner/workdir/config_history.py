@@ -26,7 +26,7 @@ from strategies.errors import ConfigError
 CONFIG_FILE = "config.json"
 HISTORY_FILE = "config_history.jsonl"
 # A checkpoint depends on these: a whole section, or one field. Changing them on a workdir with a checkpoint fails.
-CHECKPOINT_FIELDS = ("model", "task", "data.name", "optimizer.name", "trainer.precision")
+CHECKPOINT_FIELDS = ("model", "task", "data.name", "optimizer.name", "optimizer.ema_momentum", "trainer.precision")
 
 
 def latest(workdir: str) -> dict[str, Any] | None:
