@@ -345,7 +345,8 @@ class Trainer:
     """Writes the model's outputs for every example of `data` (as for `evaluate`) to `path`; see `predict.write`."""
     with progress_output.shown(quiet=self._options.quiet):
       provider = self._checked_data(data, "prediction")[0].provider
-      return predict.write(self._strategy, self.model, provider, global_batch_size, path, preprocess=self._preprocess)
+      with ema.averaged_weights(self._strategy, self._parts):  # As `evaluate`: the moving average, if kept.
+        return predict.write(self._strategy, self.model, provider, global_batch_size, path, preprocess=self._preprocess)
 
   def close(self) -> None:
     """Releases what the Trainer keeps open between calls; it stays usable.
