@@ -1,6 +1,6 @@
 """The moving average of the weights (an optimizer's `use_ema`, `config.optimizer.ema_momentum`).
 
-Evaluation and export hold the average of each step's raw weights, computed
+Evaluation, export and prediction hold the average of each step's raw weights, computed
 here by hand; training goes on with the raw weights; a checkpoint holds both,
 so a resumed run equals an uninterrupted one.
 """
@@ -63,6 +63,12 @@ def test_evaluation_and_export_hold_the_average_of_each_steps_weights(keras_modu
     exported = tf.saved_model.load(trainer.export(str(tmp_path / "export")))
     outputs = exported.signatures["serving_default"](features=features)["outputs"]
     np.testing.assert_allclose(outputs, features @ average[0] + average[1], rtol=1e-5, atol=1e-6)
+    predictions = trainer.predict(data, global_batch_size=BATCH, path=str(tmp_path / "predictions"))
+    rows = tf.data.TFRecordDataset(tf.io.gfile.glob(os.path.join(predictions, "*.tfrecord"))).map(
+        lambda record: tf.io.parse_single_example(record, {"outputs": tf.io.VarLenFeature(tf.float32)})
+    )
+    predicted = np.stack([tf.sparse.to_dense(row["outputs"]).numpy() for row in rows])
+    np.testing.assert_allclose(predicted, outputs, rtol=1e-5, atol=1e-6)  # Predictions hold the average too.
   held = [v.numpy() for v in [*trainer.model.weights, *trainer._parts.optimizer.variables]]  # noqa: SLF001
   for got, want in zip(trainer.model.get_weights(), raw):  # Training goes on from the raw weights, exactly.
     np.testing.assert_array_equal(got, want)
