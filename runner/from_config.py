@@ -437,7 +437,9 @@ def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strateg
   start = f"from step {step} " if step else ""
   line = f"mode {config.mode}: train {start}to step {trainer.train_steps} in "
   sizes = steps_per_loop_lib.resolve(
-      trainer.steps_per_loop, strategy=strategy, cadences=(trainer.eval_every, trainer.checkpoint_every)
+      trainer.steps_per_loop,
+      strategy=strategy,
+      cadences=(trainer.eval_every, trainer.checkpoint_every, trainer.export_every),
   )
   if isinstance(sizes, steps_per_loop_lib.MeasuredStepsPerLoop):
     line += (

@@ -255,6 +255,19 @@ class Checkpoints:
     self.saved_step = step
     return path
 
+  def write(self, prefix: str) -> str:
+    """Writes the checkpoint `save` writes to the path prefix `prefix`, outside the list (never rotated or resumed from).
+
+    Every worker takes part; only the chief's is kept (see `worker_files`).
+    `restore(prefix)` restores it. Returns the path written.
+    """
+    self.wait()
+    checkpoint = tf.train.Checkpoint(
+        model=self._model, optimizer=self._optimizer, step=self._step, training_data=self.training_data
+    )
+    with worker_files.destination(self._strategy, os.path.dirname(prefix)) as directory:
+      return checkpoint.write(os.path.join(directory, os.path.basename(prefix)))
+
   def save_unless_saved(self, step: int, *, in_background: bool = False) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise.
 
