@@ -6,8 +6,8 @@ and `best.json`: `{"step": int, "metric": str, "value": float}`. A new best
 is written into the sibling `best.tmp/` (best.json last), then swapped in by
 two renames over the sibling `best.old/`, which is removed after; so there is
 always a whole best to read: `best/`, or between the two renames `best.old/`.
-What an interrupted swap left is tidied by the next training run (`remove_leftovers`,
-and the next swap).
+What an interrupted swap left is tidied by the next training run
+(`remove_leftovers`, and the next swap).
 """
 
 from collections.abc import Callable, Sequence
@@ -41,35 +41,33 @@ def mode_for(metric: str, mode: str | None) -> str:
 
 
 def read(model_dir: str) -> dict[str, Any] | None:
-  """Returns best.json of the best under `model_dir` (`step`, `metric`, `value`), or None when there is none.
+  """Returns the best under `model_dir`: best.json's `step`, `metric` and `value`, and `checkpoint`; or None.
 
-  It is read from `best/`, or from `best.old/` where an interrupted swap left no `best/`.
+  `checkpoint` is the path prefix of its checkpoint (`checkpoint_path`). It is
+  read from `best/`, or from `best.old/` where an interrupted swap left no `best/`.
 
   Raises:
     ConfigError: best.json is not such a JSON object (edited by hand).
   """
-  for directory in (DIRECTORY, _PREVIOUS):
-    path = os.path.join(model_dir, directory, INFO_FILE)
-    if tf.io.gfile.exists(path):
+  for directory in (os.path.join(model_dir, DIRECTORY), os.path.join(model_dir, _PREVIOUS)):
+    if tf.io.gfile.exists(path := os.path.join(directory, INFO_FILE)):
       try:
         with tf.io.gfile.GFile(path) as f:
           info = json.load(f)
-        return dict(info, step=int(info["step"]), metric=str(info["metric"]), value=float(info["value"]))
+        step, metric, value = int(info["step"]), str(info["metric"]), float(info["value"])
       except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f"{path} cannot be read ({error!r}); remove {os.path.dirname(path)} to start over.") from None
+        raise ConfigError(f"{path} cannot be read ({error!r}); remove {directory} to start over.") from None
+      return {"step": step, "metric": metric, "value": value, "checkpoint": os.path.join(directory, f"ckpt-{step}")}
   return None
 
 
 def checkpoint_path(model_dir: str) -> str | None:
   """Returns the path prefix of the best checkpoint under `model_dir` (`.../best/ckpt-STEP`), or None.
 
-  It restores with the Trainer's checkpoint objects (`Trainer.restore(checkpoint=...)`).
+  It holds the objects of the Trainer's checkpoints, and restores as they do
+  (`Trainer.restore(checkpoint=...)`).
   """
-  info = read(model_dir)
-  if info is None:
-    return None
-  directory = DIRECTORY if tf.io.gfile.exists(os.path.join(model_dir, DIRECTORY, INFO_FILE)) else _PREVIOUS
-  return os.path.join(model_dir, directory, f"ckpt-{info['step']}")
+  return (read(model_dir) or {}).get("checkpoint")
 
 
 class BestCheckpoint(Action):
@@ -89,7 +87,7 @@ class BestCheckpoint(Action):
       metric: str,
       mode: str | None,
       reported: Sequence[str],
-      save_checkpoint: Callable[[str], Any],
+      save_checkpoint: Callable[[str, int], Any],
       export: Callable[[str], Any],
   ) -> None:
     """Initializes the `BestCheckpoint`.
@@ -100,7 +98,8 @@ class BestCheckpoint(Action):
       metric: the evaluation result to watch.
       mode: 'max', 'min' or None (`mode_for`).
       reported: the names of the evaluation's results the metric may be.
-      save_checkpoint: writes the Trainer's checkpoint to a path prefix (on the chief; others write to scratch).
+      save_checkpoint: `(directory, step)` writes the Trainer's checkpoint `ckpt-STEP` into directory (on the
+        chief; others write to scratch).
       export: writes the SavedModel to a directory (likewise).
 
     Raises:
@@ -114,12 +113,10 @@ class BestCheckpoint(Action):
     self.metric, self.mode = metric, mode_for(metric, mode)
     self._strategy, self._model_dir = strategy, model_dir
     self._save_checkpoint, self._export = save_checkpoint, export
-    info = read(model_dir)
-    self.best: float | None = None  # The best value so far.
-    if info is not None and info["metric"] != metric:
-      logging.warning(f"{model_dir}/{DIRECTORY} holds the best by {info['metric']!r}; the first evaluation replaces it.")
-    elif info is not None:
-      self.best = info["value"]
+    info = read(model_dir) or {"metric": metric, "value": None}
+    self.best: float | None = info["value"] if info["metric"] == metric else None  # The best value so far.
+    if info["metric"] != metric:
+      logging.warning(f"{model_dir}/{DIRECTORY} holds the best by {info['metric']!r}; the next evaluation replaces it.")
 
   def __call__(self, loop: LoopEnd) -> None:
     """Writes the best when the loop's evaluation improved on it."""
@@ -131,7 +128,7 @@ class BestCheckpoint(Action):
     self.best = value
     new = os.path.join(self._model_dir, _NEW)
     self.remove_leftovers()
-    self._save_checkpoint(os.path.join(new, f"ckpt-{loop.step}"))
+    self._save_checkpoint(new, loop.step)
     self._export(os.path.join(new, SAVED_MODEL))
     if self._strategy.extended.should_checkpoint:
       with tf.io.gfile.GFile(os.path.join(new, INFO_FILE), "w") as f:

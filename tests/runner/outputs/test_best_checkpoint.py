@@ -1,0 +1,109 @@
+"""The best checkpoint (`best_metric`: WORKDIR/best/) and the periodic exports (`export_every`: WORKDIR/exports/STEP/)."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import runner
+from runner.config import run_config
+from runner.outputs import best
+from runner.outputs import metrics_file
+import strategies
+from strategies import ConfigError
+from testlib import trainer_testlib
+
+BATCH = 16
+_FEATURES, _LABELS = trainer_testlib.classification_arrays(176)  # 128 to train on, 48 to evaluate.
+TRAIN_DATA = tf.data.Dataset.from_tensor_slices((_FEATURES[:128], _LABELS[:128]))
+EVAL_DATA = tf.data.Dataset.from_tensor_slices((_FEATURES[128:], _LABELS[128:]))
+FEATURES = _FEATURES[:5]
+
+
+def _train(trainer, steps, eval_data=EVAL_DATA):
+  trainer.train(TRAIN_DATA, global_batch_size=BATCH, steps=steps, eval_data=eval_data, eval_every=2)
+  return trainer
+
+
+def _best_row(model_dir):
+  """The eval row of metrics.jsonl with the highest accuracy (the earliest of equal ones)."""
+  rows = [row for row in metrics_file.rows(str(model_dir)) if row["split"] == "eval"]
+  return max(rows, key=lambda row: (row["accuracy"], -row["step"]))
+
+
+def _best_json(model_dir):
+  with open(os.path.join(model_dir, best.DIRECTORY, best.INFO_FILE), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _served(saved_model):
+  (outputs,) = tf.saved_model.load(saved_model).signatures["serving_default"](tf.constant(FEATURES)).values()
+  return outputs.numpy()
+
+
+def _check_best_is_the_best_evaluation(trainer, model_dir):
+  """best.json is the best eval row of metrics.jsonl; its checkpoint evaluates to that row; its SavedModel serves it."""
+  row = _best_row(model_dir)
+  assert _best_json(model_dir) == {"step": row["step"], "metric": "accuracy", "value": row["accuracy"]}
+  assert trainer.restore(checkpoint=best.checkpoint_path(str(model_dir))) == row["step"]
+  evaluation = trainer.evaluate(EVAL_DATA, global_batch_size=BATCH)
+  assert evaluation == pytest.approx({name: row[name] for name in evaluation})
+  np.testing.assert_allclose(_served(str(model_dir / "best" / "saved_model")), trainer.model(FEATURES), rtol=1e-5)
+  return row
+
+
+def test_best_and_exports_on_one_device_through_an_interrupted_swap_and_a_resume(tmp_path, cpu_devices):
+  strategy = tf.distribute.OneDeviceStrategy(cpu_devices(1)[0])
+  options = dict(model_dir=str(tmp_path), best_metric="accuracy", export_every=2, max_to_keep=2, quiet=True)
+  trainer = _train(trainer_testlib.make_trainer(strategy, **options), 2)
+  assert _best_json(tmp_path)["step"] == 2
+  # A crash between the swap's two renames: no best/, the previous one whole in best.old/, the new one in best.tmp/.
+  os.rename(tmp_path / "best", tmp_path / "best.old")
+  shutil.copytree(tmp_path / "best.old" / "saved_model", tmp_path / "best.tmp" / "saved_model")
+  assert best.checkpoint_path(str(tmp_path)) == str(tmp_path / "best.old" / "ckpt-2")
+  assert best.read(str(tmp_path))["step"] == 2
+
+  _train(trainer, 6)  # The next train call evaluates at 4 and 6, finds a better one and completes the swap.
+  assert sorted(os.listdir(tmp_path)) == ["best", "checkpoints", "exports", "metrics.jsonl", "summaries"]
+  assert sorted(os.listdir(tmp_path / "exports")) == ["4", "6"]  # Every 2 steps, the newest max_to_keep=2.
+  np.testing.assert_allclose(_served(str(tmp_path / "exports" / "6")), trainer.model(FEATURES), rtol=1e-5)
+  row = _check_best_is_the_best_evaluation(trainer, tmp_path)
+  assert 2 < row["step"] <= 6
+
+  # A crash while best.tmp/ was written (best/ whole), and best.old/ left after a swap; then a resumed run whose
+  # evaluations (of labels shifted by one) are all worse: it keeps the best it reads from best.json.
+  shutil.copytree(tmp_path / "best", tmp_path / "best.old")
+  (tmp_path / "best.tmp").mkdir()
+  shifted = EVAL_DATA.map(lambda features, label: (features, (label + 1) % trainer_testlib.NUM_CLASSES))
+  resumed = _train(trainer_testlib.make_trainer(strategy, **options), 10, eval_data=shifted)
+  assert resumed.last_eval_metrics["accuracy"] < row["accuracy"]
+  assert not (tmp_path / "best.tmp").exists() and not (tmp_path / "best.old").exists()
+  assert _best_json(tmp_path) == {"step": row["step"], "metric": "accuracy", "value": row["accuracy"]}
+
+
+def test_best_on_two_mirrored_replicas(tmp_path, cpu_devices):
+  strategy = strategies.MirroredStrategy(cpu_devices(2))
+  trainer = trainer_testlib.make_trainer(strategy, model_dir=str(tmp_path), best_metric="accuracy", quiet=True)
+  _check_best_is_the_best_evaluation(_train(trainer, 6), tmp_path)
+
+
+def test_bad_best_metric_best_mode_and_export_every(tmp_path):
+  with pytest.raises(ConfigError, match=r"best_metric='acuracy' is not .* Did you mean 'accuracy'\? .*: loss, accuracy\.$"):
+    trainer_testlib.make_trainer(
+        tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), best_metric="acuracy"
+    )
+  quick = {"trainer": {"train_steps": 4, "steps_per_loop": 2}, "data": {"num_examples": 64, "num_eval_examples": 16}}
+  with pytest.raises(ConfigError, match=r"best_metric='acc' is not .* reports: loss, accuracy\.$"):
+    runner.run({**quick, "trainer": {**quick["trainer"], "best_metric": "acc"}}, str(tmp_path / "new"), quiet=True)
+  assert not (tmp_path / "new").exists()
+  for trainer, message in (
+      ({"best_metric": "loss", "best_mode": "lowest"}, r"config.trainer.best_mode='lowest' is not valid.* max, min"),
+      ({"export_every": 3}, r"config.trainer.export_every=3 is not a multiple of .*steps_per_loop=2.* such as 4"),
+  ):
+    with pytest.raises(ConfigError, match=message):
+      run_config.validate({"trainer": {**quick["trainer"], **trainer}})
+  with pytest.raises(ConfigError, match=r"best_metric='loss' keeps the best .* mode 'train' does not evaluate"):
+    run_config.validate({"mode": "train", "trainer": {"best_metric": "loss"}})
