@@ -1,4 +1,4 @@
-"""Periodic exports: a SavedModel every `every_steps` steps in `model_dir/exports/STEP/`, the newest `max_to_keep` kept."""
+"""Periodic exports: a SavedModel every `every_steps` steps in `model_dir/exports/STEP/`, the newest kept."""
 
 from collections.abc import Callable
 import os
