@@ -28,7 +28,6 @@ DIRECTORY = "best"  # Under the model_dir.
 _NEW, _PREVIOUS = DIRECTORY + ".tmp", DIRECTORY + ".old"  # Its siblings during a swap.
 INFO_FILE = "best.json"
 SAVED_MODEL = "saved_model"
-MODES = ("max", "min")
 
 
 def mode_for(metric: str, mode: str | None) -> str:
@@ -37,7 +36,7 @@ def mode_for(metric: str, mode: str | None) -> str:
   Raises:
     ConfigError: `mode` is neither None, 'max' nor 'min'.
   """
-  return ("min" if "loss" in metric else "max") if mode is None else checks.one_of(mode, MODES, "best_mode")
+  return ("min" if "loss" in metric else "max") if mode is None else checks.one_of(mode, ("max", "min"), "best_mode")
 
 
 def read(model_dir: str) -> dict[str, Any] | None:

@@ -7,7 +7,6 @@ from typing import Any
 import tensorflow as tf
 
 from runner import interfaces
-from runner.outputs import best
 from runner.outputs import profiling
 from runner.tasks import Task
 from runner.training import keras_versions
@@ -52,7 +51,8 @@ class TrainerOptions:
       `runner.outputs.profiling`).
     best_metric: None, or an evaluation result ('loss' or a task metric's
       name): after each evaluation during `train` that improves on it, the
-      model is kept in `model_dir/best/` (see `runner.outputs.best`).
+      model is kept in `model_dir/best/` (see `runner.outputs.best`, which
+      checks it when the Trainer is made).
     best_mode: 'max' or 'min' (better is higher or lower); None: 'min' for a
       `best_metric` whose name holds 'loss', else 'max'.
     export_every: None, or export a SavedModel every this many steps to
@@ -101,12 +101,8 @@ class TrainerOptions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
     object.__setattr__(self, "actions", tuple(self.actions))
     object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
-    if self.best_metric is not None and (not isinstance(self.best_metric, str) or not self.best_metric):
-      raise ConfigError(f"best_metric must be None or the name of an evaluation result, got {self.best_metric!r}.")
     if self.best_mode is not None and self.best_metric is None:
       raise ConfigError(f"best_mode={self.best_mode!r} needs a best_metric to compare the evaluations by.")
-    if self.best_metric is not None:
-      object.__setattr__(self, "best_mode", best.mode_for(self.best_metric, self.best_mode))
     checks.positive_int(self.export_every, "export_every", optional=True)
     for name, needs in (
         ("checkpoint_every", "checkpoints"),

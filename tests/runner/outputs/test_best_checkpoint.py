@@ -101,16 +101,23 @@ def test_best_on_two_mirrored_replicas(tmp_path, cpu_devices):
 
 
 def test_bad_best_metric_best_mode_and_export_every(tmp_path):
-  with pytest.raises(
-      ConfigError, match=r"best_metric='acuracy' is not .* Did you mean 'accuracy'\? .*: loss, accuracy\.$"
+  cpu = tf.distribute.OneDeviceStrategy("/cpu:0")
+  for options, message in (
+      ({"best_metric": "acuracy"}, r"best_metric='acuracy' is not .* Did you mean 'accuracy'\? .*: loss, accuracy\.$"),
+      ({"best_metric": "loss", "best_mode": "lowest"}, r"best_mode='lowest' is not valid\..* Valid: max, min\.$"),
+      ({"best_mode": "max"}, r"best_mode='max' needs a best_metric"),
+      ({"export_every": 0}, r"export_every must be a positive int, got 0\."),
   ):
-    trainer_testlib.make_trainer(
-        tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=str(tmp_path), best_metric="acuracy"
-    )
+    with pytest.raises(ConfigError, match=message):
+      trainer_testlib.make_trainer(cpu, model_dir=str(tmp_path), **options)
+  for option in ({"best_metric": "loss"}, {"export_every": 2}):
+    with pytest.raises(ConfigError, match=r"=(loss|2) needs a model_dir to write the (best checkpoint|exports) to"):
+      trainer_testlib.make_trainer(cpu, **option)
+
   quick = {"trainer": {"train_steps": 4, "steps_per_loop": 2}, "data": {"num_examples": 64, "num_eval_examples": 16}}
   with pytest.raises(ConfigError, match=r"best_metric='acc' is not .* reports: loss, accuracy\.$"):
     runner.run({**quick, "trainer": {**quick["trainer"], "best_metric": "acc"}}, str(tmp_path / "new"), quiet=True)
-  assert not (tmp_path / "new").exists()
+  assert not (tmp_path / "new").exists()  # It failed before training: the workdir it made is gone.
   for trainer, message in (
       ({"best_metric": "loss", "best_mode": "lowest"}, r"config.trainer.best_mode='lowest' is not valid.* max, min"),
       ({"export_every": 3}, r"config.trainer.export_every=3 is not a multiple of .*steps_per_loop=2.* such as 4"),
