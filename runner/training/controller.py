@@ -138,8 +138,9 @@ class Controller:
 
   def evaluated(self, last: interfaces.LoopEnd | None, results: Mapping[str, float]) -> None:
     """Runs `on_final_evaluation` for the evaluation `train` ran after its last loop, whose `LoopEnd` is `last`."""
-    for action in self.on_final_evaluation if last is not None else ():
-      action(last.with_eval_results(results))
+    for action in self.on_final_evaluation:
+      if last is not None:
+        action(last.with_eval_results(results))
 
   def _ready(self, iterator: Any) -> float | None:
     """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.

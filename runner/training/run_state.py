@@ -49,7 +49,7 @@ class RunState:
           asynchronous=options.async_checkpoints,
       )
     self.best = None
-    if options.best_metric is not None:
+    if options.best_metric is not None and self.checkpoints is not None:  # (best_metric needs a model_dir)
       self.best = best.BestCheckpoint(
           strategy,
           options.model_dir,
