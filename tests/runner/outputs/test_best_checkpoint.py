@@ -98,6 +98,9 @@ def test_best_on_two_mirrored_replicas(tmp_path, cpu_devices):
   trainer = trainer_testlib.make_trainer(strategy, model_dir=str(tmp_path), best_metric="accuracy", quiet=True)
   _train(trainer, 2, eval_every=None)  # The final evaluation alone, which follows the actions of the last loop.
   assert _check_best_is_the_best_evaluation(tmp_path)["step"] == 2
+  fresh = trainer_testlib.make_trainer(strategy, model_dir=str(tmp_path), seed=1)  # As mode 'predict' restores it.
+  assert fresh.restore(checkpoint=best.checkpoint_path(str(tmp_path))) == 2
+  np.testing.assert_allclose(fresh.model(FEATURES), trainer.model(FEATURES), rtol=1e-6)
 
 
 def test_bad_best_metric_best_mode_and_export_every(tmp_path):
