@@ -233,8 +233,8 @@ class InnerLoops:
     ]
     if eval_every is not None:
       actions.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=state.save))
-    actions += [state.best] if state.best is not None else []
-    actions += self._options.actions
+    best = () if state.best is None else (state.best,)
+    actions += [*best, *self._options.actions]
     if self._options.export_every is not None:
       export_to = functools.partial(export.export_saved_model, self._strategy, self._parts)
       actions.append(
@@ -262,7 +262,7 @@ class InnerLoops:
         is_chief=self._strategy.extended.should_checkpoint,
         single_worker=self._single_worker,
         profile=state.profile,
-        on_final_evaluation=() if state.best is None else (state.best,),
+        on_final_evaluation=best,
     )
 
   def evaluate(

@@ -1,4 +1,4 @@
-"""Where a Trainer's run is, its global step and latest results, and what it keeps of them: checkpoints and reports."""
+"""Where a Trainer's run is, its step and latest results, and what it keeps of them: checkpoints, the best, reports."""
 
 from collections.abc import Mapping
 import functools
