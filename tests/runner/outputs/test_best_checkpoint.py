@@ -74,10 +74,11 @@ def test_best_and_exports_on_one_device_through_an_interrupted_swap_and_a_resume
   shutil.copytree(tmp_path / "best.old" / "saved_model", tmp_path / "best.tmp" / "saved_model")
   assert best.checkpoint_path(str(tmp_path)) == str(tmp_path / "best.old" / "ckpt-2")
   assert best.read(str(tmp_path))["step"] == 2
+  (tmp_path / "exports" / ".writing-3").mkdir()  # And an export that was being written.
 
   _train(trainer, 4)  # The next train call evaluates at 4, finds a better one and completes the swap.
   assert sorted(os.listdir(tmp_path)) == ["best", "checkpoints", "exports", "metrics.jsonl", "summaries"]
-  assert os.listdir(tmp_path / "exports") == ["4"]  # Every 2 steps, the newest max_to_keep=1.
+  assert os.listdir(tmp_path / "exports") == ["4"]  # Every 2 steps, the newest max_to_keep=1; no unfinished one.
   np.testing.assert_allclose(_served(str(tmp_path / "exports" / "4")), trainer.model(FEATURES), rtol=1e-5)
   row = _check_best_is_the_best_evaluation(tmp_path)
   assert row["step"] == 4
