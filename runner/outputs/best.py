@@ -7,7 +7,7 @@ is written into the sibling `best.tmp/` (best.json last), then swapped in by
 two renames over the sibling `best.old/`, which is removed after; so there is
 always a whole best to read: `best/`, or between the two renames `best.old/`.
 What an interrupted swap left is tidied by the next training run
-(`remove_leftovers`, and the next swap).
+(`remove_leftovers`).
 """
 
 from collections.abc import Callable, Sequence
@@ -119,14 +119,16 @@ class BestCheckpoint(Action):
 
   def __call__(self, loop: LoopEnd) -> None:
     """Writes the best when the loop's evaluation improved on it."""
-    value = None if loop.eval_results is None else loop.eval_results[self.metric]
-    if value is None or not math.isfinite(value):
+    if loop.eval_results is None:
       return
-    if self.best is not None and not (value > self.best if self.mode == "max" else value < self.best):
+    self.remove_leftovers(trained=True)
+    value = loop.eval_results[self.metric]
+    if not math.isfinite(value) or (
+        self.best is not None and not (value > self.best if self.mode == "max" else value < self.best)
+    ):
       return
     self.best = value
     new = os.path.join(self._model_dir, _NEW)
-    self.remove_leftovers()
     self._save_checkpoint(new, loop.step)
     self._export(os.path.join(new, SAVED_MODEL))
     if self._strategy.extended.should_checkpoint:
@@ -140,16 +142,20 @@ class BestCheckpoint(Action):
         tf.io.gfile.rmtree(previous)
       logging.info(f"New best {self.metric} {value:.6g} at step {loop.step}: saved in {best}.")
 
-  def remove_leftovers(self) -> None:
-    """On the chief, removes what an interrupted swap left and is never read; a `best.old/` without a `best/` stays.
+  def remove_leftovers(self, *, trained: bool = False) -> None:
+    """On the chief, tidies what an interrupted swap left.
 
-    Call it when training starts: it removes only what no one reads, so a run
-    that fails before it trains leaves the best as it was.
+    That is a `best.tmp/`, and a `best.old/` beside a whole `best/`: never
+    read, so they go when training starts. Once the run has `trained` (its
+    metrics.jsonl grew, so a failure keeps the workdir as it is) a `best.old/`
+    without `best/` (a swap stopped between its renames) is renamed back to `best/`.
     """
     if not self._strategy.extended.should_checkpoint:
       return
     exists = tf.io.gfile.exists
     best, new, previous = (os.path.join(self._model_dir, d) for d in (DIRECTORY, _NEW, _PREVIOUS))
+    if trained and not exists(os.path.join(best, INFO_FILE)) and exists(os.path.join(previous, INFO_FILE)):
+      tf.io.gfile.rename(previous, best)
     for leftover in (new, previous) if exists(os.path.join(best, INFO_FILE)) else (new,):
       if exists(leftover):
         tf.io.gfile.rmtree(leftover)

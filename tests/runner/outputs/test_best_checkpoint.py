@@ -64,34 +64,34 @@ def _check_best_is_the_best_evaluation(model_dir):
   return row
 
 
-def test_best_and_exports_on_one_device_through_an_interrupted_swap_and_a_resume(tmp_path, cpu_devices):
+def test_best_and_exports_on_one_device_through_interrupted_swaps_and_a_resume(tmp_path, cpu_devices):
   strategy = tf.distribute.OneDeviceStrategy(cpu_devices(1)[0])
   options = dict(model_dir=str(tmp_path), best_metric="accuracy", quiet=True)
   trainer = _train(trainer_testlib.make_trainer(strategy, export_every=2, max_to_keep=1, **options), 2)
   assert _best_json(tmp_path)["step"] == 2
-  # A crash between the swap's two renames: no best/, the previous one whole in best.old/, the new one in best.tmp/.
-  os.rename(tmp_path / "best", tmp_path / "best.old")
-  shutil.copytree(tmp_path / "best.old" / "saved_model", tmp_path / "best.tmp" / "saved_model")
-  assert best.checkpoint_path(str(tmp_path)) == str(tmp_path / "best.old" / "ckpt-2")
-  assert best.read(str(tmp_path))["step"] == 2
-  (tmp_path / "exports" / ".writing-3").mkdir()  # And an export that was being written.
+  # A crash while best.tmp/ was written (best/ whole), beside a best.old/ that a swap left, and an unfinished export.
+  shutil.copytree(tmp_path / "best", tmp_path / "best.old")
+  shutil.copytree(tmp_path / "best" / "saved_model", tmp_path / "best.tmp" / "saved_model")
+  (tmp_path / "exports" / ".writing-3").mkdir()
 
-  _train(trainer, 4)  # The next train call evaluates at 4, finds a better one and completes the swap.
+  _train(trainer, 4)  # The next train call evaluates at 4 and finds a better one.
   assert sorted(os.listdir(tmp_path)) == ["best", "checkpoints", "exports", "metrics.jsonl", "summaries"]
   assert os.listdir(tmp_path / "exports") == ["4"]  # Every 2 steps, the newest max_to_keep=1; no unfinished one.
   np.testing.assert_allclose(_served(str(tmp_path / "exports" / "4")), trainer.model(FEATURES), rtol=1e-5)
   row = _check_best_is_the_best_evaluation(tmp_path)
   assert row["step"] == 4
 
-  # A crash while best.tmp/ was written (best/ whole), and best.old/ left after a swap; then a resumed run whose
-  # evaluations (of labels shifted by one) are all worse: it keeps the best it reads from best.json.
-  shutil.copytree(tmp_path / "best", tmp_path / "best.old")
-  (tmp_path / "best.tmp").mkdir()
+  # A crash between the swap's two renames: no best/, the previous one whole in best.old/, a new one in best.tmp/.
+  os.rename(tmp_path / "best", tmp_path / "best.old")
+  shutil.copytree(tmp_path / "best.old" / "saved_model", tmp_path / "best.tmp" / "saved_model")
+  assert best.checkpoint_path(str(tmp_path)) == str(tmp_path / "best.old" / "ckpt-4")
+  # A resumed run whose evaluations (of labels shifted by one) are all worse keeps the best it reads from best.json,
+  # back in best/.
   shifted = EVAL_DATA.map(lambda features, label: (features, (label + 1) % trainer_testlib.NUM_CLASSES))
   resumed = _train(trainer_testlib.make_trainer(strategy, **options), 6, eval_data=shifted)
   assert resumed.last_eval_metrics["accuracy"] < row["accuracy"]
-  assert not (tmp_path / "best.tmp").exists() and not (tmp_path / "best.old").exists()
-  assert _best_json(tmp_path) == {"step": row["step"], "metric": "accuracy", "value": row["accuracy"]}
+  assert sorted(os.listdir(tmp_path)) == ["best", "checkpoints", "exports", "metrics.jsonl", "summaries"]
+  assert _check_best_is_the_best_evaluation(tmp_path) == row
 
 
 def test_best_on_two_mirrored_replicas(tmp_path, cpu_devices):
