@@ -21,6 +21,7 @@ from runner.config import registry
 from runner.config import run_config as config_lib
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data_lib
+from runner.outputs import best as best_checkpoint
 from runner.outputs import checkpoints
 from runner.outputs import progress_output
 from runner.outputs import reports
@@ -43,7 +44,6 @@ from strategies.errors import ConfigError
 from strategies.errors import first_line
 
 EXPORT_DIR = "export"
-BEST_DIR = "best"  # The best checkpoint's folder in the workdir; mode 'predict' reads it (`best_checkpoint`).
 _RUNS_STARTED = itertools.count()  # `run` calls past validation in this process.
 TRAINING_MODES = ("train", "train_and_eval")  # The modes that hold the workdir's lock (`workdir_lock`).
 # What a filesystem raises when it cannot be reached (TensorFlow's GCS client: FailedPrecondition for a host it
@@ -274,7 +274,7 @@ def _predict_result(
         "runner.run(config, workdir))."
     )
   train_data, _ = check_resumable(config, workdir)
-  best = best_checkpoint(workdir) if config.predict.checkpoint == "best" else None
+  best = best_checkpoint.checkpoint_path(workdir) if config.predict.checkpoint == "best" else None
   trainer = create_trainer(config, strategy, workdir)
   with contextlib.closing(trainer):
     trainer.restore(data=train_data, checkpoint=best)
@@ -287,11 +287,6 @@ def _predict_result(
       config, trainer, workdir, trainer.global_step, (None, None, best or checkpoints.latest(workdir), None)
   )
   return dataclasses.replace(result, predictions_path=path)
-
-
-def best_checkpoint(workdir: str) -> str | None:
-  """The checkpoint in `WORKDIR/best` (the Trainer's checkpoint, as `tf.train.latest_checkpoint` finds it), or None."""
-  return tf.train.latest_checkpoint(os.path.join(workdir, BEST_DIR))
 
 
 def _free_earlier_runs() -> None:
@@ -401,9 +396,14 @@ def check_resumable(
         f"Mode {config.mode!r} needs a checkpoint in {os.path.join(workdir, checkpoints.DIRECTORY)}, and there is "
         "none; train first (mode 'train' or 'train_and_eval' with the same workdir)."
     )
-  if config.mode == "predict" and config.predict.checkpoint == "best" and best_checkpoint(workdir) is None:
+  best = os.path.join(workdir, best_checkpoint.DIRECTORY)
+  if (
+      config.mode == "predict"
+      and config.predict.checkpoint == "best"
+      and best_checkpoint.checkpoint_path(workdir) is None
+  ):
     raise ConfigError(
-        f"config.predict.checkpoint='best' needs the best checkpoint in {os.path.join(workdir, BEST_DIR)}, and there "
+        f"config.predict.checkpoint='best' needs the best checkpoint in {best}, and there "
         "is none; train with config.trainer.best_metric set, or predict with config.predict.checkpoint='latest'."
     )
   train_data = _prepared(config, "train", "training")
@@ -489,7 +489,7 @@ def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strateg
         f"write the outputs over split {config.data.predict_split or 'eval'!r} to WORKDIR/{predict.DIRECTORY}",
     )
     best = config.mode == "predict" and config.predict.checkpoint == "best"
-    restored = f"the checkpoint in WORKDIR/{BEST_DIR}" if best else f"the checkpoint of step {step}"
+    restored = f"the checkpoint in WORKDIR/{best_checkpoint.DIRECTORY}" if best else f"the checkpoint of step {step}"
     return f"mode {config.mode}: restore {restored}, {action}"
   step = step or 0
   if step >= trainer.train_steps:
@@ -498,7 +498,9 @@ def step_plan(config: ml_collections.ConfigDict, strategy: tf.distribute.Strateg
   start = f"from step {step} " if step else ""
   line = f"mode {config.mode}: train {start}to step {trainer.train_steps} in "
   sizes = steps_per_loop_lib.resolve(
-      trainer.steps_per_loop, strategy=strategy, cadences=(trainer.eval_every, trainer.checkpoint_every)
+      trainer.steps_per_loop,
+      strategy=strategy,
+      cadences=(trainer.eval_every, trainer.checkpoint_every, trainer.export_every),
   )
   if isinstance(sizes, steps_per_loop_lib.MeasuredStepsPerLoop):
     line += (

@@ -75,6 +75,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "precision": ("float32", lambda value, what: checks.one_of(value, scoped_settings.PRECISIONS, what)),
         "seed": (0, None),  # Fixes the initial weights; None: random ones (one of `_NULLABLE`).
         "profile_steps": (tuple, profiling.check_steps),  # None, or (first, last): a profiler trace of those steps.
+        "best_metric": (str, None),  # None, or the eval result by which WORKDIR/best/ keeps the best model.
+        "best_mode": (str, lambda value, what: value is None or checks.one_of(value, ("max", "min"), what)),
+        "export_every": (int, _OPTIONAL),  # Also export every this many steps (a multiple of steps_per_loop).
         # Mode continuous_eval ends after this long with no new checkpoint.
         "eval_timeout_seconds": (3600.0, checks.positive_number),
     },
@@ -254,14 +257,19 @@ def validate(config: Any) -> ml_collections.ConfigDict:
       found[2](config[section])
   config.data.eval_global_batch_size = config.data.eval_global_batch_size or config.data.global_batch_size
   trainer, optimizer = config.trainer, config.optimizer
-  for field in ("eval_every", "checkpoint_every"):
+  for field in ("eval_every", "checkpoint_every", "export_every"):
     if trainer[field] is not None and trainer.steps_per_loop and trainer[field] % trainer.steps_per_loop:
       multiple = max(1, round(trainer[field] / trainer.steps_per_loop)) * trainer.steps_per_loop
       raise ConfigError(
           f"config.trainer.{field}={trainer[field]} is not a multiple of config.trainer.steps_per_loop="
-          f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
+          f"{trainer.steps_per_loop}: the trainer evaluates, checkpoints and exports between loops of "
           f"steps_per_loop steps. Use a multiple such as {multiple}."
       )
+  if trainer.best_metric is not None and config.mode == "train":
+    raise ConfigError(
+        f"config.trainer.best_metric={trainer.best_metric!r} keeps the best evaluation during training, and mode "
+        "'train' does not evaluate; use mode 'train_and_eval' (with config.trainer.eval_every) or best_metric=None."
+    )
   if trainer.profile_steps is not None and trainer.profile_steps[1] > trainer.train_steps:
     raise ConfigError(
         f"config.trainer.profile_steps={trainer.profile_steps} goes past config.trainer.train_steps="

@@ -255,6 +255,19 @@ class Checkpoints:
     self.saved_step = step
     return path
 
+  def write(self, directory: str, step: int) -> str:
+    """Writes the checkpoint `save` writes to `directory` (`ckpt-STEP` and its list), a directory of its own.
+
+    Every worker takes part; only the chief's is kept (see `worker_files`).
+    `restore` restores it. Returns its path.
+    """
+    self.wait()
+    checkpoint = tf.train.Checkpoint(
+        model=self._model, optimizer=self._optimizer, step=self._step, training_data=self.training_data
+    )
+    with worker_files.destination(self._strategy, directory) as written:
+      return tf.train.CheckpointManager(checkpoint, written, max_to_keep=None).save(checkpoint_number=step)
+
   def save_unless_saved(self, step: int, *, in_background: bool = False) -> None:
     """Writes a checkpoint numbered `step` unless this object restored or saved that step's; as `save` otherwise.
 

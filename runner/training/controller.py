@@ -16,7 +16,9 @@ from runner import interfaces
 from runner import tasks
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
+from runner.outputs import exports
 from runner.outputs import profiling
+from runner.training import export
 from runner.training import loops
 from runner.training import model_parts
 from runner.training import parameter_server_loops
@@ -53,6 +55,8 @@ class Controller:
       after the next call, which tells every worker.
     profile: None, or the steps to profile: loops end around them, and the
       profiler runs for exactly their loops.
+    on_final_evaluation: actions that also see the evaluation `train` runs
+      after the last loop (`evaluated`), which the other actions do not.
   """
 
   train_loop: loops.TrainLoop | loops.RerunChecked
@@ -62,6 +66,7 @@ class Controller:
   is_chief: bool
   single_worker: bool
   profile: profiling.ProfileWindow | None = None
+  on_final_evaluation: Sequence[interfaces.Action] = ()
 
   def run(
       self,
@@ -71,7 +76,7 @@ class Controller:
       total_steps: int,
       stop_signal: Callable[[], int | None],
       advance: Callable[[int, dict], None],
-  ) -> None:
+  ) -> interfaces.LoopEnd | None:
     """Trains from global step `step` until `total_steps`, or until an action stops training.
 
     Args:
@@ -90,7 +95,7 @@ class Controller:
     """
     end = total_steps
     tracing_seconds = self._ready(iterator) if step < end else None
-    previous_end = None
+    previous_end, loop = None, None
     evaluation_seconds = 0.0  # Of the evaluations since the loop before.
     try:
       while step < end:
@@ -129,6 +134,13 @@ class Controller:
     finally:
       if self.profile is not None:
         self.profile.close(step)
+    return loop
+
+  def evaluated(self, last: interfaces.LoopEnd | None, results: Mapping[str, float]) -> None:
+    """Runs `on_final_evaluation` for the evaluation `train` ran after its last loop, whose `LoopEnd` is `last`."""
+    for action in self.on_final_evaluation:
+      if last is not None:
+        action(last.with_eval_results(results))
 
   def _ready(self, iterator: Any) -> float | None:
     """Traces the loop's function; returns the seconds tracing took, or None when it was traced before.
@@ -210,7 +222,8 @@ class InnerLoops:
     """Returns the outer loop of one `train` call, with the built-in actions around the user's.
 
     Order: report, exit on a stop request, evaluate (when due; at the last
-    step after a checkpoint), the user's actions, checkpoint (when due).
+    step after a checkpoint), the best checkpoint, the user's actions, export
+    and checkpoint (when due).
     `rewind(step)` gives the iterator from the batch of `step` (`TrainInput.iterator`).
     """
     state, every = self._state, self._options.checkpoint_every
@@ -220,11 +233,26 @@ class InnerLoops:
     ]
     if eval_every is not None:
       actions.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=state.save))
-    actions += self._options.actions
+    best = () if state.best is None else (state.best,)
+    actions += [*best, *self._options.actions]
+    if self._options.export_every is not None:
+      export_to = functools.partial(export.export_saved_model, self._strategy, self._parts)
+      actions.append(
+          exports.ExportEvery(
+              self._strategy,
+              self._options.model_dir,
+              every_steps=self._options.export_every,
+              max_to_keep=self._options.max_to_keep,
+              export=export_to,
+          )
+      )
     if every is not None:
       actions.append(actions_lib.SaveCheckpoint(functools.partial(state.save, in_background=True), every_steps=every))
     sizes = steps_per_loop_lib.resolve(
-        self._options.steps_per_loop, strategy=self._strategy, cadences=(eval_every, every), measured=self._measured
+        self._options.steps_per_loop,
+        strategy=self._strategy,
+        cadences=(eval_every, every, self._options.export_every),
+        measured=self._measured,
     )
     return Controller(
         train_loop=self._train_loop(global_batch_size, label_range, sizes.looping, rewind),
@@ -234,6 +262,7 @@ class InnerLoops:
         is_chief=self._strategy.extended.should_checkpoint,
         single_worker=self._single_worker,
         profile=state.profile,
+        on_final_evaluation=best,
     )
 
   def evaluate(

@@ -53,6 +53,14 @@ class TrainerOptions:
     profile_steps: None, or `(first, last)`: record a TensorFlow profiler
       trace of global steps first..last (needs `model_dir`; see
       `runner.outputs.profiling`).
+    best_metric: None, or an evaluation result ('loss' or a task metric's
+      name): after each evaluation during `train` that improves on it, the
+      model is kept in `model_dir/best/` (see `runner.outputs.best`, which
+      checks it when the Trainer is made).
+    best_mode: 'max' or 'min' (better is higher or lower); None: 'min' for a
+      `best_metric` whose name holds 'loss', else 'max'.
+    export_every: None, or export a SavedModel every this many steps to
+      `model_dir/exports/STEP/`, keeping the newest `max_to_keep`.
     quiet: False shows the progress lines of `train`, `evaluate` and
       `export` on stderr as `python -m runner` does, also in a plain Python
       program (see `runner.outputs.progress_output`); True shows only
@@ -74,6 +82,9 @@ class TrainerOptions:
   seed: int | None = None
   actions: Sequence[interfaces.Action] = ()
   profile_steps: tuple[int, int] | None = None
+  best_metric: str | None = None
+  best_mode: str | None = None
+  export_every: int | None = None
   quiet: bool = False
 
   def __post_init__(self) -> None:
@@ -96,7 +107,15 @@ class TrainerOptions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
     object.__setattr__(self, "actions", tuple(self.actions))
     object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
-    for name, needs in (("checkpoint_every", "checkpoints"), ("profile_steps", "the trace")):
+    if self.best_mode is not None and self.best_metric is None:
+      raise ConfigError(f"best_mode={self.best_mode!r} needs a best_metric to compare the evaluations by.")
+    checks.positive_int(self.export_every, "export_every", optional=True)
+    for name, needs in (
+        ("checkpoint_every", "checkpoints"),
+        ("profile_steps", "the trace"),
+        ("best_metric", "the best checkpoint"),
+        ("export_every", "the exports"),
+    ):
       if getattr(self, name) is not None and self.model_dir is None:
         raise ConfigError(f"{name}={getattr(self, name)} needs a model_dir to write {needs} to.")
 

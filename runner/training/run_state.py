@@ -1,15 +1,18 @@
-"""Where a Trainer's run is, its global step and latest results, and what it keeps of them: checkpoints and reports."""
+"""Where a Trainer's run is, its step and latest results, and what it keeps of them: checkpoints, the best, reports."""
 
 from collections.abc import Mapping
+import functools
 import os
 from typing import Any
 
 from absl import logging
 import tensorflow as tf
 
+from runner.outputs import best
 from runner.outputs import checkpoints
 from runner.outputs import profiling
 from runner.outputs import reports
+from runner.training import export
 
 
 class RunState:
@@ -23,6 +26,7 @@ class RunState:
     step_variable: the global step variable (`ModelParts.step`).
     checkpoints: the `checkpoints.Checkpoints` of `model_dir`, or None.
     reporter: the `reports.Reporter` of the progress lines, summaries and metrics.jsonl.
+    best: the `best.BestCheckpoint` of the option `best_metric`, or None.
     profile: the `profiling.ProfileWindow` of `profile_steps` (on the chief only), or None.
   """
 
@@ -43,6 +47,17 @@ class RunState:
           step=parts.step,
           max_to_keep=options.max_to_keep,
           asynchronous=options.async_checkpoints,
+      )
+    self.best = None
+    if options.best_metric is not None and self.checkpoints is not None:  # (best_metric needs a model_dir)
+      self.best = best.BestCheckpoint(
+          strategy,
+          options.model_dir,
+          metric=options.best_metric,
+          mode=options.best_mode,
+          reported=["loss", *(metric.name for metric in parts.metrics)],
+          save_checkpoint=self.checkpoints.write,
+          export=functools.partial(export.export_saved_model, strategy, parts),
       )
     is_chief = strategy.extended.should_checkpoint
     self.reporter = reports.Reporter(options.model_dir, is_chief=is_chief)
@@ -77,6 +92,8 @@ class RunState:
     """Before a train call's first loop: removes what interrupted saves left, and reports from the current step on."""
     if self.checkpoints is not None:
       self.checkpoints.remove_interrupted_saves()
+    if self.best is not None:
+      self.best.remove_leftovers()
     self.reporter.resume_at(self.step)
 
   def save(self, *, in_background: bool = False) -> None:

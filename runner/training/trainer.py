@@ -76,6 +76,9 @@ class Trainer:
       seed: int | None = None,
       actions: Sequence[interfaces.Action] = (),
       profile_steps: tuple[int, int] | None = None,
+      best_metric: str | None = None,
+      best_mode: str | None = None,
+      export_every: int | None = None,
       quiet: bool = False,
   ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
@@ -89,8 +92,8 @@ class Trainer:
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
-        gradient_accumulation_steps, seed, actions, profile_steps, quiet: the options, made once into one
-        `runner.training.options.TrainerOptions`, whose doc says what each does.
+        gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every, quiet: the
+        options, made once into one `runner.training.options.TrainerOptions`, whose doc says what each does.
 
     Raises:
       ConfigError: an argument is invalid (`jit_compile` under parameter
@@ -230,7 +233,7 @@ class Trainer:
         iterator = self._input.iterator(data, global_batch_size, self._state.step)  # It may read the data.
         self._state.start_training()
         try:
-          controller.run(
+          last = controller.run(
               iterator,
               step=self._state.step,
               total_steps=steps,
@@ -239,7 +242,7 @@ class Trainer:
           )
           self._state.save()  # Before the final evaluation: one that fails or is stopped loses no step.
           if eval_data is not None and self._state.evaluated_step != self._state.step:
-            evaluate()
+            controller.evaluated(last, evaluate())
           if signals.received is not None:  # It came after the last loop's check: during the final evaluation, say.
             actions_lib.ExitOnStopSignal(save=self._state.save_for_exit).exit(signals.received, step=self._state.step)
         except BaseException:

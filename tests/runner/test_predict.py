@@ -1,6 +1,7 @@
 """Mode 'predict': every example of the split once, with the model's outputs, from the latest or the best checkpoint."""
 
 import glob
+import json
 import os
 import shutil
 
@@ -59,8 +60,8 @@ def workdir(tmp_path_factory):
   os.mkdir(os.path.join(workdir, "best"))
   for path in glob.glob(os.path.join(workdir, "checkpoints", "ckpt-2.*")):
     shutil.copy(path, os.path.join(workdir, "best"))
-  with open(os.path.join(workdir, "best", "checkpoint"), "w") as f:  # What tf.train.latest_checkpoint reads.
-    f.write('model_checkpoint_path: "ckpt-2"\n')
+  with open(os.path.join(workdir, "best", "best.json"), "w") as f:  # As runner.outputs.best writes it.
+    json.dump({"step": 2, "metric": "accuracy", "value": 0.5}, f)
   return workdir, {2: _outputs_by_split(at_2), 4: _outputs_by_split(trained.model)}
 
 

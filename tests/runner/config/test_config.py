@@ -94,6 +94,9 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
       "precision",
       "seed",
       "profile_steps",
+      "best_metric",
+      "best_mode",
+      "export_every",
       "eval_timeout_seconds",
   }
   assert config.mode == "train_and_eval"
