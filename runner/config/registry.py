@@ -66,6 +66,8 @@ BUILTINS: dict[str, Mapping[str, tuple[Callable[..., Any], dict[str, Any], Calla
         "regression": (_task("Regression"), {}, None),
     },
     "preprocess": {},  # config.data.preprocess of a TFDS dataset: an import path.
+    "optimizer": {},  # Import paths only; the names are Keras's (`runner.config.optimizers`).
+    "schedule": {},  # Import paths only.
 }
 # Kind -> the arguments its function is called with.
 _CALLED_WITH = {
