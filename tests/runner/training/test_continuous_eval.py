@@ -164,7 +164,7 @@ def test_a_failing_evaluator_leaves_the_workdir_as_it_was(trained, tmp_path):
         (
             ["mode=continous_eval"],
             "config.mode='continous_eval' is not valid. Did you mean 'continuous_eval'? Valid: train, eval, "
-            "train_and_eval, export, continuous_eval.",
+            "train_and_eval, export, continuous_eval, predict.",
         ),
     ],
 )
