@@ -25,6 +25,7 @@ from ml_collections import config_flags
 from runner import sharding_policies
 from runner.config import optimizers
 from runner.config import registry
+from runner.data import service as data_service
 from runner.outputs import profiling
 from runner.training import scoped_settings
 from runner.workdir import remote
@@ -54,6 +55,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "global_batch_size": (64, checks.positive_int),
         "eval_global_batch_size": (int, _OPTIONAL),  # None: global_batch_size.
         "sharding": ("auto", lambda value, what: checks.one_of(value, sharding_policies.SHARDING, what)),
+        "service": (str, data_service.check_address),  # None, or a tf.data service dispatcher 'grpc://HOST:PORT'.
+        "service_mode": ("parallel_epochs", lambda value, what: checks.one_of(value, data_service.MODES, what)),
     },
     "model": {"name": ("mlp", None)},
     "task": {"name": ("classification", None)},
@@ -259,6 +262,8 @@ def validate(config: Any) -> ml_collections.ConfigDict:
           f"{trainer.steps_per_loop}: the trainer evaluates and checkpoints between loops of "
           f"steps_per_loop steps. Use a multiple such as {multiple}."
       )
+  if config.data.service is not None and config.strategy.name == "parameter_server":
+    raise ConfigError(data_service.NOT_UNDER_PARAMETER_SERVERS)
   if trainer.profile_steps is not None and trainer.profile_steps[1] > trainer.train_steps:
     raise ConfigError(
         f"config.trainer.profile_steps={trainer.profile_steps} goes past config.trainer.train_steps="

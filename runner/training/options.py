@@ -7,6 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from runner import interfaces
+from runner.data import service as service_lib
 from runner.outputs import profiling
 from runner.tasks import Task
 from runner.training import keras_versions
@@ -49,6 +50,9 @@ class TrainerOptions:
     profile_steps: None, or `(first, last)`: record a TensorFlow profiler
       trace of global steps first..last (needs `model_dir`; see
       `runner.outputs.profiling`).
+    data_service: None, or a `runner.data.service.DataService`: the
+      training input's batches are made by that tf.data service's workers
+      (evaluation input stays local); not under parameter servers.
     quiet: False shows the progress lines of `train`, `evaluate` and
       `export` on stderr as `python -m runner` does, also in a plain Python
       program (see `runner.outputs.progress_output`); True shows only
@@ -69,6 +73,7 @@ class TrainerOptions:
   seed: int | None = None
   actions: Sequence[interfaces.Action] = ()
   profile_steps: tuple[int, int] | None = None
+  data_service: service_lib.DataService | None = None
   quiet: bool = False
 
   def __post_init__(self) -> None:
@@ -90,6 +95,8 @@ class TrainerOptions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
     object.__setattr__(self, "actions", tuple(self.actions))
     object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
+    if self.data_service is not None and not isinstance(self.data_service, service_lib.DataService):
+      raise ConfigError(f"data_service must be None or a runner.data.service.DataService, got {self.data_service!r}.")
     for name, needs in (("checkpoint_every", "checkpoints"), ("profile_steps", "the trace")):
       if getattr(self, name) is not None and self.model_dir is None:
         raise ConfigError(f"{name}={getattr(self, name)} needs a model_dir to write {needs} to.")
@@ -107,13 +114,22 @@ def _is_positive_int(value: Any) -> bool:
 def config_arguments(config: Any, model_dir: str | None) -> dict[str, Any]:
   """Returns the Trainer's keyword arguments for the options a run config sets (`runner.run`).
 
-  Those of `config.trainer` by their names, `config.optimizer.clipnorm`, and
-  `model_dir`; the config's `steps_per_loop` None (auto) is "auto".
+  Those of `config.trainer` by their names, `config.optimizer.clipnorm`,
+  `model_dir`, and the `data_service` of `config.data.service`; the config's
+  `steps_per_loop` None (auto) is "auto".
   """
   arguments = {f.name: config.trainer[f.name] for f in dataclasses.fields(TrainerOptions) if f.name in config.trainer}
-  arguments.update(model_dir=model_dir, clipnorm=config.optimizer.clipnorm)
+  arguments.update(model_dir=model_dir, clipnorm=config.optimizer.clipnorm, data_service=data_service(config))
   arguments["steps_per_loop"] = arguments["steps_per_loop"] or steps_per_loop_lib.AUTO
   return arguments
+
+
+def data_service(config: Any) -> service_lib.DataService | None:
+  """The `DataService` of `config.data.service` (None: none), waiting up to `config.strategy.timeout_seconds`."""
+  if config.data.service is None:
+    return None
+  timeout = config.strategy.timeout_seconds
+  return service_lib.DataService(address=config.data.service, mode=config.data.service_mode, timeout_seconds=timeout)
 
 
 def check_components(strategy: Any, model_fn: Any, optimizer_fn: Any, task: Any) -> None:

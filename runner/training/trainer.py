@@ -22,6 +22,7 @@ from runner.cluster import maintenance_events
 from runner.cluster import stop_signals
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
+from runner.data import service as service_lib
 from runner.data import providers as data_lib
 from runner.outputs import progress_output
 from runner.training import controller as controller_lib
@@ -73,6 +74,7 @@ class Trainer:
       seed: int | None = None,
       actions: Sequence[interfaces.Action] = (),
       profile_steps: tuple[int, int] | None = None,
+      data_service: service_lib.DataService | None = None,
       quiet: bool = False,
   ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
@@ -86,7 +88,7 @@ class Trainer:
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
-        seed, actions, profile_steps, quiet: the options, made once into one
+        seed, actions, profile_steps, data_service, quiet: the options, made once into one
         `runner.training.options.TrainerOptions`, whose doc says what each does.
 
     Raises:
@@ -110,7 +112,11 @@ class Trainer:
         strategy, self._parts, task, self._options, coordinator=self._coordinator, state=self._state
     )
     self._input = train_input.TrainInput(
-        strategy, coordinator=self._coordinator, preprocess=self._preprocess, checkpoints=self._state.checkpoints
+        strategy,
+        coordinator=self._coordinator,
+        preprocess=self._preprocess,
+        checkpoints=self._state.checkpoints,
+        service=data_service,
     )
     self._checked: dict[str, tuple[input_pipeline.PreparedData, Any]] = {}  # purpose -> (data, its LabelRange)
     with progress_output.shown(quiet=quiet):  # It may restore a checkpoint, and say so.
