@@ -64,7 +64,10 @@ def serve(*, dispatcher: str | None, worker: str | None, port: int, host: str | 
   service = tf.data.experimental.service
   try:
     if dispatcher is not None:
-      return service.DispatchServer(service.DispatcherConfig(port=int(number))), f"dispatcher serving at grpc://{address}"
+      return (
+          service.DispatchServer(service.DispatcherConfig(port=int(number))),
+          f"dispatcher serving at grpc://{address}",
+      )
     port = port or portpicker.pick_unused_port()  # Chosen here: a WorkerServer does not say which port it took.
     here = f"{host or socket.gethostname()}:{port}"
     server = service.WorkerServer(service.WorkerConfig(dispatcher_address=address, worker_address=here, port=port))

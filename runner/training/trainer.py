@@ -22,8 +22,8 @@ from runner.cluster import maintenance_events
 from runner.cluster import stop_signals
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
-from runner.data import service as service_lib
 from runner.data import providers as data_lib
+from runner.data import service as service_lib
 from runner.outputs import progress_output
 from runner.training import controller as controller_lib
 from runner.training import export
