@@ -1,4 +1,4 @@
-"""`python -m runner.launch --workers=N [--ps=M] [--data_workers=D] [--max_restarts=K] [--grace_seconds=S] -- ARGS`.
+"""`python -m runner.launch --workers=N [--ps=M] [--max_restarts=K] [--grace_seconds=S] [--data_workers=D] -- ARGS`.
 
 Runs a multi-worker job on this machine: one process per task, each
 `python -m runner RUNNER_ARGUMENTS` with its own `TF_CONFIG`, on free
