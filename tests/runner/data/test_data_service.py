@@ -50,13 +50,18 @@ class Servers:
     self.servers.append(tf.data.experimental.service.WorkerServer(config))
 
 
+# The servers serve until the process ends: a training iterator freed after its dispatcher stopped (the suite
+# leaves cycles to the end, `gc.disable()`) would wait for the dispatcher to answer.
+_SERVING = []
+
+
 @pytest.fixture(scope="module")
 def servers():
   made = Servers()
   for address in [made.address.removeprefix("grpc://"), *made.worker_addresses]:
     assert ipaddress.ip_address(address.rpartition(":")[0]).is_loopback
-  yield made
-  made.servers.clear()  # Each server stops when it is deleted.
+  _SERVING.append(made)
+  return made
 
 
 def _config(**data):
