@@ -408,7 +408,8 @@ def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: fl
   try:
     job.start()
     pending = set(job.coordinators)
-    lost, data_workers = set(), set(job.servers) - {DATA_DISPATCHER}
+    lost: set[str] = set()
+    data_workers = set(job.servers) - {DATA_DISPATCHER}
     while pending and not signals.received:
       try:
         task, returncode = job.exits.get(timeout=POLL_SECONDS)
