@@ -12,10 +12,10 @@ import dataclasses
 import re
 
 from strategies import checks
+from strategies import schema
 from strategies.errors import ConfigError
 
 MODES = ("parallel_epochs", "distributed_epoch")
-DEFAULT_TIMEOUT_SECONDS = 300.0  # `config.strategy.timeout_seconds`' default.
 NOT_UNDER_PARAMETER_SERVERS = (
     "config.data.service does not apply under parameter_server (its workers read their own input); choose another "
     "strategy, or config.data.service=None."
@@ -40,7 +40,7 @@ def check_address(value: str | None, what: str) -> str | None:
   Raises:
     ConfigError: naming `what` and the valid form.
   """
-  if value is not None and not _ADDRESS.match(value):
+  if value is not None and not (isinstance(value, str) and _ADDRESS.match(value)):
     raise ConfigError(
         f"{what}={value!r} is not a tf.data service dispatcher's address: give None or 'grpc://HOST:PORT', e.g. "
         "'grpc://127.0.0.1:5050' (python -m runner.data_service --dispatcher=127.0.0.1:5050 starts one)."
@@ -64,7 +64,7 @@ class DataService:
 
   address: str
   mode: str = MODES[0]
-  timeout_seconds: float | None = DEFAULT_TIMEOUT_SECONDS
+  timeout_seconds: float | None = schema.DEFAULTS["timeout_seconds"]  # config.strategy.timeout_seconds' default
 
   def __post_init__(self) -> None:
     check_address(self.address, "address")
