@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import runner
+from runner import data_service as server
 from runner.config import run_config
 from runner.data import pipeline
 from runner.data import providers
@@ -144,3 +145,23 @@ def test_a_dispatcher_that_does_not_answer_ends_training_with_a_cluster_error_na
       f"(config.strategy.timeout_seconds). Start it (python -m runner.data_service --dispatcher=127.0.0.1:{port}) "
       "or give its address; a restart of the run resumes from its last checkpoint."
   )
+
+
+def test_a_server_with_bad_flags_is_refused_before_it_starts():
+  """`python -m runner.data_service` prints each as one `error:` line and exits 2."""
+  cases = [
+      ({"dispatcher": None, "worker": None}, "Give one of --dispatcher=HOST:PORT and --worker=DISPATCHER_HOST:PORT."),
+      (
+          {"dispatcher": "127.0.0.1:1", "worker": "127.0.0.1:1"},
+          "Give one of --dispatcher=HOST:PORT and --worker=DISPATCHER_HOST:PORT.",
+      ),
+      ({"dispatcher": None, "worker": "grpc://127.0.0.1"}, "--worker='127.0.0.1' is not an address HOST:PORT."),
+      (
+          {"dispatcher": "127.0.0.1:5050", "worker": None, "port": 5051},
+          "--port is the worker's; a dispatcher listens on the port of --dispatcher=HOST:PORT.",
+      ),
+  ]
+  for flags, message in cases:
+    with pytest.raises(ConfigError) as error:
+      server.serve(**{"port": 0, "host": None, **flags})
+    assert str(error.value) == message
