@@ -32,9 +32,9 @@ workdir, no TPU, a checkpoint that does not match or cannot be written, what
 the task, cannot be read or holds NaN or inf), as one line `error: ...` on
 stderr (with --verbose, after its traceback); 3 training diverged: a step's
 loss or gradients were not finite while its batch was, as one `error:` line;
-170 a peer of a multi-worker job could not be reached, never came or stopped
-answering (one `error:` line naming it; transient: a restart of the job
-resumes it); 171 the workdir's file system could not be reached (no
+170 a peer of a multi-worker job (or the tf.data service's dispatcher) could
+not be reached, never came or stopped answering (one `error:` line naming it;
+transient: a restart of the job resumes it); 171 the workdir's file system could not be reached (no
 network; one `error:` line naming it and the reason; transient: a later run
 may reach it); 143 after SIGTERM and 130 after Ctrl-C (a checkpoint saved at the end of the current loop; a
 second Ctrl-C aborts; during start-up one line `Stopped by SIGTERM during

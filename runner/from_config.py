@@ -344,7 +344,9 @@ def _workdir_for(
     reason = getattr(e, "message", None) or str(e)
     raise ConfigError(f"The workdir {workdir!r} cannot be written ({reason}); choose another --workdir.") from None
   try:
-    logging.info("Mode %s in the workdir %s%s.", config.mode, workdir, " (new)" if created else "")
+    service = trainer_options.data_service(config)
+    served = f"; {service.describe()}" if service is not None and config.mode in TRAINING_MODES else ""
+    logging.info("Mode %s in the workdir %s%s%s.", config.mode, workdir, " (new)" if created else "", served)
     before = workdir_state.WorkdirState.read(workdir, created=created)
     try:
       yield workdir

@@ -1,4 +1,4 @@
-"""`python -m runner.launch --workers=N [--ps=M] [--max_restarts=K] [--grace_seconds=S] -- RUNNER_ARGUMENTS`.
+"""`python -m runner.launch --workers=N [--ps=M] [--max_restarts=K] [--grace_seconds=S] [--data_workers=D] -- ARGS`.
 
 Runs a multi-worker job on this machine: one process per task, each
 `python -m runner RUNNER_ARGUMENTS` with its own `TF_CONFIG`, on free
@@ -7,6 +7,16 @@ localhost ports. Without --ps the job is N `worker` tasks trained with
 `chief`, N `worker` and M `ps` tasks for `parameter_server` (the chief
 coordinates, the others serve). The launcher adds
 `--config.strategy.name=<that strategy>` unless the arguments name it.
+
+With --data_workers=D (>= 1) it also starts a tf.data service beside the job
+(`python -m runner.data_service`: a dispatcher `data_dispatcher` and D workers
+`data_worker:i`, on free 127.0.0.1 ports chosen once per launch, before the job's tasks)
+and adds `--config.data.service=grpc://127.0.0.1:PORT` (the dispatcher) to the
+arguments, which must not name one. A data worker that dies is no failure while
+another is left: the job reads from the others (docs/clusters.md#the-tfdata-service
+says what is lost); the dispatcher's death, or the last data worker's, fails the job as a
+task's does (a restart starts the service again, on the same ports). The servers are
+stopped last, once the job's tasks have exited, so a stopping job still reads its input.
 
 Every line a task prints is printed here as it comes, prefixed with the task's
 name (`[worker:0] ...`, `[chief] ...`, `[ps:1] ...`): its stdout on stdout,
@@ -89,6 +99,9 @@ _PS = flags.DEFINE_integer(
 _MAX_RESTARTS = flags.DEFINE_integer(
     "max_restarts", 0, "Restarts (>= 0) of the job from its last checkpoint after a transient failure.", lower_bound=0
 )
+_DATA_WORKERS = flags.DEFINE_integer(
+    "data_workers", 0, "tf.data service workers (>= 0) to start, with their dispatcher, beside the job.", lower_bound=0
+)
 _GRACE_SECONDS = flags.DEFINE_float(
     "grace_seconds",
     30.0,
@@ -99,6 +112,8 @@ _GRACE_SECONDS = flags.DEFINE_float(
 _HELP = ("--help", "-help", "-h", "--helpshort", "--helpfull")
 _WORKDIR = re.compile(r"^--?workdir(=(.*))?$")
 _STRATEGY_NAME = re.compile(r"^--?config\.strategy\.name=(.*)$")
+_DATA_SERVICE = re.compile(r"^--?config\.data\.service=")
+DATA_DISPATCHER = "data_dispatcher"
 _CLUSTER_FIELD = re.compile(r"^--?(no)?config\.strategy\.(worker_hosts|task_index)(=|$)")
 _CHECKPOINT_INDEX = re.compile(r"^ckpt-(\d+)\.index$")
 
@@ -111,6 +126,26 @@ def cluster_spec(*, workers: int, ps: int) -> dict[str, list[str]]:
   """
   sizes = {"chief": 1, "worker": workers, "ps": ps} if ps else {"worker": workers}
   return {job: [f"{HOST}:{portpicker.pick_unused_port()}" for _ in range(size)] for job, size in sizes.items()}
+
+
+def data_service_servers(data_workers: int) -> dict[str, tuple[str, list[str]]]:
+  """The tf.data service to start beside the job, on free 127.0.0.1 ports (`portpicker`); {} for no data workers.
+
+  Returns:
+    {name: (its address, its `python -m runner.data_service` arguments)}:
+    `data_dispatcher` first, then `data_worker:0` ... `data_worker:{data_workers - 1}`.
+  """
+  if not data_workers:
+    return {}
+  dispatcher = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  servers = {DATA_DISPATCHER: (dispatcher, [f"--dispatcher={dispatcher}"])}
+  for index in range(data_workers):
+    address = f"127.0.0.1:{portpicker.pick_unused_port()}"
+    servers[f"data_worker:{index}"] = (
+        address,
+        [f"--worker={dispatcher}", f"--port={address[10:]}", "--host=127.0.0.1"],
+    )
+  return servers
 
 
 def task_name(task_type: str, index: int) -> str:
@@ -245,8 +280,11 @@ class _Job:
   it gets SIGTERM when the launcher dies (`_ends_with_the_launcher`).
   """
 
-  def __init__(self, *, workers: int, ps: int, arguments: Sequence[str]) -> None:
+  def __init__(
+      self, *, workers: int, ps: int, arguments: Sequence[str], servers: dict[str, tuple[str, list[str]]]
+  ) -> None:
     self.cluster = cluster_spec(workers=workers, ps=ps)
+    self.servers = servers  # The tf.data service's (`data_service_servers`): started first, stopped last.
     # {task name: (type, index)}, in the cluster's order (chief, workers, ps).
     self.places = {
         task_name(job, i): (job, i) for job, addresses in self.cluster.items() for i in range(len(addresses))
@@ -261,28 +299,35 @@ class _Job:
 
   def start(self) -> None:
     preexec = _ends_with_the_launcher(os.getpid())
+    for server, (address, arguments) in self.servers.items():
+      self._start(server, ["runner.data_service", *arguments], address, {}, preexec)
     for task, (job, index) in self.places.items():
       config = json.dumps({"cluster": self.cluster, "task": {"type": job, "index": index}})
-      env = {"PYTHONUNBUFFERED": "1", **os.environ, "TF_CONFIG": config}  # Lines as printed, not as a buffer fills.
-      process = subprocess.Popen(
-          [sys.executable, "-m", "runner", *self._arguments],
-          env=env,
-          stdin=subprocess.DEVNULL,
-          stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE,
-          start_new_session=True,
-          preexec_fn=preexec,  # noqa: PLW1509
-      )
-      self._processes[task] = process
-      _say(f"{task} pid {process.pid} on {self.cluster[job][index]}")
-      prefix = f"[{task}]"
-      self._threads += [
-          threading.Thread(target=_relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
-          threading.Thread(target=_relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
-          threading.Thread(target=lambda t=task, p=process: self.exits.put((t, p.wait())), daemon=True),
-      ]
-      for thread in self._threads[-3:]:
-        thread.start()
+      self._start(task, ["runner", *self._arguments], self.cluster[job][index], {"TF_CONFIG": config}, preexec)
+
+  def _start(
+      self, task: str, module_arguments: list[str], address: str, env: dict[str, str], preexec: Callable[[], None]
+  ) -> None:
+    """Starts `python -m MODULE_ARGUMENTS` as `task`, with `env` added to the environment, relaying its output."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", *module_arguments],
+        env={"PYTHONUNBUFFERED": "1", **os.environ, **env},  # Lines as printed, not as a buffer fills.
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=preexec,  # noqa: PLW1509
+    )
+    self._processes[task] = process
+    _say(f"{task} pid {process.pid} on {address}")
+    prefix = f"[{task}]"
+    self._threads += [
+        threading.Thread(target=_relay, args=(process.stdout, sys.stdout, prefix), daemon=True),
+        threading.Thread(target=_relay, args=(process.stderr, sys.stderr, prefix), daemon=True),
+        threading.Thread(target=lambda: self.exits.put((task, process.wait())), daemon=True),
+    ]
+    for thread in self._threads[-3:]:
+      thread.start()
 
   def stop(self, *, grace_seconds: float, abort: Callable[[], object]) -> list[str]:
     """Stops the tasks still running: SIGTERM, then SIGKILL to those left.
@@ -294,13 +339,14 @@ class _Job:
     keep serving until it has saved and exited (or been killed), then they
     get SIGTERM. Workers of `multi_worker_mirrored` all get SIGTERM at once:
     they agree on the step to save at (see `runner.cluster.stop_signals`).
+    The tf.data service's servers go last.
 
     Returns:
       The names of the tasks that got SIGKILL.
     """
     first = [task for task in self.places if task in self.coordinators or not self.dispensable]
     killed = []
-    for stage in (first, [task for task in self.places if task not in first]):
+    for stage in (first, [task for task in self.places if task not in first], list(self.servers)):
       deadline = time.monotonic() + grace_seconds
       while any(task in stage for task in self._running()) and time.monotonic() < deadline and not abort():
         self._signal([task for task in self._running() if task in stage], signal.SIGTERM)
@@ -362,15 +408,29 @@ def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: fl
   try:
     job.start()
     pending = set(job.coordinators)
-    lost = set()
+    lost: set[str] = set()
+    data_workers = set(job.servers) - {DATA_DISPATCHER}
     while pending and not signals.received:
       try:
         task, returncode = job.exits.get(timeout=POLL_SECONDS)
       except queue.Empty:
         continue
+      if task in data_workers and data_workers - lost - {task}:
+        lost.add(task)
+        _say(
+            f"{task} {describe_exit(returncode)}; the job reads its input from the other tf.data service "
+            "workers (it is not started again)."
+        )
+        continue
+      if task in job.servers:
+        last = ", and no data worker is left" if task in data_workers else ""
+        _say(
+            f"{task} {describe_exit(returncode)}{last}; stopping the job (SIGTERM, SIGKILL after {grace_seconds:g} s)."
+        )
+        return task, returncode
       if returncode != 0 and task in job.dispensable:
         lost.add(task)
-        if lost != job.dispensable:
+        if job.dispensable - lost:
           _say(
               f"{task} {describe_exit(returncode)}; not an error under parameter servers: the "
               "chief trains on with the other workers (it is not started again)."
@@ -405,18 +465,24 @@ def _run_once(job: _Job, *, signals: stop_signals.StopSignals, grace_seconds: fl
       _say(f"killed {', '.join(killed)} with SIGKILL: {why}.")
 
 
-def launch(*, workers: int, ps: int, arguments: Sequence[str], max_restarts: int, grace_seconds: float) -> int:
+def launch(
+    *, workers: int, ps: int, arguments: Sequence[str], max_restarts: int, grace_seconds: float, data_workers: int = 0
+) -> int:
   """Runs the job, restarting it up to `max_restarts` times; returns the launcher's exit status.
 
-  `arguments` are the runner's, checked by `runner_arguments`.
+  `arguments` are the runner's, checked by `runner_arguments`; with
+  `data_workers` a tf.data service (`data_service_servers`) runs beside the job, which gets its address.
   """
   workdir = workdir_of(arguments)
   assert workdir is not None  # `runner_arguments` made sure the arguments name one.
+  servers = data_service_servers(data_workers)
+  if servers:
+    arguments = [*arguments, f"--config.data.service=grpc://{servers[DATA_DISPATCHER][0]}"]
   with stop_signals.StopSignals(in_training=False) as signals:
     restarts = 0
     while True:
       before = latest_checkpoint(workdir)
-      job = _Job(workers=workers, ps=ps, arguments=arguments)
+      job = _Job(workers=workers, ps=ps, arguments=arguments, servers=servers)
       failure = _run_once(job, signals=signals, grace_seconds=grace_seconds)
       if signals.received:
         _say(f"stopped by {stop_signals.NAMES[signals.received]}: {stop_outcome(workdir, before)}.")
@@ -460,6 +526,12 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   if _WORKERS.value is None:
     raise ValueError(f"--workers is required, e.g. {EXAMPLE}")
   arguments = runner_arguments(argv[position + 1 :], ps=_PS.value)  # Without --: none, which it refuses.
+  given = [argument for argument in arguments if _DATA_SERVICE.match(argument)]
+  if _DATA_WORKERS.value and given:
+    raise ValueError(
+        f"--data_workers={_DATA_WORKERS.value} starts a tf.data service and gives the job its dispatcher: remove "
+        f"{given[0]}, or drop --data_workers to read from that dispatcher."
+    )
   if os.environ.get("TF_CONFIG"):
     raise ValueError(
         "TF_CONFIG is set in this environment, and the launcher gives every task its own: unset it. "
@@ -471,6 +543,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       max_restarts=_MAX_RESTARTS.value,
       grace_seconds=_GRACE_SECONDS.value,
       arguments=arguments,
+      data_workers=_DATA_WORKERS.value,
   )
 
 

@@ -26,6 +26,7 @@ from ml_collections import config_flags
 from runner import sharding_policies
 from runner.config import optimizers
 from runner.config import registry
+from runner.data import service as data_service
 from runner.outputs import profiling
 from runner.training import scoped_settings
 from runner.workdir import remote
@@ -58,6 +59,8 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "sharding": ("auto", lambda value, what: checks.one_of(value, sharding_policies.SHARDING, what)),
         # Mode predict's split, the dataset function's `split` argument; None: 'eval'.
         "predict_split": (str, lambda value, what: value is None or checks.one_of(value, PREDICT_SPLITS, what)),
+        "service": (str, data_service.check_address),  # None, or a tf.data service dispatcher 'grpc://HOST:PORT'.
+        "service_mode": ("parallel_epochs", lambda value, what: checks.one_of(value, data_service.MODES, what)),
     },
     "model": {"name": ("mlp", None)},
     "task": {"name": ("classification", None)},
@@ -270,6 +273,8 @@ def validate(config: Any) -> ml_collections.ConfigDict:
         f"config.trainer.best_metric={trainer.best_metric!r} keeps the best evaluation during training, and mode "
         "'train' does not evaluate; use mode 'train_and_eval' (with config.trainer.eval_every) or best_metric=None."
     )
+  if config.data.service is not None and config.strategy.name == "parameter_server":
+    raise ConfigError(data_service.NOT_UNDER_PARAMETER_SERVERS)
   if trainer.profile_steps is not None and trainer.profile_steps[1] > trainer.train_steps:
     raise ConfigError(
         f"config.trainer.profile_steps={trainer.profile_steps} goes past config.trainer.train_steps="

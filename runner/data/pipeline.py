@@ -2,15 +2,20 @@
 
 from collections.abc import Callable
 import functools
+import time
 from typing import Any
 
 import tensorflow as tf
 
 from runner.data import providers as data_lib
+from runner.data import service as service_lib
 from strategies import checks
+from strategies import peers
+from strategies.errors import ClusterError
 from strategies.errors import ConfigError
 
 ELEMENT_CONTRACT = "(features, labels) or (features, labels, sample_weight)"
+_DISPATCHER_POLL_SECONDS = 0.5
 
 
 def check_global_batch_size(strategy: tf.distribute.Strategy, global_batch_size: int, micro_batches: int = 1) -> None:
@@ -60,6 +65,7 @@ def for_training(
     *,
     start_step: int = 0,
     preprocess: Callable[[Any], Any] | None = None,
+    service: service_lib.DataService | None = None,
 ) -> Any:
   """Distributes `data` for training: repeated, in full per-replica batches, from `start_step` on.
 
@@ -85,12 +91,16 @@ def for_training(
     start_step: the global step the first batch is for.
     preprocess: None, or a function mapped over each batch's features (the
       task's `preprocess`), in parallel, keeping the batches' order.
+    service: None, or the tf.data service whose workers make each
+      pipeline's batches (preprocessed), in its mode (`service_lib.DataService.describe`
+      says what that keeps), once its dispatcher accepts a connection.
 
   Returns:
     The distributed dataset from `distribute_datasets_from_function`.
 
   Raises:
     ConfigError: the elements are not of the contract's form.
+    ClusterError: the service's dispatcher accepted no connection within its `timeout_seconds`.
   """
 
   def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -98,9 +108,31 @@ def for_training(
     replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
     batches = data.get_repeated_batches(input_context, batch_size, start_step * replicas * batch_size)
     batches = _preprocessed(_checked(batches, "training", batched=True), preprocess)
+    if service is not None:
+      batches = batches.apply(tf.data.experimental.service.distribute(service.mode, service.address))
     return without_autotune_model(batches.prefetch(tf.data.AUTOTUNE))
 
+  if service is not None:
+    _wait_for_dispatcher(service)
   return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _wait_for_dispatcher(service: service_lib.DataService) -> None:
+  """Returns once `service`'s dispatcher accepts a connection; raises ClusterError past its `timeout_seconds`.
+
+  TensorFlow's client would retry for an hour, in C++, where neither SIGTERM
+  nor Ctrl-C reach it.
+  """
+  address = service.address.removeprefix("grpc://")
+  deadline = None if service.timeout_seconds is None else time.monotonic() + service.timeout_seconds
+  while not peers.listening(address):
+    if deadline is not None and time.monotonic() > deadline:
+      raise ClusterError(
+          f"The tf.data service dispatcher at {service.address} (config.data.service) accepted no connection within "
+          f"{service.timeout_seconds:g} s (config.strategy.timeout_seconds). Start it (python -m runner.data_service "
+          f"--dispatcher={address}) or give its address; a restart of the run resumes from its last checkpoint."
+      )
+    time.sleep(_DISPATCHER_POLL_SECONDS)
 
 
 def for_evaluation(

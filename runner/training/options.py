@@ -7,6 +7,7 @@ from typing import Any
 import tensorflow as tf
 
 from runner import interfaces
+from runner.data import service as service_lib
 from runner.outputs import profiling
 from runner.tasks import Task
 from runner.training import keras_versions
@@ -61,6 +62,9 @@ class TrainerOptions:
       `best_metric` whose name holds 'loss', else 'max'.
     export_every: None, or export a SavedModel every this many steps to
       `model_dir/exports/STEP/`, keeping the newest `max_to_keep`.
+    data_service: None, or a `runner.data.service.DataService`: the
+      training input's batches are made by that tf.data service's workers
+      (evaluation input stays local); not under parameter servers.
     quiet: False shows the progress lines of `train`, `evaluate` and
       `export` on stderr as `python -m runner` does, also in a plain Python
       program (see `runner.outputs.progress_output`); True shows only
@@ -85,6 +89,7 @@ class TrainerOptions:
   best_metric: str | None = None
   best_mode: str | None = None
   export_every: int | None = None
+  data_service: service_lib.DataService | None = None
   quiet: bool = False
 
   def __post_init__(self) -> None:
@@ -107,6 +112,8 @@ class TrainerOptions:
       checks.positive_int(action.every_steps, f"{type(action).__name__}.every_steps", optional=True)
     object.__setattr__(self, "actions", tuple(self.actions))
     object.__setattr__(self, "profile_steps", profiling.check_steps(self.profile_steps))
+    if self.data_service is not None and not isinstance(self.data_service, service_lib.DataService):
+      raise ConfigError(f"data_service must be None or a runner.data.service.DataService, got {self.data_service!r}.")
     if self.best_mode is not None and self.best_metric is None:
       raise ConfigError(f"best_mode={self.best_mode!r} needs a best_metric to compare the evaluations by.")
     checks.positive_int(self.export_every, "export_every", optional=True)
@@ -133,14 +140,23 @@ def config_arguments(config: Any, model_dir: str | None) -> dict[str, Any]:
   """Returns the Trainer's keyword arguments for the options a run config sets (`runner.run`).
 
   Those of `config.trainer` by their names, `config.optimizer.clipnorm` and
-  `gradient_accumulation_steps`, and `model_dir`; the config's `steps_per_loop` None (auto) is "auto".
+  `gradient_accumulation_steps`, `model_dir`, and the `data_service` of
+  `config.data.service`; the config's `steps_per_loop` None (auto) is "auto".
   """
   arguments = {f.name: config.trainer[f.name] for f in dataclasses.fields(TrainerOptions) if f.name in config.trainer}
   for name in ("clipnorm", "gradient_accumulation_steps"):
     arguments[name] = config.optimizer[name]
-  arguments["model_dir"] = model_dir
+  arguments.update(model_dir=model_dir, data_service=data_service(config))
   arguments["steps_per_loop"] = arguments["steps_per_loop"] or steps_per_loop_lib.AUTO
   return arguments
+
+
+def data_service(config: Any) -> service_lib.DataService | None:
+  """The `DataService` of `config.data.service` (None: none), waiting up to `config.strategy.timeout_seconds`."""
+  if config.data.service is None:
+    return None
+  timeout = config.strategy.timeout_seconds
+  return service_lib.DataService(address=config.data.service, mode=config.data.service_mode, timeout_seconds=timeout)
 
 
 def check_components(strategy: Any, model_fn: Any, optimizer_fn: Any, task: Any) -> None:

@@ -7,7 +7,9 @@ from absl import logging
 
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data_lib
+from runner.data import service as service_lib
 from runner.training import parameter_server_loops
+from strategies.errors import ConfigError
 
 
 class TrainInput:
@@ -27,11 +29,23 @@ class TrainInput:
   """
 
   def __init__(
-      self, strategy: Any, *, coordinator: Any, preprocess: Callable[[Any], Any] | None, checkpoints: Any
+      self,
+      strategy: Any,
+      *,
+      coordinator: Any,
+      preprocess: Callable[[Any], Any] | None,
+      checkpoints: Any,
+      service: service_lib.DataService | None = None,
   ) -> None:
-    """Initializes the `TrainInput` (the arguments as for `training_iterator`; `checkpoints` may be None)."""
+    """Initializes the `TrainInput` (the arguments as for `training_iterator`; `checkpoints` may be None).
+
+    Raises:
+      ConfigError: a `service` under parameter servers.
+    """
+    if coordinator is not None and service is not None:
+      raise ConfigError(service_lib.NOT_UNDER_PARAMETER_SERVERS)
     self._strategy, self._checkpoints = strategy, checkpoints
-    self._options = {"coordinator": coordinator, "preprocess": preprocess}
+    self._options = {"coordinator": coordinator, "preprocess": preprocess, "service": service}
     self.current: tuple[Any, int, Any] | None = None
 
   def iterator(self, data: Any, global_batch_size: int, step: int, *, rewound: bool = False) -> Any:
@@ -58,6 +72,7 @@ def training_iterator(
     coordinator: Any = None,
     preprocess: Callable[[Any], Any] | None = None,
     data_change: tuple[str, str] | None = None,
+    service: service_lib.DataService | None = None,
 ) -> Any:
   """Returns the distributed iterator of `provider`'s batches from the batch of global step `start_step` on.
 
@@ -82,9 +97,11 @@ def training_iterator(
       batch of features in the input pipeline.
     data_change: None, or `(what the checkpoint says the run trained on,
       the data now)` (`runner.data.providers.description`) where they differ.
+    service: None, or the tf.data service that makes the batches (`input_pipeline.for_training`).
 
   Raises:
     ConfigError: the elements are not of the contract's form.
+    ClusterError: the `service`'s dispatcher did not answer.
   """
   num_examples = data_lib.known_num_examples(provider)  # Known only where it is cheap (in memory, built in, ...).
   if num_examples is not None and num_examples < global_batch_size:
@@ -121,6 +138,7 @@ def training_iterator(
     return parameter_server_loops.per_worker_iterator(
         coordinator, provider, global_batch_size, start_step=start_step, preprocess=preprocess
     )
-  return iter(
-      input_pipeline.for_training(strategy, provider, global_batch_size, start_step=start_step, preprocess=preprocess)
+  distributed = input_pipeline.for_training(
+      strategy, provider, global_batch_size, start_step=start_step, preprocess=preprocess, service=service
   )
+  return iter(distributed)

@@ -23,6 +23,7 @@ from runner.cluster import stop_signals
 from runner.data import checks as data_checks
 from runner.data import pipeline as input_pipeline
 from runner.data import providers as data_lib
+from runner.data import service as service_lib
 from runner.outputs import progress_output
 from runner.training import controller as controller_lib
 from runner.training import ema
@@ -79,6 +80,7 @@ class Trainer:
       best_metric: str | None = None,
       best_mode: str | None = None,
       export_every: int | None = None,
+      data_service: service_lib.DataService | None = None,
       quiet: bool = False,
   ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
@@ -92,8 +94,9 @@ class Trainer:
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
-        gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every, quiet: the
-        options, made once into one `runner.training.options.TrainerOptions`, whose doc says what each does.
+        gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every, data_service,
+        quiet: the options, made once into one `runner.training.options.TrainerOptions`, whose doc says what each
+        does.
 
     Raises:
       ConfigError: an argument is invalid (`jit_compile` under parameter
@@ -116,7 +119,11 @@ class Trainer:
         strategy, self._parts, task, self._options, coordinator=self._coordinator, state=self._state
     )
     self._input = train_input.TrainInput(
-        strategy, coordinator=self._coordinator, preprocess=self._preprocess, checkpoints=self._state.checkpoints
+        strategy,
+        coordinator=self._coordinator,
+        preprocess=self._preprocess,
+        checkpoints=self._state.checkpoints,
+        service=data_service,
     )
     self._checked: dict[str, tuple[input_pipeline.PreparedData, Any]] = {}  # purpose -> (data, its LabelRange)
     with progress_output.shown(quiet=quiet):  # It may restore a checkpoint, and say so.

@@ -422,7 +422,7 @@ def test_a_typo_in_a_declared_field_is_one_line_with_a_did_you_mean(cli_runs):
   assert _error_lines(stderr) == [
       "error: Override 'data.train_file=/data/train-*.rec': config.data has no field 'train_file'. Did you mean "
       "'train_files'? Fields of config.data: eval_global_batch_size, global_batch_size, name, predict_split, "
-      "sharding, shuffle_buffer, train_files."
+      "service, service_mode, sharding, shuffle_buffer, train_files."
   ]
   assert not workdir.exists()
 

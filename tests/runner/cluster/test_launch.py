@@ -190,6 +190,13 @@ EXAMPLE = "e.g. python -m runner.launch --workers=2 -- --config=configs/syntheti
             "--config.strategy.name=multi_worker_mirrored does not fit this job: a job with --ps runs "
             "--config.strategy.name=parameter_server (the launcher adds it when the arguments do not name it).",
         ),
+        (["--workers=2", "--data_workers=-1"] + RUNNER, "flag --data_workers=-1: -1 is not a non-negative integer"),
+        (["--data_workers=2"] + RUNNER, f"--workers is required, {EXAMPLE}"),
+        (
+            ["--workers=1", "--data_workers=2"] + RUNNER + ["--config.data.service=grpc://127.0.0.1:5050"],
+            "--data_workers=2 starts a tf.data service and gives the job its dispatcher: remove "
+            "--config.data.service=grpc://127.0.0.1:5050, or drop --data_workers to read from that dispatcher.",
+        ),
         (
             ["--workers=2"] + RUNNER + ["--config.strategy.task_index=1"],
             "Remove --config.strategy.task_index=1: the launcher gives every task its place in the cluster in TF_CONFIG.",
@@ -546,3 +553,41 @@ def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one
   assert not running, "the tasks outlived their launcher"
   step = _latest_step(workdir)  # Each got SIGTERM as its parent died: they saved at the end of the same loop.
   assert step is not None and job.train_rows()[-1]["step"] == step
+
+
+def test_a_job_reads_through_a_data_service_beside_it_and_survives_losing_a_data_worker(tmp_path, subprocess_env):
+  """--data_workers=2: a dispatcher and 2 workers (`python -m runner.data_service`) on 127.0.0.1 serve the job.
+
+  One data worker is SIGKILLed after the first train loop; the job reads from the other and trains to the end; the
+  launcher then stops the dispatcher and the other worker, which exit cleanly.
+  """
+  workdir, steps = tmp_path / "job", 300
+  runner_args = _runner_args(workdir, train_steps=steps, checkpoint_every=None)
+  job = Launch(workdir, ["--workers=1", "--data_workers=2"], runner_args, subprocess_env)
+  job.wait_for_rows(1)
+  servers = dict(re.findall(r"^\[launch\] (data_\w+(?::\d)?) pid (\d+) on 127\.0\.0\.1:\d+$", job.stderr(), re.M))
+  assert sorted(servers) == ["data_dispatcher", "data_worker:0", "data_worker:1"], job.stderr()[-3000:]
+  os.kill(int(servers["data_worker:1"]), signal.SIGKILL)
+  killed_at = job.train_rows()[-1]["step"]
+  status, stdout, stderr = job.wait()
+  assert status == 0, stderr[-3000:]
+  assert killed_at < steps and job.train_rows()[-1]["step"] == steps and f"[worker:0] global step: {steps}\n" in stdout
+  assert job.train_rows()[-1]["loss"] < 0.5  # It learned from the batches the service made.
+  dispatcher = re.search(r"^\[data_dispatcher\] dispatcher serving at (grpc://127\.0\.0\.1:\d+)$", stdout, re.M).group(
+      1
+  )
+  for worker in (0, 1):
+    assert re.search(rf"^\[data_worker:{worker}\] worker serving at 127\.0\.0\.1:\d+ for {dispatcher}$", stdout, re.M)
+  assert re.search(
+      rf"^\[worker:0\] .*\] Mode train in the workdir {workdir} \(new\); training input on the tf.data service at "
+      rf"{dispatcher}, parallel_epochs: every service worker makes the whole stream",
+      stderr,
+      re.M,
+  ), stderr[-3000:]
+  assert (
+      "[launch] data_worker:1 was killed by SIGKILL; the job reads its input from the other tf.data service workers "
+      "(it is not started again).\n"
+  ) in stderr
+  for server in ("data_dispatcher", "data_worker:0"):  # Stopped after the job, by SIGTERM: a clean exit.
+    assert f"[{server}] SIGTERM received: stopped serving.\n" in stderr and _ended(int(servers[server]))
+  assert "Traceback" not in stderr and "[launch] killed" not in stderr

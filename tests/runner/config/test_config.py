@@ -340,6 +340,8 @@ def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, t
       "eval_global_batch_size",
       "sharding",
       "predict_split",
+      "service",
+      "service_mode",
       "train_files",
       "num_classes",
       "shuffle_buffer",
@@ -350,7 +352,7 @@ def test_declared_fields_of_an_import_path_behave_like_a_builtins(user_module, t
       ConfigError,
       match=r"config.data has no field 'train_file'. Did you mean 'train_files'\? "
       r"Fields of config.data: eval_global_batch_size, global_batch_size, name, "
-      r"num_classes, predict_split, sharding, shuffle_buffer, train_files, vocab.$",
+      r"num_classes, predict_split, service, service_mode, sharding, shuffle_buffer, train_files, vocab.$",
   ):
     runner.load_config(SYNTHETIC, ["data.name=fieldsmod:files", "data.train_file=x"])
   with pytest.raises(ConfigError, match=r"config.data.shuffle_buffer must be an int, got 'big'"):
