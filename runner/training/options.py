@@ -61,6 +61,12 @@ class TrainerOptions:
       `best_metric` whose name holds 'loss', else 'max'.
     export_every: None, or export a SavedModel every this many steps to
       `model_dir/exports/STEP/`, keeping the newest `max_to_keep`.
+    report_metric: None, or an evaluation result ('loss' or a task metric's
+      name): after each evaluation during `train` the chief reports it for
+      Vertex AI's hyperparameter tuning (`runner.cluster.vertex.ReportMetric`,
+      which checks it when the Trainer is made).
+    summary_dir: where the TensorBoard summaries go (`train/`, `eval/`);
+      None: `model_dir/summaries`.
     quiet: False shows the progress lines of `train`, `evaluate` and
       `export` on stderr as `python -m runner` does, also in a plain Python
       program (see `runner.outputs.progress_output`); True shows only
@@ -85,6 +91,8 @@ class TrainerOptions:
   best_metric: str | None = None
   best_mode: str | None = None
   export_every: int | None = None
+  report_metric: str | None = None
+  summary_dir: str | None = None
   quiet: bool = False
 
   def __post_init__(self) -> None:
@@ -115,6 +123,7 @@ class TrainerOptions:
         ("profile_steps", "the trace"),
         ("best_metric", "the best checkpoint"),
         ("export_every", "the exports"),
+        ("summary_dir", "metrics.jsonl beside the summaries"),
     ):
       if getattr(self, name) is not None and self.model_dir is None:
         raise ConfigError(f"{name}={getattr(self, name)} needs a model_dir to write {needs} to.")

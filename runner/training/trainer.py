@@ -79,6 +79,8 @@ class Trainer:
       best_metric: str | None = None,
       best_mode: str | None = None,
       export_every: int | None = None,
+      report_metric: str | None = None,
+      summary_dir: str | None = None,
       quiet: bool = False,
   ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
@@ -92,8 +94,9 @@ class Trainer:
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
-        gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every, quiet: the
-        options, made once into one `runner.training.options.TrainerOptions`, whose doc says what each does.
+        gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every,
+        report_metric, summary_dir, quiet: the options, made once into one `runner.training.options.TrainerOptions`,
+        whose doc says what each does.
 
     Raises:
       ConfigError: an argument is invalid (`jit_compile` under parameter
