@@ -78,7 +78,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "best_metric": (str, None),  # None, or the eval result by which WORKDIR/best/ keeps the best model.
         "best_mode": (str, lambda value, what: value is None or checks.one_of(value, ("max", "min"), what)),
         "export_every": (int, _OPTIONAL),  # Also export every this many steps (a multiple of steps_per_loop).
-        "report_metric": (str, None),  # None, or the eval result reported for Vertex AI tuning (runner.cluster.vertex).
+        "report_metric": (str, None),  # None, or the eval result reported for Vertex AI tuning (outputs.hypertune).
         # Mode continuous_eval ends after this long with no new checkpoint.
         "eval_timeout_seconds": (3600.0, checks.positive_number),
     },

@@ -63,7 +63,7 @@ class TrainerOptions:
       `model_dir/exports/STEP/`, keeping the newest `max_to_keep`.
     report_metric: None, or an evaluation result ('loss' or a task metric's
       name): after each evaluation during `train` the chief reports it for
-      Vertex AI's hyperparameter tuning (`runner.cluster.vertex.ReportMetric`,
+      Vertex AI's hyperparameter tuning (`runner.outputs.hypertune.ReportMetric`,
       which checks it when the Trainer is made).
     summary_dir: where the TensorBoard summaries go (`train/`, `eval/`);
       None: `model_dir/summaries`.

@@ -8,9 +8,9 @@ from typing import Any
 from absl import logging
 import tensorflow as tf
 
-from runner.cluster import vertex
 from runner.outputs import best
 from runner.outputs import checkpoints
+from runner.outputs import hypertune
 from runner.outputs import profiling
 from runner.outputs import reports
 from runner.training import export
@@ -28,7 +28,7 @@ class RunState:
     checkpoints: the `checkpoints.Checkpoints` of `model_dir`, or None.
     reporter: the `reports.Reporter` of the progress lines, summaries and metrics.jsonl.
     best: the `best.BestCheckpoint` of the option `best_metric`, or None.
-    report: the `vertex.ReportMetric` of the option `report_metric`, or None.
+    report: the `hypertune.ReportMetric` of the option `report_metric`, or None.
     profile: the `profiling.ProfileWindow` of `profile_steps` (on the chief only), or None.
   """
 
@@ -64,7 +64,7 @@ class RunState:
       )
     self.report = None
     if options.report_metric is not None:
-      self.report = vertex.ReportMetric(options.report_metric, reported=reported)
+      self.report = hypertune.ReportMetric(options.report_metric, reported=reported)
     is_chief = strategy.extended.should_checkpoint
     self.reporter = reports.Reporter(options.model_dir, is_chief=is_chief, summary_dir=options.summary_dir)
     self.profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
