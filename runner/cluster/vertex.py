@@ -41,7 +41,7 @@ class OutputDirs(NamedTuple):
     variables: `{variable: path}` of the Vertex variables these come from.
   """
 
-  workdir: str | None
+  workdir: str | None = None
   summary_dir: str | None = None
   export_dir: str | None = None
   variables: dict[str, str] = {}
