@@ -1,6 +1,7 @@
 """The metric Vertex AI's hyperparameter tuning reads, written as cloudml-hypertune writes it, without that package."""
 
 from collections import deque
+from collections.abc import Sequence
 import json
 import os
 import time
@@ -28,7 +29,7 @@ class ReportMetric(Action):
   `CLOUD_ML_HP_METRIC_TAG` if set, else the metric's name.
   """
 
-  def __init__(self, metric: str, *, reported: Any) -> None:
+  def __init__(self, metric: str, *, reported: Sequence[str]) -> None:
     """Reports `metric`, one of `reported` (the evaluation's result names); ConfigError naming them otherwise."""
     self.metric = best.check_result(metric, reported, field="report_metric")
     self.path = os.environ.get("CLOUD_ML_HP_METRIC_FILE", METRIC_FILE)
