@@ -5,7 +5,9 @@ Flags:
   --config.a.b=VALUE      overrides config.a.b (repeatable; parsed by ml-collections
                           config_flags; 'None' sets an optional field to None).
   --workdir=DIR           checkpoints, summaries, metrics.jsonl, config.json, export
-                          (a leading ~ expanded); default: a new temporary directory.
+                          (a leading ~ expanded); default: a new temporary directory,
+                          or under Vertex AI the directories of AIP_CHECKPOINT_DIR,
+                          AIP_TENSORBOARD_LOG_DIR and AIP_MODEL_DIR (`runner.cluster.vertex`).
   --mode=MODE             overrides config.mode (train, eval, train_and_eval, export,
                           continuous_eval, predict); with another --config.mode, an error.
   --dry_run               prints the resolved config, the strategy, the replicas, the
@@ -89,7 +91,8 @@ _WORKDIR = flags.DEFINE_string(
     "workdir",
     None,
     "Where checkpoints, summaries, metrics.jsonl, config.json and the export go (local or gs://). "
-    "A workdir with checkpoints resumes. Default: a new temporary directory.",
+    "A workdir with checkpoints resumes. Default: a new temporary directory, or Vertex AI's AIP_CHECKPOINT_DIR "
+    "(summaries to AIP_TENSORBOARD_LOG_DIR, the final export to AIP_MODEL_DIR).",
 )
 _MODE = flags.DEFINE_enum("mode", None, config_lib.MODES, "Overrides config.mode.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print what the run would do, and from which step; write nothing.")
@@ -253,13 +256,15 @@ def _dry_run(config: Any, workdir: str | None) -> None:
   """Prints what the run would do; refuses what it would refuse (`from_config.check_resumable`)."""
   from runner import from_config
   from runner.cluster import roles
+  from runner.cluster import vertex
   from runner.outputs import checkpoints
 
   print(roles.cluster_of(config).describe())
   config = from_config.for_this_task(config)
   strategy = from_config.create_strategy(config)
   batch_sizes = from_config.per_replica_batch_sizes(config, strategy.num_replicas_in_sync)
-  workdir = from_config.reachable_workdir(workdir)
+  outputs = vertex.output_dirs(workdir)
+  workdir = from_config.reachable_workdir(outputs.workdir)
   step = checkpoints.latest_step(workdir)
   if workdir is not None and step is not None and config.mode != "continuous_eval":  # As `runner.run` checks it.
     from_config.check_resumable(config, workdir)
@@ -268,6 +273,8 @@ def _dry_run(config: Any, workdir: str | None) -> None:
   print(f"replicas: {strategy.num_replicas_in_sync}")
   print(f"per-replica batch size: train {batch_sizes['train']}, eval {batch_sizes['eval']}")
   print(f"workdir: {from_config.describe_workdir(workdir, step)}")
+  for line in outputs.describe():
+    print(f"vertex: {line}")
   print(f"plan: {from_config.step_plan(config, strategy, step)}")
   print("dry run: nothing trained or written.")
 

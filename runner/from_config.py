@@ -16,6 +16,7 @@ import ml_collections
 import tensorflow as tf
 
 from runner.cluster import roles
+from runner.cluster import vertex
 from runner.config import optimizers
 from runner.config import registry
 from runner.config import run_config as config_lib
@@ -74,7 +75,8 @@ class RunResult:
       (None if none).
     checkpoint_path: the latest checkpoint in the workdir, or None; for mode
       'continuous_eval', the last checkpoint it evaluated; for mode 'predict', the one it restored.
-    export_path: the SavedModel directory for mode 'export', else None.
+    export_path: the SavedModel directory for mode 'export', and for a training mode under Vertex AI
+      (`AIP_MODEL_DIR`, see `run`); else None.
     model: the Keras model (Keras 3 or tf_keras) with the run's final weights (on every worker of
       a multi-worker job, the same weights).
     predictions_path: the predictions' directory (`WORKDIR/predictions`) for mode 'predict', else None.
@@ -122,7 +124,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       the rest takes its defaults.
     workdir: where checkpoints, summaries, metrics.jsonl, the config files
       and the export go (a local path, `~` expanded, or e.g. `gs://`); None
-      makes a new temporary directory.
+      makes a new temporary directory, or under Vertex AI takes the
+      directories its variables name (`runner.cluster.vertex.output_dirs`;
+      a training run then ends by exporting to `AIP_MODEL_DIR`).
     quiet: False (the default) shows the CLI's progress on stderr while the
       run lasts: the workdir, a line per train loop and per evaluation, the
       checkpoints (absl INFO logs; see `progress_output`). True shows only
@@ -132,7 +136,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
     A `RunResult`.
 
   Raises:
-    ConfigError: a bad config, a workdir that is empty, cannot be written or
+    ConfigError: a bad config, a directory of Vertex AI's that cannot be
+      written (`vertex.check_writable`), a workdir that is empty, cannot be written or
       that another training run holds (`workdir_lock.WorkdirInUseError`), a batch size
       the replica count does not divide, no checkpoint to evaluate, export or predict with,
       a checkpoint the config does not match, or one that cannot be written.
@@ -147,14 +152,16 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
     config = for_this_task(config_lib.validate(config))
     _free_earlier_runs()
     strategy = create_strategy(config)
-    workdir = reachable_workdir(workdir)
+    outputs = vertex.output_dirs(workdir)
+    workdir = reachable_workdir(outputs.workdir)
+    vertex.check_writable(outputs)
     if config.mode == "continuous_eval":
-      return _continuous_eval_result(config, strategy, workdir)
+      return _continuous_eval_result(config, strategy, workdir, outputs.summary_dir)
     if config.mode == "predict":
       return _predict_result(config, strategy, workdir)
     with (
         _workdir_for(config, strategy, workdir) as workdir,
-        _restored_trainer(config, strategy, workdir) as (trainer, train_data),
+        _restored_trainer(config, strategy, workdir, outputs.summary_dir) as (trainer, train_data),
     ):
       eval_data = None  # The eval split, made once where the mode uses it.
       if config.mode != "train":
@@ -181,8 +188,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
           )
       if config.mode == "eval" or (config.mode == "train_and_eval" and not eval_metrics):
         eval_metrics = trainer.evaluate(eval_data, **evaluation)
-      if config.mode == "export":
-        export_path = trainer.export(os.path.join(workdir, EXPORT_DIR), data=eval_data)
+      if config.mode == "export" or (config.mode in TRAINING_MODES and outputs.export_dir):
+        export_path = trainer.export(outputs.export_dir or os.path.join(workdir, EXPORT_DIR), data=eval_data)
       outcome = (train_metrics or None, eval_metrics, checkpoints.latest(workdir), export_path)
       return _result(config, trainer, workdir, trainer.global_step, outcome)
 
@@ -219,7 +226,7 @@ def for_this_task(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
 
 
 def _continuous_eval_result(
-    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None, summary_dir: str | None
 ) -> RunResult:
   """Runs mode 'continuous_eval': the evaluator beside a trainer (`runner.training.continuous_eval`).
 
@@ -237,7 +244,7 @@ def _continuous_eval_result(
         "Mode 'continuous_eval' evaluates the checkpoints a training run writes to its workdir: give that "
         "workdir (--workdir=DIR, or runner.run(config, workdir))."
     )
-  trainer = create_trainer(config, strategy, workdir)
+  trainer = create_trainer(config, strategy, workdir, summary_dir=summary_dir)
   with contextlib.closing(trainer):
     last = continuous_eval_lib.evaluate_new_checkpoints(
         trainer,
@@ -361,14 +368,14 @@ def _workdir_for(
 
 @contextlib.contextmanager
 def _restored_trainer(
-    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str, summary_dir: str | None
 ) -> Iterator[tuple[Trainer, input_pipeline.PreparedData]]:
   """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
 
   Yields `(trainer, train_data)`; closes the Trainer (`Trainer.close`) after.
   """
   train_data, previous = check_resumable(config, workdir)
-  trainer = create_trainer(config, strategy, workdir)
+  trainer = create_trainer(config, strategy, workdir, summary_dir=summary_dir)
   with contextlib.closing(trainer):
     step = trainer.restore(data=train_data)
     if strategy.extended.should_checkpoint:
@@ -542,8 +549,14 @@ def _prepared(config: ml_collections.ConfigDict, split: str, purpose: str) -> in
   return prepared
 
 
-def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None) -> Trainer:
-  """Returns the Trainer that `config` describes, writing to `workdir`.
+def create_trainer(
+    config: ml_collections.ConfigDict,
+    strategy: tf.distribute.Strategy,
+    workdir: str | None,
+    *,
+    summary_dir: str | None = None,
+) -> Trainer:
+  """Returns the Trainer that `config` describes, writing to `workdir` (its summaries to `summary_dir`, if given).
 
   Raises:
     ConfigError: the task or model function returned the wrong kind of object.
@@ -566,4 +579,4 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
     return optimizers.create(config.optimizer, config.trainer.train_steps, keras_version.module)
 
   options = trainer_options.config_arguments(config, workdir)
-  return Trainer(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, **options)
+  return Trainer(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, summary_dir=summary_dir, **options)

@@ -81,6 +81,7 @@ SCHEMA: dict[str, dict[str, tuple[Any, Callable[[Any, str], Any] | None]]] = {
         "best_metric": (str, None),  # None, or the eval result by which WORKDIR/best/ keeps the best model.
         "best_mode": (str, lambda value, what: value is None or checks.one_of(value, ("max", "min"), what)),
         "export_every": (int, _OPTIONAL),  # Also export every this many steps (a multiple of steps_per_loop).
+        "report_metric": (str, None),  # None, or the eval result reported for Vertex AI tuning (outputs.hypertune).
         # Mode continuous_eval ends after this long with no new checkpoint.
         "eval_timeout_seconds": (3600.0, checks.positive_number),
     },
@@ -268,11 +269,12 @@ def validate(config: Any) -> ml_collections.ConfigDict:
           f"{trainer.steps_per_loop}: the trainer evaluates, checkpoints and exports between loops of "
           f"steps_per_loop steps. Use a multiple such as {multiple}."
       )
-  if trainer.best_metric is not None and config.mode == "train":
-    raise ConfigError(
-        f"config.trainer.best_metric={trainer.best_metric!r} keeps the best evaluation during training, and mode "
-        "'train' does not evaluate; use mode 'train_and_eval' (with config.trainer.eval_every) or best_metric=None."
-    )
+  for field, use in (("best_metric", "keeps the best"), ("report_metric", "reports each")):
+    if trainer[field] is not None and config.mode == "train":
+      raise ConfigError(
+          f"config.trainer.{field}={trainer[field]!r} {use} evaluation during training, and mode 'train' does not "
+          f"evaluate; use mode 'train_and_eval' (with config.trainer.eval_every) or {field}=None."
+      )
   if config.data.service is not None and config.strategy.name == "parameter_server":
     raise ConfigError(data_service.NOT_UNDER_PARAMETER_SERVERS)
   if trainer.profile_steps is not None and trainer.profile_steps[1] > trainer.train_steps:

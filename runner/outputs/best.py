@@ -39,6 +39,20 @@ def mode_for(metric: str, mode: str | None) -> str:
   return ("min" if "loss" in metric else "max") if mode is None else checks.one_of(mode, ("max", "min"), "best_mode")
 
 
+def check_result(metric: str, reported: Sequence[str], *, field: str) -> str:
+  """Returns `metric` if it is among `reported`, the evaluation's results; `field` names the option that gives it.
+
+  Raises:
+    ConfigError: it is not; the message names `reported` (with a did-you-mean).
+  """
+  if metric not in reported:
+    raise ConfigError(
+        f"{field}={metric!r} is not a result of the evaluation.{checks.did_you_mean(metric, reported)} "
+        f"The evaluation reports: {', '.join(reported)}."
+    )
+  return metric
+
+
 def read(model_dir: str) -> dict[str, Any] | None:
   """Returns the best under `model_dir`: best.json's `step`, `metric` and `value`, and `checkpoint`; or None.
 
@@ -104,12 +118,7 @@ class BestCheckpoint(Action):
     Raises:
       ConfigError: `metric` is not among `reported` (all named), or `mode` is invalid.
     """
-    if metric not in reported:
-      raise ConfigError(
-          f"best_metric={metric!r} is not a result of the evaluation.{checks.did_you_mean(metric, reported)} "
-          f"The evaluation reports: {', '.join(reported)}."
-      )
-    self.metric, self.mode = metric, mode_for(metric, mode)
+    self.metric, self.mode = check_result(metric, reported, field="best_metric"), mode_for(metric, mode)
     self._strategy, self._model_dir = strategy, model_dir
     self._save_checkpoint, self._export = save_checkpoint, export
     info = read(model_dir) or {"metric": metric, "value": None}

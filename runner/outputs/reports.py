@@ -52,8 +52,9 @@ class Reporter:
   """Reports each train loop and each evaluation.
 
   Every worker logs one progress line per report. The chief (alone) also
-  writes, under `model_dir`, TensorBoard scalars to `summaries/train` and
-  `summaries/eval`, and one JSON object per report to `metrics.jsonl`:
+  writes TensorBoard scalars to `summaries/train` and `summaries/eval` under
+  `model_dir` (or `train` and `eval` under `summary_dir`), and one JSON object
+  per report to `model_dir/metrics.jsonl`:
   `{"split": "train" | "eval", "step": int, "loss": float, <metric>: float, ...}`,
   train rows with `steps_per_sec` and `examples_per_sec`, eval rows with
   `num_examples`. Rows go through `metrics_file.Appender`: on a local
@@ -71,14 +72,16 @@ class Reporter:
   purge: TensorBoard shows both runs' points for the replayed steps.
   """
 
-  def __init__(self, model_dir: str | None, *, is_chief: bool) -> None:
+  def __init__(self, model_dir: str | None, *, is_chief: bool, summary_dir: str | None = None) -> None:
     """Initializes the `Reporter`.
 
     Args:
       model_dir: the run's directory, or None to only log.
       is_chief: whether this worker writes files.
+      summary_dir: where the TensorBoard summaries go; None: `model_dir/summaries`.
     """
     self._dir = model_dir if is_chief else None
+    self._summary_dir = summary_dir or os.path.join(model_dir or "", "summaries")
     self._rows = None if self._dir is None else metrics_file.Appender(self._dir)
     self._scalars: dict[str, _BufferedScalars] = {}  # split -> _BufferedScalars
     self._resumed = False  # Whether `resume_at` was called.
@@ -133,6 +136,10 @@ class Reporter:
     logging.info("eval at step %d: %s (%.1f s)", step, _formatted(results), seconds)
     self._write("eval", step, results, results)
 
+  def summaries_of(self, split: str) -> str:
+    """Returns the directory of the TensorBoard summaries of `split` ('train' or 'eval')."""
+    return os.path.join(self._summary_dir, split)
+
   def flush(self) -> None:
     """Writes buffered TensorBoard scalars and `metrics.jsonl` rows to disk."""
     for scalars in self._scalars.values():
@@ -159,7 +166,7 @@ class Reporter:
       self._replayed_after = None
     self._rows.append({"split": split, "step": step, **row})
     if split not in self._scalars:
-      self._scalars[split] = _BufferedScalars(summary_dir(self._dir, split))
+      self._scalars[split] = _BufferedScalars(self.summaries_of(split))
     self._scalars[split].add(step, scalars)
 
 

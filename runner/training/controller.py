@@ -222,7 +222,8 @@ class InnerLoops:
     """Returns the outer loop of one `train` call, with the built-in actions around the user's.
 
     Order: report, exit on a stop request, evaluate (when due; at the last
-    step after a checkpoint), the best checkpoint, the user's actions, export
+    step after a checkpoint), the best checkpoint, the metric's report for
+    Vertex AI (`report_metric`), the user's actions, export
     and checkpoint (when due).
     `rewind(step)` gives the iterator from the batch of `step` (`TrainInput.iterator`).
     """
@@ -233,8 +234,8 @@ class InnerLoops:
     ]
     if eval_every is not None:
       actions.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=state.save))
-    best = () if state.best is None else (state.best,)
-    actions += [*best, *self._options.actions]
+    evaluated = tuple(action for action in (state.best, state.report) if action is not None)  # Also the final one.
+    actions += [*evaluated, *self._options.actions]
     if self._options.export_every is not None:
       export_to = functools.partial(export.export_saved_model, self._strategy, self._parts)
       actions.append(
@@ -262,7 +263,7 @@ class InnerLoops:
         is_chief=self._strategy.extended.should_checkpoint,
         single_worker=self._single_worker,
         profile=state.profile,
-        on_final_evaluation=best,
+        on_final_evaluation=evaluated,
     )
 
   def evaluate(

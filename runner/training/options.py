@@ -65,6 +65,12 @@ class TrainerOptions:
     data_service: None, or a `runner.data.service.DataService`: the
       training input's batches are made by that tf.data service's workers
       (evaluation input stays local); not under parameter servers.
+    report_metric: None, or an evaluation result ('loss' or a task metric's
+      name): after each evaluation during `train` the chief reports it for
+      Vertex AI's hyperparameter tuning (`runner.outputs.hypertune.ReportMetric`,
+      which checks it when the Trainer is made).
+    summary_dir: where the TensorBoard summaries go (`train/`, `eval/`);
+      None: `model_dir/summaries`.
     quiet: False shows the progress lines of `train`, `evaluate` and
       `export` on stderr as `python -m runner` does, also in a plain Python
       program (see `runner.outputs.progress_output`); True shows only
@@ -90,6 +96,8 @@ class TrainerOptions:
   best_mode: str | None = None
   export_every: int | None = None
   data_service: service_lib.DataService | None = None
+  report_metric: str | None = None
+  summary_dir: str | None = None
   quiet: bool = False
 
   def __post_init__(self) -> None:
@@ -122,6 +130,7 @@ class TrainerOptions:
         ("profile_steps", "the trace"),
         ("best_metric", "the best checkpoint"),
         ("export_every", "the exports"),
+        ("summary_dir", "metrics.jsonl beside the summaries"),
     ):
       if getattr(self, name) is not None and self.model_dir is None:
         raise ConfigError(f"{name}={getattr(self, name)} needs a model_dir to write {needs} to.")

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from runner.outputs import best
 from runner.outputs import checkpoints
+from runner.outputs import hypertune
 from runner.outputs import profiling
 from runner.outputs import reports
 from runner.training import export
@@ -27,6 +28,7 @@ class RunState:
     checkpoints: the `checkpoints.Checkpoints` of `model_dir`, or None.
     reporter: the `reports.Reporter` of the progress lines, summaries and metrics.jsonl.
     best: the `best.BestCheckpoint` of the option `best_metric`, or None.
+    report: the `hypertune.ReportMetric` of the option `report_metric`, or None.
     profile: the `profiling.ProfileWindow` of `profile_steps` (on the chief only), or None.
   """
 
@@ -48,6 +50,7 @@ class RunState:
           max_to_keep=options.max_to_keep,
           asynchronous=options.async_checkpoints,
       )
+    reported = ["loss", *(metric.name for metric in parts.metrics)]
     self.best = None
     if options.best_metric is not None and self.checkpoints is not None:  # (best_metric needs a model_dir)
       self.best = best.BestCheckpoint(
@@ -55,18 +58,19 @@ class RunState:
           options.model_dir,
           metric=options.best_metric,
           mode=options.best_mode,
-          reported=["loss", *(metric.name for metric in parts.metrics)],
+          reported=reported,
           save_checkpoint=self.checkpoints.write,
           export=functools.partial(export.export_saved_model, strategy, parts),
       )
+    self.report = None
+    if options.report_metric is not None:
+      self.report = hypertune.ReportMetric(options.report_metric, reported=reported)
     is_chief = strategy.extended.should_checkpoint
-    self.reporter = reports.Reporter(options.model_dir, is_chief=is_chief)
+    self.reporter = reports.Reporter(options.model_dir, is_chief=is_chief, summary_dir=options.summary_dir)
     self.profile = None  # Only the chief profiles (itself: the host where it runs, and its devices).
     if options.profile_steps is not None and is_chief:
       first, last = options.profile_steps
-      self.profile = profiling.ProfileWindow(
-          first=first, last=last, logdir=reports.summary_dir(options.model_dir, "train")
-      )
+      self.profile = profiling.ProfileWindow(first=first, last=last, logdir=self.reporter.summaries_of("train"))
 
   def advance(self, step: int, train_results: Mapping[str, float]) -> None:
     """Notes the step a train loop reached and its results."""

@@ -81,6 +81,8 @@ class Trainer:
       best_mode: str | None = None,
       export_every: int | None = None,
       data_service: service_lib.DataService | None = None,
+      report_metric: str | None = None,
+      summary_dir: str | None = None,
       quiet: bool = False,
   ) -> None:
     """Makes the model, optimizer and metrics in `strategy.scope()`.
@@ -95,8 +97,8 @@ class Trainer:
       task: a `runner.Task`: the per-example loss and the metrics.
       model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
         gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every, data_service,
-        quiet: the options, made once into one `runner.training.options.TrainerOptions`, whose doc says what each
-        does.
+        report_metric, summary_dir, quiet: the options, made once into one `runner.training.options.TrainerOptions`,
+        whose doc says what each does.
 
     Raises:
       ConfigError: an argument is invalid (`jit_compile` under parameter

@@ -374,8 +374,8 @@ def test_a_typo_in_an_override_is_one_line_without_traceback(cli_runs):
   assert _error_lines(stderr) == [
       "error: Override 'trainer.train_step=300': config.trainer has no field 'train_step'. Did you mean "
       "'train_steps'? Fields of config.trainer: async_checkpoints, best_metric, best_mode, checkpoint_every, eval_every, "
-      "eval_steps, eval_timeout_seconds, export_every, jit_compile, max_to_keep, precision, profile_steps, seed, "
-      "steps_per_loop, train_steps."
+      "eval_steps, eval_timeout_seconds, export_every, jit_compile, max_to_keep, precision, profile_steps, report_metric, "
+      "seed, steps_per_loop, train_steps."
   ]
   assert not workdir.exists()
 

@@ -97,6 +97,7 @@ def test_default_config_has_every_field_of_the_design_with_a_default():
       "best_metric",
       "best_mode",
       "export_every",
+      "report_metric",
       "eval_timeout_seconds",
   }
   assert config.mode == "train_and_eval"
