@@ -1,6 +1,6 @@
 """`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 import contextlib
 import copy
 import dataclasses
@@ -93,7 +93,9 @@ class RunResult:
   predictions_path: str | None = None
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:
+def run(
+    config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False, actions: Sequence[Any] = ()
+) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval', 'export', 'continuous_eval' or 'predict').
 
   The config is validated before any TensorFlow device work; then the
@@ -127,6 +129,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       run lasts: the workdir, a line per train loop and per evaluation, the
       checkpoints (absl INFO logs; see `progress_output`). True shows only
       warnings and errors.
+    actions: `runner.actions.Action`s of a training run, after the built-in
+      ones (the Trainer's `actions`; `ray_train.tune` reports each evaluation so).
 
   Returns:
     A `RunResult`.
@@ -154,7 +158,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       return _predict_result(config, strategy, workdir)
     with (
         _workdir_for(config, strategy, workdir) as workdir,
-        _restored_trainer(config, strategy, workdir) as (trainer, train_data),
+        _restored_trainer(config, strategy, workdir, actions) as (trainer, train_data),
     ):
       eval_data = None  # The eval split, made once where the mode uses it.
       if config.mode != "train":
@@ -359,14 +363,14 @@ def _workdir_for(
 
 @contextlib.contextmanager
 def _restored_trainer(
-    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str
+    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str, actions: Sequence[Any] = ()
 ) -> Iterator[tuple[Trainer, input_pipeline.PreparedData]]:
   """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
 
   Yields `(trainer, train_data)`; closes the Trainer (`Trainer.close`) after.
   """
   train_data, previous = check_resumable(config, workdir)
-  trainer = create_trainer(config, strategy, workdir)
+  trainer = create_trainer(config, strategy, workdir, actions)
   with contextlib.closing(trainer):
     step = trainer.restore(data=train_data)
     if strategy.extended.should_checkpoint:
@@ -540,8 +544,13 @@ def _prepared(config: ml_collections.ConfigDict, split: str, purpose: str) -> in
   return prepared
 
 
-def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str | None) -> Trainer:
-  """Returns the Trainer that `config` describes, writing to `workdir`.
+def create_trainer(
+    config: ml_collections.ConfigDict,
+    strategy: tf.distribute.Strategy,
+    workdir: str | None,
+    actions: Sequence[Any] = (),
+) -> Trainer:
+  """Returns the Trainer that `config` describes, writing to `workdir`, with `actions` after the built-in ones.
 
   Raises:
     ConfigError: the task or model function returned the wrong kind of object.
@@ -564,4 +573,4 @@ def create_trainer(config: ml_collections.ConfigDict, strategy: tf.distribute.St
     return optimizers.create(config.optimizer, config.trainer.train_steps, keras_version.module)
 
   options = trainer_options.config_arguments(config, workdir)
-  return Trainer(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, **options)
+  return Trainer(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, actions=actions, **options)

@@ -8,28 +8,39 @@ Ray once, at the end (`ray.train.report`, which every worker must call):
 the chief attaches a copy of the run's final checkpoint, so Ray keeps the
 chief's metrics in `Result.metrics` and that copy as `Result.checkpoint`.
 
+`tune` runs a Ray Tune sweep: one `runner.run` per sampled config, each
+evaluation reported to Tune, so its scheduler (ASHA, say) may stop a trial.
+
 Ray is imported only by these functions: the package never needs it
 (`pip install "tf-runner[ray]"` brings it).
 """
 
+import atexit
 from collections.abc import Iterator, Mapping
 import contextlib
 import os
 import tempfile
+import threading
 from typing import Any, TYPE_CHECKING
 
+from absl import logging
 import ml_collections
 import tensorflow as tf
 
 from runner import from_config
+from runner.config import registry
 from runner.config import run_config as config_lib
+from runner.interfaces import Action
+from runner.interfaces import LoopEnd
 from runner.outputs import checkpoint_list
 from runner.outputs import checkpoints
 from runner.workdir import remote
+from strategies import checks
 from strategies.errors import ConfigError
 
 if TYPE_CHECKING:
   import ray.train
+  import ray.tune
 
 MULTI_WORKER_STRATEGY = "multi_worker_mirrored"  # The strategy that reads Ray's TF_CONFIG: every task a worker.
 
@@ -196,3 +207,142 @@ def _absolute(workdir: Any) -> str:
     )
   workdir = remote.user_path(workdir)
   return workdir if remote.is_remote(workdir) else os.path.abspath(workdir)
+
+
+def tune(
+    config: ml_collections.ConfigDict,
+    *,
+    param_space: Mapping[str, Any],
+    num_samples: int,
+    metric: str,
+    mode: str,
+    workdir: str,
+    search_alg: Any = None,
+    scheduler: Any = None,
+) -> "ray.tune.ResultGrid":
+  """Tunes `config` with Ray Tune: `Tuner(trial, param_space=..., tune_config=TuneConfig(...)).fit()`.
+
+  Each trial runs `runner.run` (one worker, in the trial's Ray actor) on
+  `config` with the trial's values set, in its own workdir
+  `WORKDIR/trial_ID` (Tune's trial id), which holds the usual `config.json`,
+  `metrics.jsonl` and checkpoints; Tune keeps its own records in
+  `WORKDIR/ray_tune`. Every evaluation (those of `config.trainer.eval_every`
+  and the final one) is reported to Tune as its results (`loss`, the task's
+  metrics, `num_examples`) and `step`. A trial the scheduler stops ends as a
+  stopped run does: a checkpoint at the step of its last evaluation, which
+  is its last `metrics.jsonl` row, and the log line "Stopped by the Tune
+  scheduler". Everything is checked here, before any trial starts.
+
+  Args:
+    config: the base config, as `runner.load_config` returns it; its mode
+      'train_and_eval'.
+    param_space: {config path: value}, e.g. {'optimizer.learning_rate':
+      ray.tune.loguniform(1e-4, 1e-1)}: a Tune search space or a constant,
+      set as the override 'path=value' of `runner.load_config` would be.
+    num_samples: how many configs to sample (Tune's `TuneConfig.num_samples`).
+    metric: the evaluation result Tune ranks and schedules by: 'loss' or a
+      metric of the task.
+    mode: 'min' or 'max'.
+    workdir: the sweep's folder (made absolute; a URL such as `gs://...`
+      that every Ray node reaches on a cluster).
+    search_alg: a `ray.tune.search.Searcher`, or None (Tune's random and grid search).
+    scheduler: a `ray.tune.schedulers.TrialScheduler` such as
+      `ASHAScheduler()`, or None (every trial runs to its end).
+
+  Returns:
+    Tune's `ResultGrid`: a trial's `Result.metrics` are its last report,
+    `Result.path` Tune's trial folder; `get_best_result()` ranks by `metric`
+    and `mode`. A trial that failed holds its error (`Result.error`).
+
+  Raises:
+    ConfigError: a param_space path that is not a config field (with a
+      did-you-mean), a value of the wrong type, a metric the evaluation does
+      not produce, or another bad argument.
+  """
+  from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
+
+  config = config_lib.validate(config)
+  if config.mode != "train_and_eval":
+    raise ConfigError(f"config.mode={config.mode!r}: tune ranks trials by their evaluations; use 'train_and_eval'.")
+  if not isinstance(param_space, Mapping) or not param_space:
+    raise ConfigError(f"param_space must be a non-empty dict {{config path: value}}, got {param_space!r}.")
+  for path, value in param_space.items():
+    samples = [value]  # A constant; a sample of a search space, or every value of a grid, checks its type too.
+    if isinstance(value, ray_tune.search.sample.Domain):
+      samples = [value.sample()]
+    elif isinstance(value, Mapping) and "grid_search" in value:
+      samples = list(value["grid_search"])
+    try:
+      for sample in samples:
+        config_lib.overridden(config, {path: sample})
+    except ConfigError as error:
+      raise ConfigError(f"param_space[{path!r}]: {error}") from None
+  task = registry.resolve("task", config.task.name)(config.task)
+  results = ["loss", *(m.name for m in task.metrics()), "num_examples"]
+  if metric not in results:
+    raise ConfigError(
+        f"metric={metric!r} is not a result of the evaluation.{checks.did_you_mean(metric, results)} "
+        f"It reports: {', '.join(results)}."
+    )
+  workdir = _absolute(workdir)
+  tuner = ray_tune.Tuner(
+      ray_tune.with_parameters(_trial, base=config, workdir=workdir),
+      param_space=dict(param_space),
+      tune_config=ray_tune.TuneConfig(
+          metric=metric,
+          mode=checks.one_of(mode, ("min", "max"), "mode"),
+          num_samples=checks.positive_int(num_samples, "num_samples"),
+          search_alg=search_alg,
+          scheduler=scheduler,
+          reuse_actors=True,  # Trials one after another share a process: TensorFlow starts once.
+      ),
+      run_config=ray_tune.RunConfig(storage_path=workdir, name="ray_tune"),
+  )
+  return tuner.fit()
+
+
+class _ReportToTune(Action):
+  """After each evaluation: reports its results and `step` to Tune; ends training if Tune stopped the trial."""
+
+  def __init__(self) -> None:
+    self.step: int | None = None  # Of the last report.
+    self.stopped = False
+
+  def __call__(self, loop: LoopEnd) -> None:
+    """Reports `loop.eval_results`, if any; a stop of the scheduler ends training at this step (`loop.stop`)."""
+    if loop.eval_results is not None:
+      self.report(loop.eval_results, loop.step)
+      if self.stopped:
+        logging.warning(f"Stopped by the Tune scheduler at step {loop.step}: saving a checkpoint at this step.")
+        loop.stop()
+
+  def report(self, results: Mapping[str, float], step: int) -> None:
+    from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
+
+    self.step = step
+    try:
+      ray_tune.report({**results, "step": step})
+    except SystemExit:  # What `tune.report` raises once Tune has stopped the trial.
+      self.stopped = True
+
+
+def _trial(values: Mapping[str, Any], *, base: ml_collections.ConfigDict, workdir: str) -> None:
+  """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune."""
+  from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
+
+  report = _ReportToTune()
+  # A stopped trial's run saves and closes before its actor exits (`atexit`) or takes the next trial (Ray Tune
+  # waits TUNE_FUNCTION_THREAD_TIMEOUT_S for it, 2 by default, then fails the next trial).
+  os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "60")
+  ended = threading.Event()
+  atexit.register(ended.wait)
+  try:
+    trial_workdir = os.path.join(workdir, f"trial_{ray_tune.get_context().get_trial_id()}")
+    result = from_config.run(config_lib.overridden(base, values), trial_workdir, quiet=True, actions=[report])
+    if report.stopped:  # Saved: now end as Tune ends a stopped trial's thread, without its report of the end.
+      raise SystemExit(0)
+    if result.eval_metrics and result.global_step != report.step:  # The final evaluation.
+      report.report(result.eval_metrics, result.global_step)
+  finally:
+    ended.set()
+    atexit.unregister(ended.wait)
