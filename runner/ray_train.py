@@ -312,7 +312,7 @@ class _ReportToTune(Action):
     """Reports `loop.eval_results`, if any; a stop of the scheduler ends training at this step (`loop.stop`)."""
     if loop.eval_results is not None:
       self.report(loop.eval_results, loop.step)
-      if self.stopped:
+      if self.stopped and loop.step < loop.total_steps:
         logging.warning(f"Stopped by the Tune scheduler at step {loop.step}: saving a checkpoint at this step.")
         loop.stop()
 
@@ -339,10 +339,10 @@ def _trial(values: Mapping[str, Any], *, base: ml_collections.ConfigDict, workdi
   try:
     trial_workdir = os.path.join(workdir, f"trial_{ray_tune.get_context().get_trial_id()}")
     result = from_config.run(config_lib.overridden(base, values), trial_workdir, quiet=True, actions=[report])
+    if result.eval_metrics and result.global_step != report.step and not report.stopped:  # The final evaluation.
+      report.report(result.eval_metrics, result.global_step)
     if report.stopped:  # Saved: now end as Tune ends a stopped trial's thread, without its report of the end.
       raise SystemExit(0)
-    if result.eval_metrics and result.global_step != report.step:  # The final evaluation.
-      report.report(result.eval_metrics, result.global_step)
   finally:
     ended.set()
     atexit.unregister(ended.wait)
