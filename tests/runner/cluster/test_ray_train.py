@@ -223,13 +223,14 @@ def test_a_workdir_with_a_tilde_is_the_home_folder_for_every_ray_worker(monkeypa
 SLOW_LEARNING_RATE = 1e-6  # The trial the scheduler stops.
 
 
-def _tune_config():
+def _tune_config(*overrides):
   return _config(
-      "trainer.train_steps=6",
+      "trainer.train_steps=5",  # Evaluations at steps 2 and 4 (eval_every), and the final one at 5.
       "trainer.steps_per_loop=2",
       "trainer.eval_every=2",
       "data.num_examples=256",
       "data.num_eval_examples=64",
+      *overrides,
   )
 
 
@@ -286,8 +287,9 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
     reported = result.metrics_dataframe
     for name in ("step", "loss", "accuracy"):
       assert list(reported[name]) == [row[name] for row in evaluations], name
-    stop_step = 2 if learning_rate == SLOW_LEARNING_RATE else 6
-    assert [row["step"] for row in evaluations] == list(range(2, stop_step + 1, 2))
+    steps = [2] if learning_rate == SLOW_LEARNING_RATE else [2, 4, 5]
+    assert [row["step"] for row in evaluations] == steps
+    stop_step = steps[-1]
     assert checkpoints.latest(str(workdir)) == str(workdir / "checkpoints" / f"ckpt-{stop_step}")
     last_loss[learning_rate] = evaluations[-1]["loss"]
   best = grid.get_best_result()
@@ -295,32 +297,38 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
 
 
 @pytest.mark.parametrize(
-    ("param_space", "metric", "message"),
+    ("arguments", "message"),
     [
         (
-            {"trainer.train_step": 10},
-            "loss",
+            {"param_space": {"trainer.train_step": 10}},
             "param_space['trainer.train_step']: Override 'trainer.train_step=10': config.trainer has no field "
             "'train_step'. Did you mean 'train_steps'?",
         ),
         (
-            {"optimiser.learning_rate": 0.1},
-            "loss",
+            {"param_space": {"optimiser.learning_rate": 0.1}},
             "param_space['optimiser.learning_rate']: Override 'optimiser.learning_rate=0.1': config has no field "
             "'optimiser'. Did you mean 'optimizer'?",
         ),
         (
-            {"optimizer.learning_rate": 0.1},
-            "acuracy",
+            {"param_space": {"optimizer.learning_rate": {"grid_search": [0.1, "fast"]}}},
+            "param_space['optimizer.learning_rate']: Override \"optimizer.learning_rate='fast'\": "
+            "config.optimizer.learning_rate must be a float, got 'fast'.",
+        ),
+        ({"param_space": {}}, "param_space must be a non-empty dict {config path: value}, got {}."),
+        (
+            {"metric": "acuracy"},
             "metric='acuracy' is not a result of the evaluation. Did you mean 'accuracy'? It reports: loss, accuracy, "
             "num_examples.",
         ),
+        (
+            {"config": _tune_config("mode=train")},
+            "config.mode='train': tune ranks trials by their evaluations; use 'train_and_eval'.",
+        ),
     ],
 )
-def test_tune_refuses_bad_input_before_any_trial(param_space, metric, message, tmp_path):
+def test_tune_refuses_bad_input_before_any_trial(arguments, message, tmp_path):
+  arguments = {"config": _tune_config(), "param_space": {"optimizer.learning_rate": 0.1}, "metric": "loss", **arguments}
   with pytest.raises(ConfigError) as error:
-    ray_train.tune(
-        _tune_config(), param_space=param_space, num_samples=1, metric=metric, mode="min", workdir=str(tmp_path)
-    )
+    ray_train.tune(**arguments, num_samples=1, mode="min", workdir=str(tmp_path))
   assert str(error.value).startswith(message)
   assert not os.listdir(tmp_path)
