@@ -1,6 +1,6 @@
 """`run(config)`: one config to a training run, and what it returns, `RunResult`."""
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 import contextlib
 import copy
 import dataclasses
@@ -95,7 +95,9 @@ class RunResult:
   predictions_path: str | None = None
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False) -> RunResult:
+def run(
+    config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet: bool = False, actions: Sequence[Any] = ()
+) -> RunResult:
   """Runs `config.mode` ('train', 'eval', 'train_and_eval', 'export', 'continuous_eval' or 'predict').
 
   The config is validated before any TensorFlow device work; then the
@@ -131,6 +133,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       run lasts: the workdir, a line per train loop and per evaluation, the
       checkpoints (absl INFO logs; see `progress_output`). True shows only
       warnings and errors.
+    actions: `runner.actions.Action`s of a training run, after the built-in
+      ones (the Trainer's `actions`; `ray_train.tune` reports each evaluation so).
 
   Returns:
     A `RunResult`.
@@ -161,7 +165,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None = None, *, quiet:
       return _predict_result(config, strategy, workdir)
     with (
         _workdir_for(config, strategy, workdir) as workdir,
-        _restored_trainer(config, strategy, workdir, outputs.summary_dir) as (trainer, train_data),
+        _restored_trainer(config, strategy, workdir, outputs.summary_dir, actions) as (trainer, train_data),
     ):
       eval_data = None  # The eval split, made once where the mode uses it.
       if config.mode != "train":
@@ -368,14 +372,18 @@ def _workdir_for(
 
 @contextlib.contextmanager
 def _restored_trainer(
-    config: ml_collections.ConfigDict, strategy: tf.distribute.Strategy, workdir: str, summary_dir: str | None
+    config: ml_collections.ConfigDict,
+    strategy: tf.distribute.Strategy,
+    workdir: str,
+    summary_dir: str | None,
+    actions: Sequence[Any] = (),
 ) -> Iterator[tuple[Trainer, input_pipeline.PreparedData]]:
   """Builds the Trainer, checks the config against the workdir's checkpoint, restores it, records the config.
 
   Yields `(trainer, train_data)`; closes the Trainer (`Trainer.close`) after.
   """
   train_data, previous = check_resumable(config, workdir)
-  trainer = create_trainer(config, strategy, workdir, summary_dir=summary_dir)
+  trainer = create_trainer(config, strategy, workdir, summary_dir=summary_dir, actions=actions)
   with contextlib.closing(trainer):
     step = trainer.restore(data=train_data)
     if strategy.extended.should_checkpoint:
@@ -555,8 +563,11 @@ def create_trainer(
     workdir: str | None,
     *,
     summary_dir: str | None = None,
+    actions: Sequence[Any] = (),
 ) -> Trainer:
-  """Returns the Trainer that `config` describes, writing to `workdir` (its summaries to `summary_dir`, if given).
+  """Returns the Trainer that `config` describes, writing to `workdir`, with `actions` after the built-in ones.
+
+  Its summaries go to `summary_dir` if given (else `workdir/summaries`).
 
   Raises:
     ConfigError: the task or model function returned the wrong kind of object.
@@ -579,4 +590,12 @@ def create_trainer(
     return optimizers.create(config.optimizer, config.trainer.train_steps, keras_version.module)
 
   options = trainer_options.config_arguments(config, workdir)
-  return Trainer(strategy, model_fn=model_fn, optimizer_fn=optimizer_fn, task=task, summary_dir=summary_dir, **options)
+  return Trainer(
+      strategy,
+      model_fn=model_fn,
+      optimizer_fn=optimizer_fn,
+      task=task,
+      summary_dir=summary_dir,
+      actions=actions,
+      **options,
+  )

@@ -8,28 +8,40 @@ Ray once, at the end (`ray.train.report`, which every worker must call):
 the chief attaches a copy of the run's final checkpoint, so Ray keeps the
 chief's metrics in `Result.metrics` and that copy as `Result.checkpoint`.
 
+`tune` runs a Ray Tune sweep: one `runner.run` (or 2-worker, say, Ray Train
+job) per sampled config, each evaluation reported to Tune, so its scheduler
+(ASHA, say) may stop a trial.
+
 Ray is imported only by these functions: the package never needs it
 (`pip install "tf-runner[ray]"` brings it).
 """
 
+import atexit
 from collections.abc import Iterator, Mapping
 import contextlib
 import os
 import tempfile
+import threading
 from typing import Any, TYPE_CHECKING
 
+from absl import logging
 import ml_collections
 import tensorflow as tf
 
 from runner import from_config
+from runner.config import registry
 from runner.config import run_config as config_lib
+from runner.interfaces import Action
+from runner.interfaces import LoopEnd
 from runner.outputs import checkpoint_list
 from runner.outputs import checkpoints
 from runner.workdir import remote
+from strategies import checks
 from strategies.errors import ConfigError
 
 if TYPE_CHECKING:
   import ray.train
+  import ray.tune
 
 MULTI_WORKER_STRATEGY = "multi_worker_mirrored"  # The strategy that reads Ray's TF_CONFIG: every task a worker.
 
@@ -196,3 +208,192 @@ def _absolute(workdir: Any) -> str:
     )
   workdir = remote.user_path(workdir)
   return workdir if remote.is_remote(workdir) else os.path.abspath(workdir)
+
+
+def tune(
+    config: ml_collections.ConfigDict,
+    *,
+    param_space: Mapping[str, Any],
+    num_samples: int,
+    metric: str,
+    mode: str,
+    workdir: str,
+    scaling_config: "ray.train.ScalingConfig | None" = None,
+    search_alg: Any = None,
+    scheduler: Any = None,
+) -> "ray.tune.ResultGrid":
+  """Tunes `config` with Ray Tune: `Tuner(trial, param_space=..., tune_config=TuneConfig(...)).fit()`.
+
+  Each trial runs `runner.run` (one worker, in the trial's Ray actor; or,
+  with `scaling_config`, a Ray Train job as `run` starts) on `config` with
+  the trial's values set, in its own workdir
+  `WORKDIR/trial_ID` (Tune's trial id), which holds the usual `config.json`,
+  `metrics.jsonl` and checkpoints; Tune keeps its own records in
+  `WORKDIR/ray_tune`. Every evaluation (those of `config.trainer.eval_every`
+  and the final one) is reported to Tune as its results (`loss`, the task's
+  metrics, `num_examples`) and `step`. A trial the scheduler stops ends as a
+  stopped run does: a checkpoint at the step of its last evaluation, which
+  is its last `metrics.jsonl` row, and the log line "Stopped by the Tune
+  scheduler". A trial that is a Ray Train job (`scaling_config`) does not
+  save at the stop: Ray ends its workers where they are (at most a few
+  steps on), and its workdir keeps its last periodic checkpoint
+  (`config.trainer.checkpoint_every`). Everything is checked here, before
+  any trial starts.
+
+  Args:
+    config: the base config, as `runner.load_config` returns it; its mode
+      'train_and_eval'.
+    param_space: {config path: value}, e.g. {'optimizer.learning_rate':
+      ray.tune.loguniform(1e-4, 1e-1)}: a Tune search space or a constant,
+      set as the override 'path=value' of `runner.load_config` would be.
+    num_samples: how many configs to sample (Tune's `TuneConfig.num_samples`).
+    metric: the evaluation result Tune ranks and schedules by: 'loss' or a
+      metric of the task.
+    mode: 'min' or 'max'.
+    workdir: the sweep's folder (made absolute; a URL such as `gs://...`
+      that every Ray node reaches on a cluster).
+    scaling_config: None (a trial is one worker), or Ray's `ScalingConfig`
+      of each trial's Ray Train job, checked as `run` checks it.
+    search_alg: a `ray.tune.search.Searcher`, or None (Tune's random and grid search).
+    scheduler: a `ray.tune.schedulers.TrialScheduler` such as
+      `ASHAScheduler()`, or None (every trial runs to its end).
+
+  Returns:
+    Tune's `ResultGrid`: a trial's `Result.metrics` are its last report,
+    `Result.path` Tune's trial folder; `get_best_result()` ranks by `metric`
+    and `mode`. A trial that failed holds its error (`Result.error`).
+
+  Raises:
+    ConfigError: a param_space path that is not a config field (with a
+      did-you-mean), a value of the wrong type, a metric the evaluation does
+      not produce, or another bad argument.
+  """
+  from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
+
+  config = config_lib.validate(config)
+  if config.mode != "train_and_eval":
+    raise ConfigError(f"config.mode={config.mode!r}: tune ranks trials by their evaluations; use 'train_and_eval'.")
+  if not isinstance(param_space, Mapping) or not param_space:
+    raise ConfigError(f"param_space must be a non-empty dict {{config path: value}}, got {param_space!r}.")
+  for path, value in param_space.items():
+    samples = [value]  # A constant; a sample of a search space, or every value of a grid, checks its type too.
+    if isinstance(value, ray_tune.search.sample.Domain):
+      samples = [value.sample()]
+    elif isinstance(value, Mapping) and "grid_search" in value:
+      samples = list(value["grid_search"])
+    try:
+      for sample in samples:
+        config_lib.overridden(config, {path: sample})
+    except ConfigError as error:
+      raise ConfigError(f"param_space[{path!r}]: {error}") from None
+  task = registry.resolve("task", config.task.name)(config.task)
+  results = ["loss", *(m.name for m in task.metrics()), "num_examples"]
+  if metric not in results:
+    raise ConfigError(
+        f"metric={metric!r} is not a result of the evaluation.{checks.did_you_mean(metric, results)} "
+        f"It reports: {', '.join(results)}."
+    )
+  if scaling_config is not None:
+    _checked(config, scaling_config.num_workers)
+  workdir = _absolute(workdir)
+  tuner = ray_tune.Tuner(
+      ray_tune.with_parameters(_trial, base=config, workdir=workdir, scaling_config=scaling_config),
+      param_space=dict(param_space),
+      tune_config=ray_tune.TuneConfig(
+          metric=metric,
+          mode=checks.one_of(mode, ("min", "max"), "mode"),
+          num_samples=checks.positive_int(num_samples, "num_samples"),
+          search_alg=search_alg,
+          scheduler=scheduler,
+          reuse_actors=scaling_config is None,  # Trials one after another share a process: TensorFlow starts once.
+      ),
+      run_config=ray_tune.RunConfig(storage_path=workdir, name="ray_tune"),
+  )
+  return tuner.fit()
+
+
+class _ReportToTune(Action):
+  """After each evaluation: reports its results and `step` (`report`); ends training if Tune stopped the trial."""
+
+  def __init__(self, report: Any) -> None:
+    self._report = report  # `ray.tune.report`, or on a Ray Train worker `ray.train.report`.
+    self.step: int | None = None  # Of the last report.
+    self.stopped = False
+
+  def __call__(self, loop: LoopEnd) -> None:
+    """Reports `loop.eval_results`, if any; a stop of the scheduler ends training at this step (`loop.stop`)."""
+    if loop.eval_results is not None:
+      self.report(loop.eval_results, loop.step)
+      if self.stopped and loop.step < loop.total_steps:
+        logging.warning(f"Stopped by the Tune scheduler at step {loop.step}: saving a checkpoint at this step.")
+        loop.stop()
+
+  def report(self, results: Mapping[str, float], step: int) -> None:
+    self.step = step
+    try:
+      self._report({**results, "step": step})
+    except SystemExit:  # What `tune.report` raises once Tune has stopped the trial.
+      self.stopped = True
+
+
+def _run_reporting(config: ml_collections.ConfigDict, workdir: str, report: Any) -> _ReportToTune:
+  """`runner.run(config, workdir)` with each evaluation, the final one too, passed to `report`."""
+  reporter = _ReportToTune(report)
+  result = from_config.run(config, workdir, quiet=True, actions=[reporter])
+  if result.eval_metrics and result.global_step != reporter.step and not reporter.stopped:  # The final evaluation.
+    reporter.report(result.eval_metrics, result.global_step)
+  return reporter
+
+
+def _trial_per_worker(loop_config: Mapping[str, Any]) -> None:
+  """A Ray Train worker of a `tune` trial: each evaluation goes to `ray.train.report` (rank 0's on to Tune)."""
+  import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
+
+  _run_reporting(loop_config["config"], loop_config["workdir"], ray.train.report)
+
+
+def _trial(
+    values: Mapping[str, Any],
+    *,
+    base: ml_collections.ConfigDict,
+    workdir: str,
+    scaling_config: "ray.train.ScalingConfig | None" = None,
+) -> None:
+  """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune.
+
+  With `scaling_config`, a Ray Train job whose workers report with `ray.train.report`, forwarded to Tune by
+  `TuneReportCallback` (Ray's way to run Train in a Tune trial). A stop of the scheduler ends this trial's actor,
+  and with it the job, which it owns.
+  """
+  from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
+
+  config = config_lib.overridden(base, values)
+  trial_id = ray_tune.get_context().get_trial_id()
+  trial_workdir = os.path.join(workdir, f"trial_{trial_id}")
+  if scaling_config is not None:
+    import ray.train  # noqa: PLC0415
+    from ray.train.tensorflow import TensorflowTrainer  # noqa: PLC0415
+    from ray.tune.integration.ray_train import TuneReportCallback  # noqa: PLC0415
+
+    trainer = TensorflowTrainer(
+        _trial_per_worker,
+        train_loop_config={"config": config, "workdir": trial_workdir},
+        scaling_config=scaling_config,
+        run_config=ray.train.RunConfig(
+            name=f"trial_{trial_id}", storage_path=os.path.join(workdir, "ray_train"), callbacks=[TuneReportCallback()]
+        ),
+    )
+    with _workers_user_errors_raised():
+      trainer.fit()
+    return
+  # A stopped trial's run saves and closes before its actor exits (`atexit`) or takes the next trial (Ray Tune
+  # waits TUNE_FUNCTION_THREAD_TIMEOUT_S for it, 2 by default, then fails the next trial).
+  os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "60")
+  ended = threading.Event()
+  atexit.register(ended.wait)
+  try:
+    if _run_reporting(config, trial_workdir, ray_tune.report).stopped:
+      raise SystemExit(0)  # Saved: now end as Tune ends a stopped trial's thread, without its report of the end.
+  finally:
+    ended.set()
+    atexit.unregister(ended.wait)

@@ -331,6 +331,20 @@ def load_config(path: str, overrides: Iterable[str] | Mapping[str, Any] = ()) ->
         f"Config file {file_path!r}: {call} returned {reprlib.repr(config)} ({type(config).__name__}); "
         "it must return an ml_collections.ConfigDict."
     )
+  return overridden(config, overrides)
+
+
+def overridden(config: Any, overrides: Iterable[str] | Mapping[str, Any] = ()) -> ml_collections.ConfigDict:
+  """Returns a copy of `config` with `overrides` set, then completed, checked and locked (`validate`).
+
+  The overrides of `load_config` (and of `--config.section.field=value`):
+  'section.field=value' strings or a mapping {'section.field': value}; a
+  new dataset, model or task name first, so the others may set its own fields.
+
+  Raises:
+    ConfigError: an unknown field (with a did-you-mean), a value of the wrong
+      type, or any check of `validate`.
+  """
   config = _complete(config)
   if isinstance(overrides, str):
     raise ConfigError(f"overrides must be a list of 'section.field=value' strings, got the string {overrides!r}.")

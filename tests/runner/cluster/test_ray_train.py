@@ -1,10 +1,13 @@
-"""Ray Train, for real and on loopback: the driver script of docs/clusters.md trains one 2-worker job.
+"""Ray Train and Ray Tune, for real and on loopback.
 
-The script runs as it stands in the docs, in a child process that starts a
-local Ray on 127.0.0.1 only (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`), with two
-`TensorflowTrainer` CPU workers that each run `runner.run`; beside it, the
-same job through `python -m runner.launch --workers=2`. Ray's processes are found
-by the `RAY_TMPDIR` in their environment and must all be gone at the end.
+The driver script of docs/clusters.md trains one 2-worker job: it runs as it
+stands in the docs, in a child process that starts a local Ray on 127.0.0.1
+only (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`), with two `TensorflowTrainer` CPU
+workers that each run `runner.run`; beside it, the same job through
+`python -m runner.launch --workers=2`. `ray_train.tune` runs 3 trials in a Ray
+that this process starts, on 127.0.0.1 only too, then one trial that is a
+2-worker Ray Train job in a second such Ray. Ray's processes are found by
+the `RAY_TMPDIR` in their environment and must all be gone at the end.
 """
 
 import json
@@ -21,11 +24,14 @@ import pytest
 
 import runner
 from runner import ray_train
+from runner.outputs import checkpoints
 from strategies import ConfigError
 from testlib import paths
 from testlib import process_testlib
 from testlib import reference_runs
 
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Read at `import ray`: a local Ray on 127.0.0.1.
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 ray_train_api = pytest.importorskip("ray.train", reason="Ray is not installed: pip install -e '.[ray]'")
 
 REPO = paths.REPO
@@ -213,3 +219,145 @@ def test_a_workdir_with_a_tilde_is_the_home_folder_for_every_ray_worker(monkeypa
   monkeypatch.setenv("HOME", str(tmp_path))
   assert ray_train._absolute("~/runs/x") == str(tmp_path / "runs" / "x")
   assert ray_train._absolute("gs://bucket/~x") == "gs://bucket/~x"
+
+
+SLOW_LEARNING_RATE = 1e-6  # The trial the scheduler stops.
+
+
+def _tune_config(*overrides):
+  return _config(
+      "trainer.train_steps=5",  # Evaluations at steps 2 and 4 (eval_every), and the final one at 5.
+      "trainer.steps_per_loop=2",
+      "trainer.eval_every=2",
+      "data.num_examples=256",
+      "data.num_eval_examples=64",
+      *overrides,
+  )
+
+
+@pytest.mark.ray
+def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_stops_one(tmp_path):
+  from ray import tune  # noqa: PLC0415  Ray is imported above (it is optional).
+  from ray.tune.schedulers import FIFOScheduler  # noqa: PLC0415
+
+  class StopsTheSlowTrial(FIFOScheduler):
+    """Tune's scheduler, forced: STOP for the slow trial at its first result."""
+
+    def on_trial_result(self, tune_controller, trial, result):
+      if trial.config["optimizer.learning_rate"] == SLOW_LEARNING_RATE:
+        return self.STOP
+      return super().on_trial_result(tune_controller, trial, result)
+
+  ray_tmpdir = tempfile.mkdtemp(prefix="tf-runner-ray-", dir="/tmp")  # Short: Ray's Unix sockets are in it.
+  (tmp_path / "home").mkdir()
+  with pytest.MonkeyPatch.context() as patch:
+    patch.delenv("RAY_ADDRESS", raising=False)
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmpdir, "HOME": str(tmp_path / "home")}
+    env["PYTHONPATH"] = paths.subprocess_environment()["PYTHONPATH"]  # The trials import this repository.
+    for name, value in env.items():
+      patch.setenv(name, value)
+    try:
+      # One CPU: the trials run one after another, in one actor that tune reuses.
+      context = ray.init(address="local", include_dashboard=False, num_cpus=1, log_to_driver=False)
+      grid = ray_train.tune(
+          _tune_config(),
+          param_space={"optimizer.learning_rate": tune.grid_search([3e-3, SLOW_LEARNING_RATE, 3e-2])},
+          num_samples=1,
+          metric="loss",
+          mode="min",
+          workdir=str(tmp_path / "sweep"),
+          scheduler=StopsTheSlowTrial(),
+      )
+      ray.shutdown()
+      # Three CPUs: one trial's actor, which drives its Ray Train job, and the job's 2 workers.
+      ray.init(address="local", include_dashboard=False, num_cpus=3, log_to_driver=False)
+      scaled_grid = ray_train.tune(
+          _tune_config("strategy.name=multi_worker_mirrored"),
+          param_space={"optimizer.learning_rate": 3e-3},
+          num_samples=1,
+          metric="loss",
+          mode="min",
+          workdir=str(tmp_path / "scaled_sweep"),
+          scaling_config=ray_train_api.ScalingConfig(num_workers=2),  # A CPU each.
+      )
+    finally:
+      ray.shutdown()
+      left = _ray_processes(ray_tmpdir)
+      _kill(left)
+      shutil.rmtree(ray_tmpdir, ignore_errors=True)
+  assert not left, f"Ray processes left running: {left}"
+  assert context.address_info["node_ip_address"] == "127.0.0.1"
+  assert LOOPBACK_ADDRESS.match(context.address_info["gcs_address"]), context.address_info
+
+  assert len(grid) == 3 and not grid.errors
+  last_loss = {}
+  for result in grid:
+    learning_rate = result.config["optimizer.learning_rate"]
+    workdir = tmp_path / "sweep" / f"trial_{result.metrics['trial_id']}"
+    with open(workdir / "config.json", encoding="utf-8") as f:
+      assert json.load(f)["optimizer"]["learning_rate"] == learning_rate
+    evaluations = [row for row in process_testlib.metrics_rows(workdir) if row["split"] == "eval"]
+    reported = result.metrics_dataframe
+    for name in ("step", "loss", "accuracy"):
+      assert list(reported[name]) == [row[name] for row in evaluations], name
+    steps = [2] if learning_rate == SLOW_LEARNING_RATE else [2, 4, 5]
+    assert [row["step"] for row in evaluations] == steps
+    stop_step = steps[-1]
+    assert checkpoints.latest(str(workdir)) == str(workdir / "checkpoints" / f"ckpt-{stop_step}")
+    last_loss[learning_rate] = evaluations[-1]["loss"]
+  best = grid.get_best_result()
+  assert last_loss[best.config["optimizer.learning_rate"]] == min(last_loss.values()) == best.metrics["loss"]
+
+  (result,) = scaled_grid  # A Ray Train job of 2 workers, each evaluation of its chief reported to Tune.
+  assert not scaled_grid.errors
+  workdir = tmp_path / "scaled_sweep" / f"trial_{result.metrics['trial_id']}"
+  with open(workdir / "config.json", encoding="utf-8") as f:
+    assert json.load(f)["strategy"]["name"] == "multi_worker_mirrored"
+  evaluations = [row for row in process_testlib.metrics_rows(workdir) if row["split"] == "eval"]
+  assert [row["step"] for row in evaluations] == [2, 4, 5]
+  for name in ("step", "loss", "accuracy"):
+    assert list(result.metrics_dataframe[name]) == [row[name] for row in evaluations], name
+  assert os.listdir(tmp_path / "scaled_sweep" / "ray_train") == [f"trial_{result.metrics['trial_id']}"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            {"param_space": {"trainer.train_step": 10}},
+            "param_space['trainer.train_step']: Override 'trainer.train_step=10': config.trainer has no field "
+            "'train_step'. Did you mean 'train_steps'?",
+        ),
+        (
+            {"param_space": {"optimiser.learning_rate": 0.1}},
+            "param_space['optimiser.learning_rate']: Override 'optimiser.learning_rate=0.1': config has no field "
+            "'optimiser'. Did you mean 'optimizer'?",
+        ),
+        (
+            {"param_space": {"optimizer.learning_rate": {"grid_search": [0.1, "fast"]}}},
+            "param_space['optimizer.learning_rate']: Override \"optimizer.learning_rate='fast'\": "
+            "config.optimizer.learning_rate must be a float, got 'fast'.",
+        ),
+        ({"param_space": {}}, "param_space must be a non-empty dict {config path: value}, got {}."),
+        (
+            {"metric": "acuracy"},
+            "metric='acuracy' is not a result of the evaluation. Did you mean 'accuracy'? It reports: loss, accuracy, "
+            "num_examples.",
+        ),
+        (
+            {"scaling_config": ray_train_api.ScalingConfig(num_workers=2)},
+            "ScalingConfig(num_workers=2) runs more than one worker, but config.strategy.name is 'auto', which "
+            "would train each of them alone;",
+        ),
+        (
+            {"config": _tune_config("mode=train")},
+            "config.mode='train': tune ranks trials by their evaluations; use 'train_and_eval'.",
+        ),
+    ],
+)
+def test_tune_refuses_bad_input_before_any_trial(arguments, message, tmp_path):
+  arguments = {"config": _tune_config(), "param_space": {"optimizer.learning_rate": 0.1}, "metric": "loss", **arguments}
+  with pytest.raises(ConfigError) as error:
+    ray_train.tune(**arguments, num_samples=1, mode="min", workdir=str(tmp_path))
+  assert str(error.value).startswith(message)
+  assert not os.listdir(tmp_path)
