@@ -8,9 +8,8 @@ Ray once, at the end (`ray.train.report`, which every worker must call):
 the chief attaches a copy of the run's final checkpoint, so Ray keeps the
 chief's metrics in `Result.metrics` and that copy as `Result.checkpoint`.
 
-`tune` runs a Ray Tune sweep: one `runner.run` (or 2-worker, say, Ray Train
-job) per sampled config, each evaluation reported to Tune, so its scheduler
-(ASHA, say) may stop a trial.
+`tune` runs a Ray Tune sweep: one `runner.run` per sampled config, each
+evaluation reported to Tune, so its scheduler (ASHA, say) may stop a trial.
 
 Ray is imported only by these functions: the package never needs it
 (`pip install "tf-runner[ray]"` brings it).
@@ -218,15 +217,13 @@ def tune(
     metric: str,
     mode: str,
     workdir: str,
-    scaling_config: "ray.train.ScalingConfig | None" = None,
     search_alg: Any = None,
     scheduler: Any = None,
 ) -> "ray.tune.ResultGrid":
   """Tunes `config` with Ray Tune: `Tuner(trial, param_space=..., tune_config=TuneConfig(...)).fit()`.
 
-  Each trial runs `runner.run` (one worker, in the trial's Ray actor; or,
-  with `scaling_config`, a Ray Train job as `run` starts) on `config` with
-  the trial's values set, in its own workdir
+  Each trial runs `runner.run` (one worker, in the trial's Ray actor) on
+  `config` with the trial's values set, in its own workdir
   `WORKDIR/trial_ID` (Tune's trial id), which holds the usual `config.json`,
   `metrics.jsonl` and checkpoints; Tune keeps its own records in
   `WORKDIR/ray_tune`. Every evaluation (those of `config.trainer.eval_every`
@@ -234,11 +231,7 @@ def tune(
   metrics, `num_examples`) and `step`. A trial the scheduler stops ends as a
   stopped run does: a checkpoint at the step of its last evaluation, which
   is its last `metrics.jsonl` row, and the log line "Stopped by the Tune
-  scheduler". A trial that is a Ray Train job (`scaling_config`) does not
-  save at the stop: Ray ends its workers where they are (at most a few
-  steps on), and its workdir keeps its last periodic checkpoint
-  (`config.trainer.checkpoint_every`). Everything is checked here, before
-  any trial starts.
+  scheduler". Everything is checked here, before any trial starts.
 
   Args:
     config: the base config, as `runner.load_config` returns it; its mode
@@ -252,8 +245,6 @@ def tune(
     mode: 'min' or 'max'.
     workdir: the sweep's folder (made absolute; a URL such as `gs://...`
       that every Ray node reaches on a cluster).
-    scaling_config: None (a trial is one worker), or Ray's `ScalingConfig`
-      of each trial's Ray Train job, checked as `run` checks it.
     search_alg: a `ray.tune.search.Searcher`, or None (Tune's random and grid search).
     scheduler: a `ray.tune.schedulers.TrialScheduler` such as
       `ASHAScheduler()`, or None (every trial runs to its end).
@@ -293,11 +284,9 @@ def tune(
         f"metric={metric!r} is not a result of the evaluation.{checks.did_you_mean(metric, results)} "
         f"It reports: {', '.join(results)}."
     )
-  if scaling_config is not None:
-    _checked(config, scaling_config.num_workers)
   workdir = _absolute(workdir)
   tuner = ray_tune.Tuner(
-      ray_tune.with_parameters(_trial, base=config, workdir=workdir, scaling_config=scaling_config),
+      ray_tune.with_parameters(_trial, base=config, workdir=workdir),
       param_space=dict(param_space),
       tune_config=ray_tune.TuneConfig(
           metric=metric,
@@ -305,7 +294,7 @@ def tune(
           num_samples=checks.positive_int(num_samples, "num_samples"),
           search_alg=search_alg,
           scheduler=scheduler,
-          reuse_actors=scaling_config is None,  # Trials one after another share a process: TensorFlow starts once.
+          reuse_actors=True,  # Trials one after another share a process: TensorFlow starts once.
       ),
       run_config=ray_tune.RunConfig(storage_path=workdir, name="ray_tune"),
   )
@@ -313,10 +302,9 @@ def tune(
 
 
 class _ReportToTune(Action):
-  """After each evaluation: reports its results and `step` (`report`); ends training if Tune stopped the trial."""
+  """After each evaluation: reports its results and `step` to Tune; ends training if Tune stopped the trial."""
 
-  def __init__(self, report: Any) -> None:
-    self._report = report  # `ray.tune.report`, or on a Ray Train worker `ray.train.report`.
+  def __init__(self) -> None:
     self.step: int | None = None  # Of the last report.
     self.stopped = False
 
@@ -329,71 +317,32 @@ class _ReportToTune(Action):
         loop.stop()
 
   def report(self, results: Mapping[str, float], step: int) -> None:
+    from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
+
     self.step = step
     try:
-      self._report({**results, "step": step})
+      ray_tune.report({**results, "step": step})
     except SystemExit:  # What `tune.report` raises once Tune has stopped the trial.
       self.stopped = True
 
 
-def _run_reporting(config: ml_collections.ConfigDict, workdir: str, report: Any) -> _ReportToTune:
-  """`runner.run(config, workdir)` with each evaluation, the final one too, passed to `report`."""
-  reporter = _ReportToTune(report)
-  result = from_config.run(config, workdir, quiet=True, actions=[reporter])
-  if result.eval_metrics and result.global_step != reporter.step and not reporter.stopped:  # The final evaluation.
-    reporter.report(result.eval_metrics, result.global_step)
-  return reporter
-
-
-def _trial_per_worker(loop_config: Mapping[str, Any]) -> None:
-  """A Ray Train worker of a `tune` trial: each evaluation goes to `ray.train.report` (rank 0's on to Tune)."""
-  import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
-
-  _run_reporting(loop_config["config"], loop_config["workdir"], ray.train.report)
-
-
-def _trial(
-    values: Mapping[str, Any],
-    *,
-    base: ml_collections.ConfigDict,
-    workdir: str,
-    scaling_config: "ray.train.ScalingConfig | None" = None,
-) -> None:
-  """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune.
-
-  With `scaling_config`, a Ray Train job whose workers report with `ray.train.report`, forwarded to Tune by
-  `TuneReportCallback` (Ray's way to run Train in a Tune trial). A stop of the scheduler ends this trial's actor,
-  and with it the job, which it owns.
-  """
+def _trial(values: Mapping[str, Any], *, base: ml_collections.ConfigDict, workdir: str) -> None:
+  """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune."""
   from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
 
-  config = config_lib.overridden(base, values)
-  trial_id = ray_tune.get_context().get_trial_id()
-  trial_workdir = os.path.join(workdir, f"trial_{trial_id}")
-  if scaling_config is not None:
-    import ray.train  # noqa: PLC0415
-    from ray.train.tensorflow import TensorflowTrainer  # noqa: PLC0415
-    from ray.tune.integration.ray_train import TuneReportCallback  # noqa: PLC0415
-
-    trainer = TensorflowTrainer(
-        _trial_per_worker,
-        train_loop_config={"config": config, "workdir": trial_workdir},
-        scaling_config=scaling_config,
-        run_config=ray.train.RunConfig(
-            name=f"trial_{trial_id}", storage_path=os.path.join(workdir, "ray_train"), callbacks=[TuneReportCallback()]
-        ),
-    )
-    with _workers_user_errors_raised():
-      trainer.fit()
-    return
+  report = _ReportToTune()
   # A stopped trial's run saves and closes before its actor exits (`atexit`) or takes the next trial (Ray Tune
   # waits TUNE_FUNCTION_THREAD_TIMEOUT_S for it, 2 by default, then fails the next trial).
   os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "60")
   ended = threading.Event()
   atexit.register(ended.wait)
   try:
-    if _run_reporting(config, trial_workdir, ray_tune.report).stopped:
-      raise SystemExit(0)  # Saved: now end as Tune ends a stopped trial's thread, without its report of the end.
+    trial_workdir = os.path.join(workdir, f"trial_{ray_tune.get_context().get_trial_id()}")
+    result = from_config.run(config_lib.overridden(base, values), trial_workdir, quiet=True, actions=[report])
+    if result.eval_metrics and result.global_step != report.step and not report.stopped:  # The final evaluation.
+      report.report(result.eval_metrics, result.global_step)
+    if report.stopped:  # Saved: now end as Tune ends a stopped trial's thread, without its report of the end.
+      raise SystemExit(0)
   finally:
     ended.set()
     atexit.unregister(ended.wait)

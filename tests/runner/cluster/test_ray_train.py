@@ -5,8 +5,7 @@ stands in the docs, in a child process that starts a local Ray on 127.0.0.1
 only (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`), with two `TensorflowTrainer` CPU
 workers that each run `runner.run`; beside it, the same job through
 `python -m runner.launch --workers=2`. `ray_train.tune` runs 3 trials in a Ray
-that this process starts, on 127.0.0.1 only too, then one trial that is a
-2-worker Ray Train job in a second such Ray. Ray's processes are found by
+that this process starts, on 127.0.0.1 only too. Ray's processes are found by
 the `RAY_TMPDIR` in their environment and must all be gone at the end.
 """
 
@@ -268,18 +267,6 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
           workdir=str(tmp_path / "sweep"),
           scheduler=StopsTheSlowTrial(),
       )
-      ray.shutdown()
-      # Three CPUs: one trial's actor, which drives its Ray Train job, and the job's 2 workers.
-      ray.init(address="local", include_dashboard=False, num_cpus=3, log_to_driver=False)
-      scaled_grid = ray_train.tune(
-          _tune_config("strategy.name=multi_worker_mirrored"),
-          param_space={"optimizer.learning_rate": 3e-3},
-          num_samples=1,
-          metric="loss",
-          mode="min",
-          workdir=str(tmp_path / "scaled_sweep"),
-          scaling_config=ray_train_api.ScalingConfig(num_workers=2),  # A CPU each.
-      )
     finally:
       ray.shutdown()
       left = _ray_processes(ray_tmpdir)
@@ -308,17 +295,6 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
   best = grid.get_best_result()
   assert last_loss[best.config["optimizer.learning_rate"]] == min(last_loss.values()) == best.metrics["loss"]
 
-  (result,) = scaled_grid  # A Ray Train job of 2 workers, each evaluation of its chief reported to Tune.
-  assert not scaled_grid.errors
-  workdir = tmp_path / "scaled_sweep" / f"trial_{result.metrics['trial_id']}"
-  with open(workdir / "config.json", encoding="utf-8") as f:
-    assert json.load(f)["strategy"]["name"] == "multi_worker_mirrored"
-  evaluations = [row for row in process_testlib.metrics_rows(workdir) if row["split"] == "eval"]
-  assert [row["step"] for row in evaluations] == [2, 4, 5]
-  for name in ("step", "loss", "accuracy"):
-    assert list(result.metrics_dataframe[name]) == [row[name] for row in evaluations], name
-  assert os.listdir(tmp_path / "scaled_sweep" / "ray_train") == [f"trial_{result.metrics['trial_id']}"]
-
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
@@ -343,11 +319,6 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
             {"metric": "acuracy"},
             "metric='acuracy' is not a result of the evaluation. Did you mean 'accuracy'? It reports: loss, accuracy, "
             "num_examples.",
-        ),
-        (
-            {"scaling_config": ray_train_api.ScalingConfig(num_workers=2)},
-            "ScalingConfig(num_workers=2) runs more than one worker, but config.strategy.name is 'auto', which "
-            "would train each of them alone;",
         ),
         (
             {"config": _tune_config("mode=train")},
