@@ -95,10 +95,8 @@ class Trainer:
         dtype policy. The model may build lazily on its first batch.
       optimizer_fn: `() -> keras.optimizers.Optimizer`, called in scope.
       task: a `runner.Task`: the per-example loss and the metrics.
-      model_dir, steps_per_loop, checkpoint_every, max_to_keep, async_checkpoints, jit_compile, precision, clipnorm,
-        gradient_accumulation_steps, seed, actions, profile_steps, best_metric, best_mode, export_every, data_service,
-        report_metric, summary_dir, quiet: the options, made once into one `runner.training.options.TrainerOptions`,
-        whose doc says what each does.
+      The others (model_dir, ..., quiet): the options, made once into one
+        `runner.training.options.TrainerOptions`, whose doc says what each does.
 
     Raises:
       ConfigError: an argument is invalid (`jit_compile` under parameter

@@ -222,7 +222,7 @@ def cli_runs(tmp_path_factory):
   # Once the run "quiet" (40 steps) has finished, dry runs on its workdir beside the others: one taking it further,
   # one with another model; and mode predict, over an eval split of 101 examples (neither 64 nor 2 replicas divide it).
   results = {"quiet": finish("quiet")}
-  listing = _listing(workdirs["quiet"])
+  listing = process_testlib.listing(workdirs["quiet"])
   for case, args in {
       "dry_run_resume": ["--config.trainer.train_steps=100", "--config.trainer.steps_per_loop=20"],
       "dry_run_other_model": ["--config.model.hidden_units=(8,)"],
@@ -240,7 +240,7 @@ def cli_runs(tmp_path_factory):
     )
   results.update({case: finish(case) for case in processes if case != "quiet"})
   predictions = os.path.join(workdirs["quiet"], "predictions", "")
-  unchanged = [file for file in _listing(workdirs["quiet"]) if not file[0].startswith(predictions)]
+  unchanged = [file for file in process_testlib.listing(workdirs["quiet"]) if not file[0].startswith(predictions)]
   assert unchanged == listing, "a dry run or mode predict changed the workdir"
   return results
 
@@ -261,19 +261,6 @@ def _write_records(path, *, num_values):
               )
           ).SerializeToString()
       )
-
-
-def _listing(directory):
-  """Every file under `directory` with its size and modification time."""
-  return sorted(
-      (
-          os.path.join(root, name),
-          os.stat(os.path.join(root, name)).st_size,
-          os.stat(os.path.join(root, name)).st_mtime_ns,
-      )
-      for root, _, names in os.walk(directory)
-      for name in names
-  )
 
 
 def _with_log_level(env, level):

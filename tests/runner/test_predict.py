@@ -16,6 +16,7 @@ from runner.data import builtin_datasets
 from runner.data import providers as data_lib
 from runner.training import predict
 from strategies import ConfigError
+from testlib import process_testlib
 
 NUM_TRAIN, NUM_EVAL, BATCH = 63, 37, 8  # Neither count divides by the batch of 8 or by 2 replicas.
 
@@ -65,20 +66,6 @@ def workdir(tmp_path_factory):
   return workdir, {2: _outputs_by_split(at_2), 4: _outputs_by_split(trained.model)}
 
 
-def _listing(directory):
-  """Every file under `directory` but the predictions, with its size and modification time."""
-  return sorted(
-      (
-          os.path.join(root, name),
-          os.stat(os.path.join(root, name)).st_size,
-          os.stat(os.path.join(root, name)).st_mtime_ns,
-      )
-      for root, _, names in os.walk(directory)
-      if predict.DIRECTORY not in os.path.relpath(root, directory).split(os.sep)
-      for name in names
-  )
-
-
 def _predictions(path):
   """{index: outputs} of the files in `path`, read back with tf.data; asserts that no index is there twice."""
   files = sorted(glob.glob(os.path.join(path, "*.tfrecord")))
@@ -97,14 +84,14 @@ def _assert_predicted(result, expected):
 
 def test_one_device_predicts_the_eval_split_from_the_latest_checkpoint_and_changes_nothing_else(workdir):
   workdir, outputs = workdir
-  before = _listing(workdir)
+  before = process_testlib.listing(workdir, skip=predict.DIRECTORY)
   result = runner.run(_config("predict", data={"eval_global_batch_size": BATCH}), workdir, quiet=True)
   assert result.predictions_path == os.path.join(workdir, "predictions")
   assert result.global_step == 4 and result.checkpoint_path == os.path.join(workdir, "checkpoints", "ckpt-4")
   assert result.eval_metrics is None and result.train_metrics is None
   assert os.listdir(result.predictions_path) == ["part-00000.tfrecord"]
   _assert_predicted(result, outputs[4]["eval"])
-  assert _listing(workdir) == before
+  assert process_testlib.listing(workdir, skip=predict.DIRECTORY) == before
   assert sorted(os.listdir(workdir)) == [
       "best",
       "checkpoints",
@@ -161,13 +148,15 @@ def test_bad_input_is_one_config_error_and_changes_nothing(workdir, tmp_path):
   (tmp_path / "trained" / "checkpoints").mkdir(parents=True)
   for path in glob.glob(os.path.join(workdir, "checkpoints", "*")):
     shutil.copy(path, tmp_path / "trained" / "checkpoints")
-  before = _listing(tmp_path / "trained")
+  before = process_testlib.listing(tmp_path / "trained", skip=predict.DIRECTORY)
   with pytest.raises(
       ConfigError,
       match=r"^config.predict.checkpoint='best' needs the best checkpoint in .*/trained/best, and there is none; ",
   ):
     runner.run(_config("predict", predict={"checkpoint": "best"}), str(tmp_path / "trained"))
-  assert _listing(tmp_path / "trained") == before and sorted(os.listdir(tmp_path / "trained")) == ["checkpoints"]
+  assert process_testlib.listing(tmp_path / "trained", skip=predict.DIRECTORY) == before and sorted(
+      os.listdir(tmp_path / "trained")
+  ) == ["checkpoints"]
   with pytest.raises(ConfigError, match=r"^config.predict.checkpoint='last' is not valid. Did you mean 'latest'\?"):
     runner.config.validate(_config("predict", predict={"checkpoint": "last"}))
   with pytest.raises(ConfigError, match=r"^Mode 'predict' runs the model of a training run's checkpoint: give"):

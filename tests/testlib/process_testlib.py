@@ -114,6 +114,20 @@ def files_of(directory):
   return found
 
 
+def listing(directory, *, skip=None):
+  """[(path, size, mtime_ns)] of every file under `directory` but those under a folder named `skip`: unchanged files."""
+  return sorted(
+      (
+          os.path.join(root, name),
+          os.stat(os.path.join(root, name)).st_size,
+          os.stat(os.path.join(root, name)).st_mtime_ns,
+      )
+      for root, _, names in os.walk(directory)
+      if skip is None or skip not in os.path.relpath(root, directory).split(os.sep)
+      for name in names
+  )
+
+
 def config_history(workdir):
   """The entries of `workdir/config_history.jsonl`, one per run."""
   return _json_lines(os.path.join(str(workdir), "config_history.jsonl"))
