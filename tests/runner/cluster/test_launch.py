@@ -516,10 +516,13 @@ def test_under_parameter_servers_a_stop_saves_a_frozen_worker_is_named_and_a_dea
   os.kill(frozen, signal.SIGKILL)
   status, stdout, stderr = resumed.wait()
   assert status == 0, stderr[-3000:]
-  # That loop's line came after the warning; its steps/s counts the time it waited (5 s at least) and more.
+  # That loop's line came after the warning; its steps/s counts the time it waited (5 s at least) and more. It ran
+  # its 20 steps, or up to 20 more when the coordinator gave the frozen worker's function to worker:0 and the thawed
+  # worker:1 finished its own copy too (a lost function's steps stay applied).
   loop, steps_per_sec = loop_after.search(stderr[warning.end() :]).groups()
-  assert int(loop) == int(warning.group(1)) + 20, stderr[-3000:]
-  assert float(steps_per_sec) <= 20 / float(warning.group(2)), stderr[-3000:]
+  first = int(warning.group(1))
+  assert first + 20 <= int(loop) <= first + 40, stderr[-3000:]
+  assert float(steps_per_sec) <= (int(loop) - first) / float(warning.group(2)) + 0.05, stderr[-3000:]
   assert (
       "[launch] worker:1 was killed by SIGKILL; not an error under parameter servers: the chief trains on with "
       "the other workers (it is not started again).\n"
