@@ -3,8 +3,8 @@
 After every call of the inner loop, the Trainer's controller runs a list of
 actions, in order, on every worker: report progress, save and exit on a stop
 signal (SIGTERM, Ctrl-C), evaluate when due (at the last step after a
-checkpoint), keep the best (`runner.outputs.best`), the user's own actions,
-export (`runner.outputs.exports`) and checkpoint when due.
+checkpoint), checkpoint when due, keep the best (`runner.outputs.best`), the
+user's own actions, export (`runner.outputs.exports`) when due.
 """
 
 from collections.abc import Callable, Mapping

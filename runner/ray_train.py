@@ -228,10 +228,15 @@ def tune(
   `metrics.jsonl` and checkpoints; Tune keeps its own records in
   `WORKDIR/ray_tune`. Every evaluation (those of `config.trainer.eval_every`
   and the final one) is reported to Tune as its results (`loss`, the task's
-  metrics, `num_examples`) and `step`. A trial the scheduler stops ends as a
-  stopped run does: a checkpoint at the step of its last evaluation, which
-  is its last `metrics.jsonl` row, and the log line "Stopped by the Tune
-  scheduler". Everything is checked here, before any trial starts.
+  metrics, `num_examples`) and `step`, once that step's checkpoint is
+  written: a trial runs with `checkpoint_every` set to `eval_every` (unless
+  a `checkpoint_every` that divides it is set) and `async_checkpoints`
+  False. So whatever Tune does after a report, even ending the trial's
+  actor at once, the trial's workdir holds its state at that report. A
+  trial the scheduler stops ends at that step, logging "Stopped by the Tune
+  scheduler at step N, whose checkpoint is saved."; its last checkpoint and
+  `metrics.jsonl` row are those of its last report. Everything is checked
+  here, before any trial starts.
 
   Args:
     config: the base config, as `runner.load_config` returns it; its mode
@@ -313,7 +318,7 @@ class _ReportToTune(Action):
     if loop.eval_results is not None:
       self.report(loop.eval_results, loop.step)
       if self.stopped and loop.step < loop.total_steps:
-        logging.warning(f"Stopped by the Tune scheduler at step {loop.step}: saving a checkpoint at this step.")
+        logging.warning(f"Stopped by the Tune scheduler at step {loop.step}, whose checkpoint is saved.")
         loop.stop()
 
   def report(self, results: Mapping[str, float], step: int) -> None:
@@ -330,18 +335,23 @@ def _trial(values: Mapping[str, Any], *, base: ml_collections.ConfigDict, workdi
   """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune."""
   from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
 
+  config = config_lib.overridden(base, values)
+  every, saves = config.trainer.eval_every, config.trainer.checkpoint_every
+  if every is not None:  # Each report follows its step's checkpoint, written, whatever Tune does after the report.
+    saves = saves if saves is not None and every % saves == 0 else every
+    config = config_lib.overridden(config, {"trainer.checkpoint_every": saves, "trainer.async_checkpoints": False})
   report = _ReportToTune()
-  # A stopped trial's run saves and closes before its actor exits (`atexit`) or takes the next trial (Ray Tune
-  # waits TUNE_FUNCTION_THREAD_TIMEOUT_S for it, 2 by default, then fails the next trial).
+  # A stopped trial's run ends (its TensorBoard summaries flushed) before its actor exits (`atexit`) or takes the
+  # next trial (Ray Tune waits TUNE_FUNCTION_THREAD_TIMEOUT_S for it, 2 by default, then fails the next trial).
   os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "60")
   ended = threading.Event()
   atexit.register(ended.wait)
   try:
     trial_workdir = os.path.join(workdir, f"trial_{ray_tune.get_context().get_trial_id()}")
-    result = from_config.run(config_lib.overridden(base, values), trial_workdir, quiet=True, actions=[report])
+    result = from_config.run(config, trial_workdir, quiet=True, actions=[report])
     if result.eval_metrics and result.global_step != report.step and not report.stopped:  # The final evaluation.
       report.report(result.eval_metrics, result.global_step)
-    if report.stopped:  # Saved: now end as Tune ends a stopped trial's thread, without its report of the end.
+    if report.stopped:  # Ended: now end as Tune ends a stopped trial's thread, without its report of the end.
       raise SystemExit(0)
   finally:
     ended.set()

@@ -222,9 +222,10 @@ class InnerLoops:
     """Returns the outer loop of one `train` call, with the built-in actions around the user's.
 
     Order: report, exit on a stop request, evaluate (when due; at the last
-    step after a checkpoint), the best checkpoint, the metric's report for
-    Vertex AI (`report_metric`), the user's actions, export
-    and checkpoint (when due).
+    step after a checkpoint), checkpoint (when due: the actions after it see
+    a step whose checkpoint is written, or being written with
+    `async_checkpoints`), the best checkpoint, the metric's report for
+    Vertex AI (`report_metric`), the user's actions, export (when due).
     `rewind(step)` gives the iterator from the batch of `step` (`TrainInput.iterator`).
     """
     state, every = self._state, self._options.checkpoint_every
@@ -234,6 +235,8 @@ class InnerLoops:
     ]
     if eval_every is not None:
       actions.append(actions_lib.Evaluate(evaluate, every_steps=eval_every, save=state.save))
+    if every is not None:
+      actions.append(actions_lib.SaveCheckpoint(functools.partial(state.save, in_background=True), every_steps=every))
     evaluated = tuple(action for action in (state.best, state.report) if action is not None)  # Also the final one.
     actions += [*evaluated, *self._options.actions]
     if self._options.export_every is not None:
@@ -247,8 +250,6 @@ class InnerLoops:
               export=export_to,
           )
       )
-    if every is not None:
-      actions.append(actions_lib.SaveCheckpoint(functools.partial(state.save, in_background=True), every_steps=every))
     sizes = steps_per_loop_lib.resolve(
         self._options.steps_per_loop,
         strategy=self._strategy,

@@ -173,8 +173,8 @@ class Trainer:
     stopped, on the batches an uninterrupted run would see (for data whose
     order is deterministic); consecutive calls on the same data continue its
     stream. After each loop the actions run (report, stop signal,
-    evaluation, the user's actions, checkpoint; a loop ends where one is
-    due); a checkpoint is always written at the end, before the final
+    evaluation, checkpoint, the user's actions, export; a loop ends where
+    one is due); a checkpoint is always written at the end, before the final
     evaluation. SIGTERM, a first Ctrl-C, or on a GCE VM a maintenance event
     or preemption notice (`maintenance_events`) end the process after the
     current loop (or the final evaluation) with a checkpoint, status 143 or

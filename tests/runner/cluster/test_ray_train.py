@@ -239,11 +239,16 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
   from ray import tune  # noqa: PLC0415  Ray is imported above (it is optional).
   from ray.tune.schedulers import FIFOScheduler  # noqa: PLC0415
 
+  saved_at_report = []  # (learning rate, reported step, the trial's latest checkpoint when the result arrived)
+
   class StopsTheSlowTrial(FIFOScheduler):
-    """Tune's scheduler, forced: STOP for the slow trial at its first result."""
+    """Tune's scheduler, forced: STOP for the slow trial at its first result. It runs in this process."""
 
     def on_trial_result(self, tune_controller, trial, result):
-      if trial.config["optimizer.learning_rate"] == SLOW_LEARNING_RATE:
+      learning_rate = trial.config["optimizer.learning_rate"]
+      latest = checkpoints.latest(str(tmp_path / "sweep" / f"trial_{trial.trial_id}"))
+      saved_at_report.append((learning_rate, result["step"], latest and os.path.basename(latest)))
+      if learning_rate == SLOW_LEARNING_RATE:
         return self.STOP
       return super().on_trial_result(tune_controller, trial, result)
 
@@ -277,12 +282,18 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
   assert LOOPBACK_ADDRESS.match(context.address_info["gcs_address"]), context.address_info
 
   assert len(grid) == 3 and not grid.errors
+  # Each report's step is checkpointed before the report reaches Tune, whatever Tune does after it.
+  assert sorted(saved_at_report) == sorted(
+      [(SLOW_LEARNING_RATE, 2, "ckpt-2")] + [(rate, s, f"ckpt-{s}") for rate in (3e-3, 3e-2) for s in (2, 4, 5)]
+  )
   last_loss = {}
   for result in grid:
     learning_rate = result.config["optimizer.learning_rate"]
     workdir = tmp_path / "sweep" / f"trial_{result.metrics['trial_id']}"
     with open(workdir / "config.json", encoding="utf-8") as f:
-      assert json.load(f)["optimizer"]["learning_rate"] == learning_rate
+      written = json.load(f)
+    assert written["optimizer"]["learning_rate"] == learning_rate
+    assert (written["trainer"]["checkpoint_every"], written["trainer"]["async_checkpoints"]) == (2, False)
     evaluations = [row for row in process_testlib.metrics_rows(workdir) if row["split"] == "eval"]
     reported = result.metrics_dataframe
     for name in ("step", "loss", "accuracy"):
