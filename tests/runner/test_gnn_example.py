@@ -3,6 +3,7 @@
 TF-GNN needs `tf.keras` to be tf_keras for a whole process, so nothing here imports it: two `python -m runner` runs
 of the example (one device, and mirrored over 2 logical CPUs), and one child process
 (tests/testlib/gnn_runner_main.py) for every check inside TF-GNN's runner, on whose saved arrays the tests assert.
+The three processes run at once (`processes`): the child, the longest, starts first.
 """
 
 import importlib.util
@@ -35,21 +36,40 @@ CLI_RUNS = {"one_device": [], "mirrored": ["--config.strategy.name=mirrored", "-
 
 
 @pytest.fixture(scope="module")
-def example_runs(tmp_path_factory):
-  """Runs `python -m runner --config=configs/graphs.py` under each of CLI_RUNS at once; returns {name: (status, stdout, stderr)}."""
+def processes(tmp_path_factory):
+  """Starts gnn_runner_main.py (writing `out`) and `python -m runner --config=configs/graphs.py` under each of CLI_RUNS.
+
+  All at once: returns (out, {"gnn" or a name of CLI_RUNS: its Process}); kills those still running at the end.
+  """
+  out = tmp_path_factory.mktemp("gnn") / "runs.npz"
+  started = {
+      "gnn": process_testlib.Process(
+          [sys.executable, MAIN, str(out), str(STEPS), str(EXAMPLE_STEPS)],
+          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+          logs=str(out.parent / "logs"),
+          name="gnn",
+      )
+  }
   env = {key: value for key, value in os.environ.items() if key not in ("TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS")}
   env["PYTHONPATH"] = paths.REPO
   logs = tmp_path_factory.mktemp("example")
-  processes = {
-      name: process_testlib.Process(
-          [sys.executable, "-m", "runner", "--config=configs/graphs.py", f"--workdir={logs / name}", *flags],
-          env=env,
-          logs=str(logs),
-          name=name,
-      )
-      for name, flags in CLI_RUNS.items()
-  }
-  return {name: process.wait() for name, process in processes.items()}
+  for name, flags in CLI_RUNS.items():
+    started[name] = process_testlib.Process(
+        [sys.executable, "-m", "runner", "--config=configs/graphs.py", f"--workdir={logs / name}", *flags],
+        env=env,
+        logs=str(logs),
+        name=name,
+    )
+  yield out, started
+  for process in started.values():
+    process.process.kill()
+
+
+@pytest.fixture(scope="module")
+def example_runs(processes):
+  """The runs of `python -m runner --config=configs/graphs.py` under each of CLI_RUNS: {name: (status, stdout, stderr)}."""
+  _, started = processes
+  return {name: started[name].wait() for name in CLI_RUNS}
 
 
 def _summary(stdout):
@@ -91,14 +111,9 @@ def test_the_cli_runs_end_where_tfgnns_runner_ends(example_runs, saved):
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-  out = tmp_path_factory.mktemp("gnn") / "runs.npz"
-  status, stdout, stderr = process_testlib.Process(
-      [sys.executable, MAIN, str(out), str(STEPS), str(EXAMPLE_STEPS)],
-      env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-      logs=str(out.parent / "logs"),
-      name="gnn",
-  ).wait()
+def saved(processes):
+  out, started = processes
+  status, stdout, stderr = started["gnn"].wait()
   assert status == 0 and "done" in stdout, stderr[-3000:]
   with np.load(out) as arrays:
     return dict(arrays)

@@ -16,10 +16,13 @@ batches with `deterministic=False`, which let one run's batches come in another 
   model (`tfgnn_runner_side.base_model`), each made after the same seeding;
 - for each run R in RUNS, `R/losses` and `R/weight/i`: `tfgnn_runner_side.train` for STEPS steps, one loss per
   step (`windows` one loss per 5 steps) under the strategy R names;
-- for each run R in TRAINER_RUNS, the same for our `runner.Trainer` on the same model, data and optimizer;
+- `trainer_mirrored/losses` and `trainer_mirrored/weight/i`: the same for our `runner.Trainer` on the same model,
+  data and optimizer, under MirroredStrategy;
 - `full/losses`, `full/eval_loss`, `full/eval_accuracy`: the example's whole run (FULL_STEPS steps, one device)
   through `tensorflow_gnn.runner.run`, one loss per FULL_WINDOW steps, its model then scored on the evaluation
-  split; `trainer_full/...`: the same with our Trainer;
+  split; `trainer_full/...`: the same with our Trainer (one step per loop), whose first STEPS steps give
+  `trainer_one_device/losses` (one loss per step) and `trainer_one_device/weight/i` (the weights after them): a
+  run of STEPS steps of its own would train the same steps;
 - `bad_label_message`: the DataError of training a model of 2 classes on the 3 classes' labels;
 - `tpu_problem`: what `--check_tpu` says of the training data (runner.tpu.rules.element_problem).
 """
@@ -59,30 +62,29 @@ RUNS = {
 }
 
 
-# name -> strategy maker: our Trainer, one loss per step.
-TRAINER_RUNS = {
-    "trainer_one_device": lambda: strategies.OneDeviceStrategy(device=CPUS[0]),
-    "trainer_mirrored": lambda: strategies.MirroredStrategy(devices=list(CPUS)),
-}
-
-
 class _StepLosses(runner.actions.Action):
-  """Records the loss of every loop (one step each)."""
+  """Records the loss of every loop (one step each), and the weights of `model_of()` after step `weights_step`."""
 
-  def __init__(self):
+  def __init__(self, weights_step):
     self.losses = []
+    self.weights_step = weights_step
+    self.model_of = None
+    self.weights = None
 
   def __call__(self, loop):
     self.losses.append(loop.train_results["loss"])
+    if loop.step == self.weights_step:
+      self.weights = self.model_of().get_weights()
 
 
-def _trainer_run(config, strategy, steps, log_every=1):
+def _trainer_run(config, strategy, steps, log_every=1, weights_step=None):
   """Trains configs.graphs' model on its data with our Trainer, one step per loop.
 
   Returns:
-    (the mean loss of each window of `log_every` steps, the final weights, the model).
+    (the mean loss of each window of `log_every` steps, the final weights, the model, the loss of each step, the
+    weights after step `weights_step`).
   """
-  recorder = _StepLosses()
+  recorder = _StepLosses(weights_step)
   trainer = runner.Trainer(
       strategy,
       model_fn=lambda: graphs.gnn(config.model),
@@ -92,11 +94,12 @@ def _trainer_run(config, strategy, steps, log_every=1):
       actions=[recorder],
       quiet=True,
   )
+  recorder.model_of = lambda: trainer.model
   trainer.train(
       graphs.random_graph_density(config.data, "train"), global_batch_size=config.data.global_batch_size, steps=steps
   )
   losses = np.reshape(recorder.losses, [-1, log_every]).mean(axis=1)
-  return losses, trainer.model.get_weights(), trainer.model
+  return losses, trainer.model.get_weights(), trainer.model, np.array(recorder.losses), recorder.weights
 
 
 def _bad_label_message(config):
@@ -177,11 +180,10 @@ def main(out, steps, full_steps):
     arrays[f"{name}/losses"] = np.array(run.losses)
     for i, weight in enumerate(run.weights):
       arrays[f"{name}/weight/{i}"] = weight
-  for name, make_strategy in TRAINER_RUNS.items():
-    losses, weights, _ = _trainer_run(config, make_strategy(), steps)
-    arrays[f"{name}/losses"] = np.array(losses)
-    for i, weight in enumerate(weights):
-      arrays[f"{name}/weight/{i}"] = weight
+  losses, weights, _, _, _ = _trainer_run(config, strategies.MirroredStrategy(devices=list(CPUS)), steps)
+  arrays["trainer_mirrored/losses"] = np.array(losses)
+  for i, weight in enumerate(weights):
+    arrays[f"trainer_mirrored/weight/{i}"] = weight
   full = tfgnn_runner_side.train(
       config,
       RUNS["real_one_device"][0](),
@@ -193,8 +195,13 @@ def main(out, steps, full_steps):
   arrays["full/eval_loss"], arrays["full/eval_accuracy"] = _scored(
       lambda graph: full.model(graph.merge_batch_to_components()), evaluation
   )
-  losses, _, model = _trainer_run(config, TRAINER_RUNS["trainer_one_device"](), full_steps, FULL_WINDOW)
+  losses, _, model, step_losses, weights = _trainer_run(
+      config, strategies.OneDeviceStrategy(device=CPUS[0]), full_steps, FULL_WINDOW, weights_step=steps
+  )
   arrays["trainer_full/losses"] = np.array(losses)
+  arrays["trainer_one_device/losses"] = step_losses[:steps]
+  for i, weight in enumerate(weights):
+    arrays[f"trainer_one_device/weight/{i}"] = weight
   arrays["trainer_full/eval_loss"], arrays["trainer_full/eval_accuracy"] = _scored(
       lambda graph: model(graph.merge_batch_to_components()), evaluation
   )

@@ -171,24 +171,32 @@ def _train_with_a_decaying_learning_rate(model_dir, actions=()):
   return trainer.train(_data()[2], global_batch_size=GLOBAL_BATCH, steps=4)
 
 
-def test_actions_and_tensorboard_scalars_see_each_loop(tmp_path):
+@pytest.fixture(scope="module")
+def decaying_run(tmp_path_factory):
+  """(model_dir, the loops an action saw, the results) of `_train_with_a_decaying_learning_rate`, run once."""
+  model_dir = str(tmp_path_factory.mktemp("decaying"))
   seen = _SeenLoops()
-  results = _train_with_a_decaying_learning_rate(str(tmp_path), actions=[seen])
-  assert [step for step, _ in seen.seen] == [2, 4]
-  assert seen.seen[-1][1] == results["loss"]
-  losses = _scalars(str(tmp_path), "train", "loss")
+  results = _train_with_a_decaying_learning_rate(model_dir, actions=[seen])
+  return model_dir, seen.seen, results
+
+
+def test_actions_and_tensorboard_scalars_see_each_loop(decaying_run):
+  model_dir, seen, results = decaying_run
+  assert [step for step, _ in seen] == [2, 4]
+  assert seen[-1][1] == results["loss"]
+  losses = _scalars(model_dir, "train", "loss")
   assert [step for step, _ in losses] == [2, 4]
-  assert [loss for _, loss in losses] == pytest.approx([loss for _, loss in seen.seen], rel=1e-6)
+  assert [loss for _, loss in losses] == pytest.approx([loss for _, loss in seen], rel=1e-6)
 
 
-def test_the_reported_learning_rate_is_the_schedule_at_the_step_as_for_keras_3(tmp_path):
+def test_the_reported_learning_rate_is_the_schedule_at_the_step_as_for_keras_3(decaying_run):
   """As test_trainer_outputs.py asserts for the same Keras 3 schedule: the rate the next step will use.
 
   tf_keras's `optimizer.learning_rate` is the rate its last step used (the
   schedule at one step less): 0.05 and 0.0125 here.
   """
-  _train_with_a_decaying_learning_rate(str(tmp_path))
-  assert _scalars(str(tmp_path), "train", "learning_rate") == [
+  model_dir, _, _ = decaying_run
+  assert _scalars(model_dir, "train", "learning_rate") == [
       (2, pytest.approx(0.1 * 0.5**2)),
       (4, pytest.approx(0.1 * 0.5**4)),
   ]
