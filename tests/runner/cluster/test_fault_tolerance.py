@@ -130,51 +130,6 @@ def test_a_signal_during_start_up_is_one_line_and_its_status_and_writes_nothing(
   _no_traceback(stderr)
 
 
-def test_a_signal_that_a_library_turns_into_another_error_is_still_the_stop(tmp_path, subprocess_env):
-  # TensorFlow's import turns the stop's exception into `ImportError: initialization failed` when the signal comes
-  # inside its native module's start-up, a moment a test cannot hit at will. A data function that does the same
-  # makes that moment certain: the workdir exists by then, holding the run's lock.
-  (tmp_path / "converting.py").write_text(textwrap.dedent("""
-      import os, signal, time
-
-      def data(config, split):
-        try:
-          os.kill(os.getpid(), signal.SIGTERM)
-          time.sleep(30)
-        except BaseException:
-          raise ImportError("initialization failed")
-      """))
-  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
-  run = Run(tmp_path / "run", RUN + ONE_DEVICE + ["--config.data.name=converting:data"], env)
-  status, stdout, stderr = run.wait(timeout=60)
-  assert (status, stdout) == (143, ""), stderr[-3000:]
-  assert stderr.splitlines()[-1] == "Stopped by SIGTERM during start-up; nothing was written."
-  assert not (tmp_path / "run").exists()
-  _no_traceback(stderr)
-
-
-def test_a_signal_while_tensorflow_is_half_imported_is_the_stop(tmp_path, subprocess_env):
-  # An import hook sends SIGTERM the moment TensorFlow loads `tf.config`: `tf.distribute` is set by then,
-  # `tf.train` is not. The handler must not import anything that reads TensorFlow's half-made module.
-  (tmp_path / "sitecustomize.py").write_text(textwrap.dedent("""
-      import os, signal, sys
-
-      class _StopMidImport:
-        def find_spec(self, name, path=None, target=None):
-          if name == "tensorflow._api.v2.config":
-            sys.meta_path.remove(self)
-            os.kill(os.getpid(), signal.SIGTERM)
-          return None
-
-      sys.meta_path.insert(0, _StopMidImport())
-      """))
-  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
-  status, stdout, stderr = Run(tmp_path / "run", RUN + ONE_DEVICE, env).wait(timeout=60)
-  assert (status, stdout) == (143, ""), stderr[-3000:]
-  assert stderr.splitlines()[-1] == "Stopped by SIGTERM during start-up; nothing was written."
-  _no_traceback(stderr)
-
-
 def test_a_second_ctrl_c_aborts_at_once_without_saving(tmp_path, subprocess_env):
   # Loops of several seconds (about 4 s here): both Ctrl-Cs come while the second one runs, inside TensorFlow,
   # where Python runs no signal handler until the loop's call returns.
@@ -206,27 +161,184 @@ def _full_disk():
   resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
 
-def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(tmp_path, subprocess_env):
-  workdir = tmp_path / "run"
-  # A checkpoint of about 900 kB. The run the full disk interrupts resumes one that ended at step 100 (trained here: no
-  # process needed).
-  overrides = [
-      "mode=train",
-      "strategy.name=one_device",
-      "data.num_examples=512",
-      "model.hidden_units=(256,256)",
-      "trainer.steps_per_loop=10",
-      "trainer.checkpoint_every=50",
-      "trainer.max_to_keep=1",
+def _one_kilobyte_files(command, env):
+  """Starts `command` as under `ulimit -f 1`: no file may grow past 1 kB, and writing past that fails (EFBIG).
+
+  Its output goes to pipes, as to a terminal (a log file would be limited too).
+
+  Returns:
+    A function that waits for the exit and returns `(status, stdout, stderr, pid)`.
+  """
+
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+  process = subprocess.Popen(
+      command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit  # noqa: PLW1509
+  )
+
+  def wait():
+    with process:
+      stdout, stderr = process.communicate(timeout=process_testlib.TIMEOUT_SECONDS)
+    return process.returncode, stdout, stderr, process.pid
+
+  return wait
+
+
+# The runs that end by themselves (a failure, a stop they send themselves): all started at once by `ended_runs`.
+_CONVERTING = """
+    import os, signal, time
+
+    def data(config, split):
+      try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+      except BaseException:
+        raise ImportError("initialization failed")
+    """
+_STOP_MID_IMPORT = """
+    import os, signal, sys
+
+    class _StopMidImport:
+      def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow._api.v2.config":
+          sys.meta_path.remove(self)
+          os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+    sys.meta_path.insert(0, _StopMidImport())
+    """
+_FAILING = """
+    import tensorflow as tf
+
+    def fail_after_30(index):
+      if index >= 30:
+        raise RuntimeError("the dataset broke down")  # A program error, not a data mistake: exit 1.
+      return tf.zeros([16])
+
+    def data(config, split):
+      features = tf.data.Dataset.range(10_000).map(
+          lambda i: tf.ensure_shape(tf.py_function(fail_after_30, [i], tf.float32), [16]))
+      return tf.data.Dataset.zip(features, tf.data.Dataset.range(10_000).map(lambda i: tf.cast(i % 10, tf.int32)))
+    """
+_ROLLBACK = """
+    import sys
+    from runner.workdir import state as workdir_state
+    workdir = sys.argv[1]
+    state = workdir_state.WorkdirState.read(workdir, created=False)
+    for name, text in [("config.json", "{}\\n"), ("config_history.jsonl", '{"step": 0}\\n{"step": 5}\\n'),
+                       ("added.txt", "a file the run added")]:
+      with open(f"{workdir}/{name}", "w") as f:  # What a run wrote before it failed.
+        f.write(text)
+    state.restore_unless_trained()
+    print("returned")
+    """
+# The full disk's run: a checkpoint of about 900 kB; the run the full disk interrupts resumes one that ended at step
+# 100 (trained in this process).
+_FULL_DISK = [
+    "mode=train",
+    "strategy.name=one_device",
+    "data.num_examples=512",
+    "model.hidden_units=(256,256)",
+    "trainer.steps_per_loop=10",
+    "trainer.checkpoint_every=50",
+    "trainer.max_to_keep=1",
+]
+_UNWRITABLE_CONFIG = ["mode=train", "strategy.name=one_device", "data.num_examples=512", "trainer.steps_per_loop=10"]
+
+
+def _with_path(env, directory):
+  return dict(env, PYTHONPATH=os.pathsep.join([str(directory), env["PYTHONPATH"]]))
+
+
+def _module_file(directory, name, text):
+  directory.mkdir()
+  (directory / name).write_text(textwrap.dedent(text))
+  return directory
+
+
+@pytest.fixture(scope="module")
+def ended_runs(tmp_path_factory):
+  """The runs of the tests below, started at once (each a TensorFlow start-up: together they take far less time).
+
+  Returns:
+    {case: (status, stdout, stderr[, pid])}, and {case: its workdir} under "workdirs".
+  """
+  tmp = tmp_path_factory.mktemp("ended")
+  env = paths.subprocess_environment()
+  workdirs = {case: tmp / case for case in ("converting", "half_imported", "rollback", "full_disk", "unwritable")}
+  waits = {}
+  # 4 runs whose dataset raises mid-run (status 1) at once: a 1-in-4 hang shows in 68% of runs of that test.
+  failing = _with_path(env, _module_file(tmp / "failing", "failing.py", _FAILING))
+  short = [
+      f"--config={SYNTHETIC}",
+      "--mode=train",
+      "--config.strategy.name=one_device",
+      "--config.trainer.train_steps=20",
+      "--config.trainer.steps_per_loop=10",
+      "--config.data.name=failing:data",
   ]
+  for i in range(4):
+    waits[f"raises{i}"] = Run(tmp / f"raises{i}", short, failing).wait
+  converting = _with_path(env, _module_file(tmp / "converting_module", "converting.py", _CONVERTING))
+  waits["converting"] = Run(
+      workdirs["converting"], RUN + ONE_DEVICE + ["--config.data.name=converting:data"], converting
+  ).wait
+  mid_import = _with_path(env, _module_file(tmp / "mid_import", "sitecustomize.py", _STOP_MID_IMPORT))
+  waits["half_imported"] = Run(workdirs["half_imported"], RUN + ONE_DEVICE, mid_import).wait
+  rollback = workdirs["rollback"]
+  rollback.mkdir()
+  (rollback / "config.json").write_text(json.dumps({"padding": "x" * 2000}))  # Too big to write back under 1 kB.
+  (rollback / "config_history.jsonl").write_text('{"step": 0}\n')
+  waits["rollback"] = _one_kilobyte_files([sys.executable, "-c", textwrap.dedent(_ROLLBACK), str(rollback)], env)
+  # Runs that continue one trained here, while the runs above start.
   finished = runner.run(
-      runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=100"]), str(workdir), quiet=True
+      runner.load_config(SYNTHETIC, _FULL_DISK + ["trainer.train_steps=100"]), str(workdirs["full_disk"]), quiet=True
   )
   assert finished.global_step == 100
-  more = [f"--config={SYNTHETIC}"] + [f"--{o}" if o.startswith("mode=") else f"--config.{o}" for o in overrides]
-  status, _, stderr = Run(
-      workdir, more + ["--config.trainer.train_steps=200"], subprocess_env, preexec_fn=_full_disk
-  ).wait()
+  more = [f"--config={SYNTHETIC}"] + [f"--{o}" if o.startswith("mode=") else f"--config.{o}" for o in _FULL_DISK]
+  waits["full_disk"] = Run(
+      workdirs["full_disk"], more + ["--config.trainer.train_steps=200"], env, preexec_fn=_full_disk
+  ).wait
+  unwritable = workdirs["unwritable"]
+  runner.run(
+      runner.load_config(SYNTHETIC, _UNWRITABLE_CONFIG + ["trainer.train_steps=20"]), str(unwritable), quiet=True
+  )
+  before = process_testlib.files_of(unwritable)
+  waits["unwritable"] = _one_kilobyte_files(
+      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={unwritable}"]
+      + [f"--config.{override}" for override in _UNWRITABLE_CONFIG]
+      + ["--config.trainer.train_steps=40"],
+      env,
+  )
+  ended = {case: wait() for case, wait in waits.items()}
+  return dict(ended, workdirs=workdirs, unwritable_before=before)
+
+
+def test_a_signal_that_a_library_turns_into_another_error_is_still_the_stop(ended_runs):
+  # TensorFlow's import turns the stop's exception into `ImportError: initialization failed` when the signal comes
+  # inside its native module's start-up, a moment a test cannot hit at will. A data function that does the same
+  # makes that moment certain (`_CONVERTING`): the workdir exists by then, holding the run's lock.
+  status, stdout, stderr = ended_runs["converting"]
+  assert (status, stdout) == (143, ""), stderr[-3000:]
+  assert stderr.splitlines()[-1] == "Stopped by SIGTERM during start-up; nothing was written."
+  assert not ended_runs["workdirs"]["converting"].exists()
+  _no_traceback(stderr)
+
+
+def test_a_signal_while_tensorflow_is_half_imported_is_the_stop(ended_runs):
+  # An import hook sends SIGTERM the moment TensorFlow loads `tf.config` (`_STOP_MID_IMPORT`): `tf.distribute` is
+  # set by then, `tf.train` is not. The handler must not import anything that reads TensorFlow's half-made module.
+  status, stdout, stderr = ended_runs["half_imported"]
+  assert (status, stdout) == (143, ""), stderr[-3000:]
+  assert stderr.splitlines()[-1] == "Stopped by SIGTERM during start-up; nothing was written."
+  _no_traceback(stderr)
+
+
+def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays(ended_runs):
+  workdir = ended_runs["workdirs"]["full_disk"]
+  status, _, stderr = ended_runs["full_disk"]
   errors = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert status == 2 and len(errors) == 1, stderr[-3000:]
   assert errors[0].startswith("error: Could not write the checkpoint of step 150 to ")
@@ -242,43 +354,18 @@ def test_a_full_disk_at_save_time_is_one_error_and_the_previous_checkpoint_stays
       "ckpt-100.index",
   ]
   # Space again: the same run (here in this process) resumes from ckpt-100.
-  resumed = runner.run(runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=200"]), str(workdir), quiet=True)
+  resumed = runner.run(
+      runner.load_config(SYNTHETIC, _FULL_DISK + ["trainer.train_steps=200"]), str(workdir), quiet=True
+  )
   assert resumed.global_step == 200
   assert process_testlib.config_history(workdir)[-1]["step"] == 100
 
 
-def _one_kilobyte_files(command, env):
-  """Runs `command` as under `ulimit -f 1`: no file may grow past 1 kB, and writing past that fails (EFBIG).
-
-  Its output goes to pipes, as to a terminal (a log file would be limited too).
-
-  Returns:
-    `(status, stdout, stderr, pid)`.
-  """
-
-  def limit():
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-
-  with subprocess.Popen(
-      command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit  # noqa: PLW1509
-  ) as process:
-    stdout, stderr = process.communicate(timeout=process_testlib.TIMEOUT_SECONDS)
-  return process.returncode, stdout, stderr, process.pid
-
-
-def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it_was(tmp_path, subprocess_env):
-  workdir = tmp_path / "run"
-  overrides = ["mode=train", "strategy.name=one_device", "data.num_examples=512", "trainer.steps_per_loop=10"]
-  runner.run(runner.load_config(SYNTHETIC, overrides + ["trainer.train_steps=20"]), str(workdir), quiet=True)
-  before = process_testlib.files_of(workdir)
+def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it_was(ended_runs):
+  workdir = ended_runs["workdirs"]["unwritable"]
+  before = ended_runs["unwritable_before"]
   assert len(before["config.json"]) > 1024 and len(before["config_history.jsonl"]) > 1024
-  status, stdout, stderr, pid = _one_kilobyte_files(
-      [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"]
-      + [f"--config.{override}" for override in overrides]
-      + ["--config.trainer.train_steps=40"],
-      subprocess_env,
-  )
+  status, stdout, stderr, pid = ended_runs["unwritable"]
   assert status == 2 and stdout == "", stderr[-3000:]
   _no_traceback(stderr)
   [error] = [line for line in stderr.splitlines() if line.startswith("error:")]
@@ -295,59 +382,22 @@ def test_a_config_that_cannot_be_written_is_one_error_and_every_file_stays_as_it
   assert process_testlib.files_of(workdir) == before
 
 
-def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(tmp_path, subprocess_env):
-  workdir = tmp_path / "run"
-  workdir.mkdir()
-  (workdir / "config.json").write_text(json.dumps({"padding": "x" * 2000}))  # Too big to write back under 1 kB.
-  (workdir / "config_history.jsonl").write_text('{"step": 0}\n')
-  rollback = textwrap.dedent("""
-      import sys
-      from runner.workdir import state as workdir_state
-      workdir = sys.argv[1]
-      state = workdir_state.WorkdirState.read(workdir, created=False)
-      for name, text in [("config.json", "{}\\n"), ("config_history.jsonl", '{"step": 0}\\n{"step": 5}\\n'),
-                         ("added.txt", "a file the run added")]:
-        with open(f"{workdir}/{name}", "w") as f:  # What a run wrote before it failed.
-          f.write(text)
-      state.restore_unless_trained()
-      print("returned")
-      """)
-  status, stdout, stderr, _ = _one_kilobyte_files([sys.executable, "-c", rollback, str(workdir)], subprocess_env)
+def test_a_rollback_that_cannot_write_leaves_each_file_whole_and_does_not_raise(ended_runs):
+  workdir = ended_runs["workdirs"]["rollback"]
+  status, stdout, stderr, _ = ended_runs["rollback"]
   assert status == 0 and stdout == "returned\n", stderr[-3000:]
   assert f"Could not put {workdir}/config.json back as it was before the run: {workdir}/config.json.tmp-" in stderr
   # Each file whole (the run's config.json, the old history), no part, no .tmp- file.
   assert process_testlib.files_of(workdir) == {"config.json": b"{}\n", "config_history.jsonl": b'{"step": 0}\n'}
 
 
-def test_a_run_that_fails_ends_promptly_with_status_1(tmp_path, subprocess_env):
+def test_a_run_that_fails_ends_promptly_with_status_1(ended_runs):
   """A failed run must exit: TensorFlow's tf.data can deadlock at interpreter exit (1 in 4 seen).
 
-  4 runs whose dataset raises mid-run (status 1) at once: a 1-in-4 hang shows in 68% of runs of this test. Runs that
-  end well (status 0) are the rest of the suite's processes, each waited for with a timeout.
+  4 runs whose dataset raises mid-run (status 1, `_FAILING`), started at once with the other runs of `ended_runs`.
+  Runs that end well (status 0) are the rest of the suite's processes, each waited for with a timeout.
   """
-  (tmp_path / "failing.py").write_text(textwrap.dedent("""
-      import tensorflow as tf
-
-      def fail_after_30(index):
-        if index >= 30:
-          raise RuntimeError("the dataset broke down")  # A program error, not a data mistake: exit 1.
-        return tf.zeros([16])
-
-      def data(config, split):
-        features = tf.data.Dataset.range(10_000).map(
-            lambda i: tf.ensure_shape(tf.py_function(fail_after_30, [i], tf.float32), [16]))
-        return tf.data.Dataset.zip(features, tf.data.Dataset.range(10_000).map(lambda i: tf.cast(i % 10, tf.int32)))
-      """))
-  env = dict(subprocess_env, PYTHONPATH=os.pathsep.join([str(tmp_path), subprocess_env["PYTHONPATH"]]))
-  short = [
-      f"--config={SYNTHETIC}",
-      "--mode=train",
-      "--config.strategy.name=one_device",
-      "--config.trainer.train_steps=20",
-      "--config.trainer.steps_per_loop=10",
-  ]
-  runs = [Run(tmp_path / f"raises{i}", short + ["--config.data.name=failing:data"], env) for i in range(4)]
-  for run in runs:
-    status, stdout, stderr = run.wait()
+  for i in range(4):
+    status, stdout, stderr = ended_runs[f"raises{i}"]
     assert (status, stdout) == (1, ""), stderr[-3000:]
     assert "RuntimeError: the dataset broke down" in stderr, stderr[-3000:]

@@ -15,6 +15,7 @@ around is checked in tests/project/test_workarounds_outputs.py.)
 """
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -151,11 +152,12 @@ def _assert_every_listed_checkpoint_is_whole(workdir):
   return [checkpoint_list.step_of(path) for path in listed.paths]
 
 
-def test_sigterm_and_sigkill_during_background_writes_then_the_run_resumes_exactly(tmp_path, subprocess_env):
+def test_sigterm_and_sigkill_during_background_writes_then_the_run_resumes_exactly(tmp_path, subprocess_env, caplog):
   """One run stopped twice while it writes in the background (each rerun resumes it), then run to the end.
 
   Each stop saves, says so in one line and releases the workdir's lock; SIGKILL leaves the write it cut short, which
-  the rerun removes; the end holds the weights of an uninterrupted run, bit for bit, and one row per loop.
+  the rerun removes; the end holds the weights of an uninterrupted run, bit for bit, and one row per loop. A copy of
+  what SIGKILL left is removed from another workdir too (`_assert_a_killed_saves_leftover_is_removed_...`).
   """
   workdir, checkpoints = tmp_path / "run", str(tmp_path / "run" / "checkpoints")
   resumed_from, resumed_lines = 0, []
@@ -185,7 +187,12 @@ def test_sigterm_and_sigkill_during_background_writes_then_the_run_resumes_exact
   assert _being_written(checkpoints) == [writing]  # Killed part-way through the write of 13 MB.
   steps = _assert_every_listed_checkpoint_is_whole(workdir)
   assert steps and all(step < writing for step in steps)  # Never listed: the previous checkpoint is the latest.
-  status, stdout, stderr = _Run(workdir, subprocess_env).wait()
+  leftover = str(tmp_path / "killed" / f"ckpt-{writing}_temp")
+  shutil.copytree(os.path.join(checkpoints, f"ckpt-{writing}_temp"), leftover)
+  final = _Run(workdir, subprocess_env)
+  # While it starts: the leftover's copy in another workdir, in this process (a tiny model).
+  _assert_a_killed_saves_leftover_is_removed_when_training_starts_again(leftover, tmp_path / "other", caplog)
+  status, stdout, stderr = final.wait()
   assert status == 0 and f"global step: {STEPS}" in stdout, stderr[-3000:]
   assert f"Removed {checkpoints}/ckpt-{writing}_temp, left by a save that was interrupted" in stderr
   assert not _being_written(checkpoints)
@@ -194,7 +201,7 @@ def test_sigterm_and_sigkill_during_background_writes_then_the_run_resumes_exact
     assert f"Resuming at step {step}: each input pipeline starts its stream at the examples of step {step}" in stderr
   # Each loop reported once, although the stopped and killed runs reported loops past their last checkpoint.
   assert [row["step"] for row in process_testlib.train_rows(workdir)] == list(range(5, STEPS + 1, 5))
-  # The uninterrupted run, in this process.
+  # The uninterrupted run, in this process (after the rerun: two runs of this model at once slow each other down).
   config = runner.load_config(RUN[0].removeprefix("--config="), [arg.removeprefix("--config.") for arg in RUN[1:]])
   assert runner.run(config, str(tmp_path / "uninterrupted"), quiet=True).global_step == STEPS
   got = process_testlib.final_checkpoint_values(workdir)
@@ -202,3 +209,36 @@ def test_sigterm_and_sigkill_during_background_writes_then_the_run_resumes_exact
   assert sorted(got) == sorted(want) and len(want) > 4
   for name, value in want.items():
     np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def _assert_a_killed_saves_leftover_is_removed_when_training_starts_again(leftover, parent, caplog):
+  """What a save SIGKILLed part-way left is removed when training starts again, and only then.
+
+  The `ckpt-N_temp/` directory `leftover` is moved into the checkpoints of a run to step 6 (ckpt-2, ckpt-4, ckpt-6:
+  one every 2 steps, 3 kept): restoring alone removes nothing; training removes it, says so, and rotates.
+  """
+  assert os.listdir(leftover)  # The shards TensorFlow was writing, never merged into a checkpoint.
+  model_dir, checkpoints = str(parent / "run"), str(parent / "run" / "checkpoints")
+
+  def trainer():
+    return trainer_testlib.make_trainer(
+        tf.distribute.OneDeviceStrategy("/cpu:0"), model_dir=model_dir, checkpoint_every=2, max_to_keep=3
+    )
+
+  trainer().train(trainer_testlib.classification_data(64), global_batch_size=8, steps=6)
+  moved = os.path.join(checkpoints, os.path.basename(leftover))
+  shutil.move(leftover, moved)
+  caplog.clear()
+  resumed = trainer()
+  assert resumed.global_step == 6 and os.path.isdir(moved)  # Restoring alone removes nothing.
+  with caplog.at_level("INFO", logger="absl"):
+    resumed.train(trainer_testlib.classification_data(64), global_batch_size=8, steps=8)
+  assert not os.path.exists(moved)
+  assert f"Removed {moved}, left by a save that was interrupted" in caplog.text
+  assert "rebuilt" not in caplog.text  # The list was sound: neither rebuilt nor rewritten before the save.
+  assert [checkpoint_list.step_of(p) for p in checkpoint_list.read(checkpoints).paths] == [4, 6, 8]
+  assert sorted({name.split(".")[0] for name in os.listdir(checkpoints) if name.startswith("ckpt-")}) == [
+      "ckpt-4",
+      "ckpt-6",
+      "ckpt-8",
+  ]

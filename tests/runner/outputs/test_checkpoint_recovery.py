@@ -1,12 +1,13 @@
-"""What a stopped run leaves behind: a damaged checkpoint list, an interrupted save's `ckpt-N_temp`, replayed rows."""
+"""What a stopped run leaves behind: a damaged checkpoint list, replayed rows.
+
+An interrupted save's `ckpt-N_temp` (what a real SIGKILL left) and its removal when training starts again:
+tests/runner/outputs/test_async_checkpoints.py.
+"""
 
 import glob
 import os
 import re
 import shutil
-import signal
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -239,49 +240,6 @@ def test_runner_run_resumes_over_a_garbled_checkpoint_list(tmp_path):
   resumed = runner.run({**config, "trainer": {**config["trainer"], "train_steps": 60}}, workdir)
   assert resumed.global_step == 60 and resumed.checkpoint_path.endswith("ckpt-60")
   assert [entry["step"] for entry in process_testlib.config_history(workdir)] == [0, 40]
-
-
-_SAVE_FOREVER = textwrap.dedent("""
-    import itertools, sys
-    import tensorflow as tf
-    variable = tf.Variable(tf.zeros([8 * 1024 * 1024]))  # 32 MB: each save spends a while writing ckpt-N_temp.
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=variable), sys.argv[1], max_to_keep=1)
-    for step in itertools.count(1000):
-      manager.save(checkpoint_number=step)
-""")
-
-
-def _killed_while_saving(directory, env):
-  """SIGKILLs a process while it writes a checkpoint into `directory`; returns the `ckpt-N_temp` it left."""
-  for _ in range(5):
-    saver = process_testlib.Process(
-        [sys.executable, "-c", _SAVE_FOREVER, directory], env=env, logs=directory + ".logs", name="saver"
-    )
-    saver.wait_for(lambda: glob.glob(os.path.join(directory, "ckpt-*_temp", "*")), "a save in progress")
-    saver.process.send_signal(signal.SIGKILL)
-    assert saver.wait()[0] == -signal.SIGKILL
-    left = glob.glob(os.path.join(directory, "ckpt-*_temp"))
-    if left:
-      return left[0]
-  raise AssertionError("no kill of 5 left a ckpt-N_temp directory")
-
-
-def test_what_a_save_killed_part_way_left_is_removed_when_training_starts_again(
-    trained, tmp_path, subprocess_env, caplog
-):
-  leftover = _killed_while_saving(str(tmp_path / "killed"), subprocess_env)
-  assert os.listdir(leftover)  # The shards TensorFlow was writing, never merged into a checkpoint.
-  model_dir, checkpoints = _copy(trained, tmp_path)
-  moved = os.path.join(checkpoints, os.path.basename(leftover))
-  shutil.move(leftover, moved)
-  resumed = _trainer(model_dir)
-  assert resumed.global_step == 6 and os.path.isdir(moved)  # Restoring alone removes nothing.
-  with caplog.at_level("INFO", logger="absl"):
-    resumed.train(trainer_testlib.classification_data(64), global_batch_size=GLOBAL_BATCH, steps=8)
-  assert not os.path.exists(moved)
-  assert f"Removed {moved}, left by a save that was interrupted" in caplog.text
-  assert "rebuilt" not in caplog.text  # The list was sound: neither rebuilt nor rewritten before the save.
-  assert _names(_checkpoint_files(checkpoints)) == ["ckpt-4", "ckpt-6", "ckpt-8"]
 
 
 class _CrashAtStep(runner.actions.Action):

@@ -145,23 +145,21 @@ def test_a_remote_lock_of_a_gone_run_is_taken_over_and_a_live_ones_is_not(tmp_pa
     workdir_lock.acquire(workdir, mode="train")
 
 
+_RUN_OVERRIDES = [
+    "mode=train",
+    "strategy.name=one_device",
+    "data.num_examples=512",
+    "trainer.train_steps=1000000",
+    "trainer.steps_per_loop=10",
+    "trainer.checkpoint_every=50",
+]
+
+
 def _runner(workdir, env, *args, name="run"):
   """`python -m runner` training a synthetic run into `workdir` for far longer than the test lasts."""
-  command = [
-      sys.executable,
-      "-m",
-      "runner",
-      f"--config={SYNTHETIC}",
-      "--mode=train",
-      f"--workdir={workdir}",
-      "--config.strategy.name=one_device",
-      "--config.data.num_examples=512",
-      "--config.trainer.train_steps=1000000",
-      "--config.trainer.steps_per_loop=10",
-      "--config.trainer.checkpoint_every=50",
-      *args,
-  ]
-  return process_testlib.TrainingProcess(command, workdir=workdir, env=env, name=name)
+  command = [sys.executable, "-m", "runner", f"--config={SYNTHETIC}", f"--workdir={workdir}"]
+  command += [f"--{o}" if o.startswith("mode=") else f"--config.{o}" for o in _RUN_OVERRIDES]
+  return process_testlib.TrainingProcess([*command, *args], workdir=workdir, env=env, name=name)
 
 
 def _first_to_exit(runs):
@@ -172,21 +170,27 @@ def _first_to_exit(runs):
   return next(run for run in runs if run.process.poll() is not None)
 
 
-def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, subprocess_env):
-  """Twice two processes on a new workdir, each time a holder and one refused at once.
+def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, subprocess_env, caplog):
+  """Twice two processes on a new workdir (the four at once), each time a holder and one refused at once.
 
   First the second has another model (the lock is checked before the model) and its holder is stopped by SIGTERM;
-  then the same command twice, its holder SIGKILLed and its stale lock taken over by the next run.
+  then the same command twice, its holder SIGKILLed and its stale lock taken over by the next run (in this process:
+  the CLI's exit status and summary of a resumed run are checked in tests/runner/cluster/test_fault_tolerance.py).
   """
   another_model = ["--config.model.hidden_units=(32,)"]
+  attempts = []
   for attempt, (second_args, stop) in enumerate([(another_model, signal.SIGTERM), ((), signal.SIGKILL)]):
     workdir = str(tmp_path / f"attempt{attempt}")
     runs = [
-        _runner(workdir, subprocess_env, name="first"),
-        _runner(workdir, subprocess_env, *second_args, name="second"),
+        _runner(workdir, subprocess_env, name=f"first{attempt}"),
+        _runner(workdir, subprocess_env, *second_args, name=f"second{attempt}"),
     ]
+    attempts.append((workdir, stop, runs))
+  holders = []
+  for workdir, stop, runs in attempts:
     stopped = _first_to_exit(runs)
     (holder,) = [run for run in runs if run is not stopped]
+    holders.append(holder)
     status, stdout, stderr = stopped.wait()
     assert status == 2 and stdout == "", stderr[-3000:]
     assert "Traceback" not in stderr
@@ -197,8 +201,10 @@ def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, 
         r"\. Wait for it to end, .*",
         error,
     ), error
+  for (_, stop, _), holder in zip(attempts, holders, strict=True):
     holder.wait_for_rows(6)  # Trained on, past its first checkpoint.
     holder.process.send_signal(stop)
+  for (workdir, stop, _), holder in zip(attempts, holders, strict=True):
     status, _, stderr = holder.wait()
     assert status == (143 if stop == signal.SIGTERM else -signal.SIGKILL), stderr[-3000:]
     history = process_testlib.config_history(workdir)
@@ -212,11 +218,12 @@ def test_two_runs_started_together_one_trains_the_other_stops_at_once(tmp_path, 
       assert LOCK not in os.listdir(workdir)
   with open(os.path.join(workdir, LOCK), encoding="utf-8") as f:
     assert json.load(f)["pid"] == holder.process.pid  # The SIGKILLed holder's lock stays, stale.
-  status, stdout, stderr = _runner(workdir, subprocess_env, f"--config.trainer.train_steps={steps[-1] + 20}").wait()
-  assert status == 0 and f"global step: {steps[-1] + 20}" in stdout, stderr[-3000:]
+  config = runner.load_config(SYNTHETIC, [*_RUN_OVERRIDES, f"trainer.train_steps={steps[-1] + 20}"])
+  with caplog.at_level("WARNING", logger="absl"):
+    assert runner.run(config, workdir, quiet=True).global_step == steps[-1] + 20
   assert (
       f"Took over the workdir lock {os.path.join(workdir, LOCK)} of a run that is gone: pid {holder.process.pid}"
-      in stderr
+      in caplog.text
   )
   assert LOCK not in os.listdir(workdir)
 
