@@ -21,7 +21,7 @@ from testlib import paths
 from testlib import process_testlib
 
 SYNTHETIC = os.path.join(paths.REPO, "configs", "synthetic.py")
-STEPS = 100
+STEPS = 200
 OVERRIDES = [
     "strategy.name=multi_worker_mirrored",
     "data.num_examples=512",
