@@ -85,22 +85,26 @@ def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes
   env = dict(subprocess_env, TMPDIR=str(scratch))
   workdir = tmp_path / "job"
   hosts = _hosts(num_workers)
-  results = _finish(
-      [
-          _start(
-              [
-                  sys.executable,
-                  AGREEMENT_MAIN,
-                  str(tmp_path / f"weights_{i}.npz"),
-                  str(workdir),
-                  *OVERRIDES,
-                  *_cluster_overrides(hosts, i),
-              ],
-              env,
-          )
-          for i in range(num_workers)
-      ]
-  )
+  workers = [
+      _start(
+          [
+              sys.executable,
+              AGREEMENT_MAIN,
+              str(tmp_path / f"weights_{i}.npz"),
+              str(workdir),
+              *OVERRIDES,
+              *_cluster_overrides(hosts, i),
+          ],
+          env,
+      )
+      for i in range(num_workers)
+  ]
+  try:  # One device, in this process, while the workers start.
+    single = runner.run(
+        runner.load_config(SYNTHETIC, OVERRIDES + ["strategy.name=one_device"]), str(tmp_path / "single")
+    )
+  finally:
+    results = _finish(workers)
   for status, stdout, stderr in results:
     assert status == 0, stderr[-3000:]
     assert stdout.splitlines()[-1] == f"global step: {STEPS}"
@@ -112,7 +116,6 @@ def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes
   for other in per_worker[1:]:
     for got, want in zip(other, per_worker[0]):
       np.testing.assert_array_equal(got, want)
-  single = runner.run(runner.load_config(SYNTHETIC, OVERRIDES + ["strategy.name=one_device"]), str(tmp_path / "single"))
   assert single.global_step == STEPS
   expected = single.model.get_weights()
   assert len(per_worker[0]) == len(expected) == 4
@@ -139,12 +142,50 @@ def test_workers_end_identical_and_equal_to_one_device_and_only_the_chief_writes
   np.testing.assert_allclose(output.numpy(), single.model(features).numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_a_worker_whose_peer_never_comes_gives_up_at_the_timeout_naming_it(tmp_path, subprocess_env):
-  hosts = _hosts(3)
-  workdir = tmp_path / "job"
-  ((status, stdout, stderr),) = _finish(
-      [_start(_runner(hosts, 1, workdir, "--config.strategy.timeout_seconds=3"), subprocess_env)]
-  )
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory):
+  """Workers that end before training does, started side by side once for the file: {name: outcome}.
+
+  'alone': worker:1 of 3, whose peers never come (timeout 3 s); SIGTERM and SIGINT: worker:0 of 2, each signalled while
+  it waits for worker:1; 'lost': 2 training workers, worker:1 killed (SIGKILL) after step 100. An outcome is
+  `(status, stdout, stderr)`, with the workdir, the hosts (and the victim's outcome) beside it.
+  """
+  env = paths.subprocess_environment()
+  root = tmp_path_factory.mktemp("side_by_side")
+  hosts = {"alone": _hosts(3), "lost": _hosts(2), **{signum: _hosts(2) for signum in (signal.SIGTERM, signal.SIGINT)}}
+  workdirs = {name: root / str(name) / "job" for name in hosts}
+  for workdir in workdirs.values():
+    workdir.parent.mkdir()
+  args = [
+      "--mode=train",
+      "--config.trainer.train_steps=1000000",
+      "--config.trainer.steps_per_loop=10",
+      "--config.trainer.checkpoint_every=50",
+  ]
+  processes = {
+      "alone": _start(_runner(hosts["alone"], 1, workdirs["alone"], "--config.strategy.timeout_seconds=3"), env),
+      **{
+          signum: _start(_runner(hosts[signum], 0, workdirs[signum]), env) for signum in (signal.SIGTERM, signal.SIGINT)
+      },
+      "lost": _start(_runner(hosts["lost"], 0, workdirs["lost"], *args), env),
+      "victim": _start(_runner(hosts["lost"], 1, workdirs["lost"], *args), env),
+  }
+  try:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      _wait_for_line(processes[signum], "waiting for worker:1 (at most 300 s)")
+      processes[signum].send_signal(signum)
+    _wait_for_line(processes["lost"], "step 100/1000000")
+    processes["victim"].kill()
+  except BaseException:
+    for process in processes.values():
+      process.kill()
+    raise
+  outcomes = dict(zip(processes, _finish(list(processes.values()))))
+  return {name: (outcomes[name], workdirs[name], hosts[name]) for name in hosts}
+
+
+def test_a_worker_whose_peer_never_comes_gives_up_at_the_timeout_naming_it(side_by_side):
+  (status, stdout, stderr), workdir, hosts = side_by_side["alone"]
   assert status == exit_codes.CLUSTER, stderr[-3000:]
   assert stderr.splitlines()[-1] == (
       f"error: worker:1 waited 3 s for the other tasks and gave up: nothing listens at worker:0 ({hosts[0]}), "
@@ -152,40 +193,22 @@ def test_a_worker_whose_peer_never_comes_gives_up_at_the_timeout_naming_it(tmp_p
       "raise config.strategy.timeout_seconds."
   )
   assert "Traceback" not in stderr and "global step" not in stdout
-  assert not workdir.exists()  # Nothing was written.
+  assert not os.listdir(workdir.parent)  # Nothing was written.
 
 
-def test_sigterm_and_ctrl_c_end_a_worker_that_waits_for_its_peers(tmp_path, subprocess_env):
-  waiting = {
-      signum: _start(_runner(_hosts(2), 0, tmp_path / signal.Signals(signum).name), subprocess_env)
-      for signum in (signal.SIGTERM, signal.SIGINT)
-  }
-  for process in waiting.values():
-    _wait_for_line(process, "waiting for worker:1 (at most 300 s)")
-  for signum, process in waiting.items():
-    process.send_signal(signum)
-  results = dict(zip(waiting, _finish(list(waiting.values()))))
-  status, _, stderr = results[signal.SIGTERM]
+def test_sigterm_and_ctrl_c_end_a_worker_that_waits_for_its_peers(side_by_side):
+  (status, _, stderr), workdir, _ = side_by_side[signal.SIGTERM]
   assert status == 143
   assert stderr.splitlines()[-1] == "error: SIGTERM while waiting for the other tasks to join; stopped before any work."
-  status, _, stderr = results[signal.SIGINT]
+  assert not os.listdir(workdir.parent)  # It did not write its workdir.
+  (status, _, stderr), workdir, _ = side_by_side[signal.SIGINT]
   assert status == 130
   assert stderr.splitlines()[-1] == "Stopped by Ctrl-C during start-up; nothing was written."
-  assert not [name for name in os.listdir(tmp_path)]  # Neither wrote its workdir.
+  assert not os.listdir(workdir.parent)
 
 
-def test_a_worker_that_dies_mid_run_stops_the_others_with_one_line_naming_it(tmp_path, subprocess_env):
-  hosts = _hosts(2)
-  args = [
-      "--mode=train",
-      "--config.trainer.train_steps=1000000",
-      "--config.trainer.steps_per_loop=10",
-      "--config.trainer.checkpoint_every=50",
-  ]
-  survivor, victim = [_start(_runner(hosts, i, tmp_path / "job", *args), subprocess_env) for i in range(2)]
-  _wait_for_line(survivor, "step 100/1000000")
-  victim.kill()
-  (status, stdout, stderr), _ = _finish([survivor, victim])
+def test_a_worker_that_dies_mid_run_stops_the_others_with_one_line_naming_it(side_by_side):
+  (status, stdout, stderr), _, hosts = side_by_side["lost"]
   assert status == exit_codes.CLUSTER, stderr[-3000:]
   last = stderr.splitlines()[-1]
   assert last.startswith("error: worker:0 stopped after step ")

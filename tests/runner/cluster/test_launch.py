@@ -4,11 +4,11 @@ The helpers and bad input need no TensorFlow and cost a fraction of a second.
 The jobs are real processes on localhost ports. One uninterrupted job (a
 module fixture) trains to the end, and is what the stopped jobs must end as:
 one has a worker SIGKILLed and must restart, and the same 2 workers started
-without the launcher get SIGTERM at one of them. One job fails with a user
-error and one with a bug, neither restarted; others get a stop at a random
-moment (SIGTERM, a terminal's Ctrl-C), freeze and lose a parameter-server
-worker, or lose their launcher to SIGKILL, and what they saved is checked on
-disk.
+without the launcher get SIGTERM at one of them. Five jobs run side by side
+(a module fixture): one fails with a user error and one with a bug, neither
+restarted; the others get a stop at a random moment (SIGTERM, a terminal's
+Ctrl-C) or lose their launcher to SIGKILL, and what they saved is checked on
+disk. One job freezes and loses a parameter-server worker.
 """
 
 import os
@@ -342,14 +342,117 @@ def test_an_uninterrupted_two_worker_job_trains_to_the_configured_step(uninterru
   assert tf.train.latest_checkpoint(os.path.join(uninterrupted.workdir, "checkpoints")).endswith(f"ckpt-{STEPS}")
 
 
-def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(tmp_path, subprocess_env):
-  job = Launch(
-      tmp_path / "job",
-      FAST_STOP + ["--workers=2", "--max_restarts=3"],
-      _runner_args(tmp_path / "job", train_steps=-1),
-      subprocess_env,
-  )
-  status, stdout, stderr = job.wait()
+NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
+STOPS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}
+
+
+def _act_when_ready(events):
+  """Calls each `act()` `delay` s after its `ready()` first holds; `events` are (job, what, ready, delay, act).
+
+  The jobs run side by side: each act comes at its own job's moment.
+  """
+  due, done = {}, set()
+  deadline = time.monotonic() + TIMEOUT_SECONDS
+  while len(done) < len(events):
+    for index, (job, what, ready, delay, act) in enumerate(events):
+      if index in done:
+        continue
+      assert job.process.poll() is None, f"{job.name} exited before {what}: {job.stderr()[-3000:]}"
+      if index not in due and ready():
+        due[index] = time.monotonic() + delay
+      if index in due and time.monotonic() >= due[index]:
+        act()
+        done.add(index)
+    assert time.monotonic() < deadline, f"no {[events[i][1] for i in range(len(events)) if i not in done]} in time"
+    time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def ended_early(tmp_path_factory):
+  """Jobs that end before train_steps, started side by side once for the file: {name: (workdir, job, outcome)}.
+
+  A user error in both tasks; a bug in a task; SIGTERM to the launcher within 2 s of the tasks' start (start-up,
+  where nothing may be written); Ctrl-C at the launcher's terminal (SIGINT to its whole process group) within 2 s of
+  a train row (training, before any checkpoint, where both workers must save at one step); SIGKILL to the launcher
+  after 1 to 20 train rows (its workers' pids are `job.workers`). The tests check either outcome of a stop,
+  whichever comes.
+  """
+  env = paths.subprocess_environment()
+  workdirs = {
+      name: tmp_path_factory.mktemp(name) / "job" for name in ("user_error", "bug", "SIGTERM", "SIGINT", "sigkill")
+  }
+  never = {field: NEVER for field in ("train_steps", "checkpoint_every")}
+  jobs = {
+      "user_error": Launch(
+          workdirs["user_error"],
+          FAST_STOP + ["--workers=2", "--max_restarts=3"],
+          _runner_args(workdirs["user_error"], train_steps=-1),
+          env,
+      ),
+      # json.loads(config.model) raises TypeError: an exception the runner does not know, a bug (status 1). One
+      # worker is enough: the failing job of two workers is the user error's.
+      "bug": Launch(
+          workdirs["bug"],
+          FAST_STOP + ["--workers=1", "--max_restarts=3"],
+          _runner_args(workdirs["bug"]) + ["--config.model.name=json:loads"],
+          env,
+      ),
+      **{
+          signum.name: Launch(
+              workdirs[signum.name],
+              ["--workers=2"],
+              _runner_args(workdirs[signum.name], **never),
+              env,
+              preexec_fn=os.setsid,  # A terminal's process group: the launcher leads it.
+          )
+          for signum in STOPS
+      },
+      "sigkill": Launch(workdirs["sigkill"], ["--workers=2"], _runner_args(workdirs["sigkill"], **never), env),
+  }
+  killed = jobs["sigkill"]
+  killed.workers = []
+
+  def kill_the_launcher():
+    killed.workers = killed.pids("worker:0") + killed.pids("worker:1")
+    killed.process.kill()
+
+  try:
+    _act_when_ready(
+        [
+            (
+                jobs["SIGTERM"],
+                "tasks' start",
+                lambda: jobs["SIGTERM"].pids("worker:1"),
+                random.Random(signal.SIGTERM).uniform(0, 2),
+                lambda: jobs["SIGTERM"].process.send_signal(signal.SIGTERM),
+            ),
+            (
+                jobs["SIGINT"],
+                "train row",
+                lambda: jobs["SIGINT"].pids("worker:1") and jobs["SIGINT"].train_rows(),
+                random.Random(signal.SIGINT).uniform(0, 2),
+                lambda: os.killpg(jobs["SIGINT"].process.pid, signal.SIGINT),
+            ),
+            (
+                killed,
+                "train rows",
+                lambda: len(killed.train_rows()) >= random.Random(7).randint(1, 20),
+                0,
+                kill_the_launcher,
+            ),
+        ]
+    )
+    yield {name: (workdirs[name], job, job.wait()) for name, job in jobs.items()}
+  finally:
+    for job in jobs.values():
+      job.process.kill()
+    for pid in killed.workers:
+      if not _ended(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(ended_early):
+  _, job, (status, stdout, stderr) = ended_early["user_error"]
   assert (status, stdout) == (2, ""), stderr[-3000:]
   errors = re.findall(r"^(?:\[[\w:]+\] )?error: .*$", stderr, re.M)  # The tasks' `error:` lines, prefixed.
   assert 1 <= len(errors) <= 2, stderr[-3000:]  # One per worker that got to print it before being stopped.
@@ -368,16 +471,8 @@ def test_a_user_error_in_a_task_ends_the_job_with_2_and_is_not_restarted(tmp_pat
   assert "Traceback" not in stderr
 
 
-def test_a_bug_in_a_task_is_permanent_and_not_restarted(tmp_path, subprocess_env):
-  # json.loads(config.model) raises TypeError: an exception the runner does not know, a bug (status 1). One worker
-  # is enough: the failing job of two workers is the user error's test above.
-  job = Launch(
-      tmp_path / "job",
-      FAST_STOP + ["--workers=1", "--max_restarts=3"],
-      _runner_args(tmp_path / "job") + ["--config.model.name=json:loads"],
-      subprocess_env,
-  )
-  status, _, stderr = job.wait()
+def test_a_bug_in_a_task_is_permanent_and_not_restarted(ended_early):
+  _, job, (status, _, stderr) = ended_early["bug"]
   assert status == exit_codes.BUG, stderr[-3000:]
   assert re.search(
       r"^\[launch\] the job failed: worker:0 exited with status 1 \(a bug\), which a restart would repeat; "
@@ -397,41 +492,14 @@ def test_transient_and_permanent_statuses():
   assert (exit_codes.CLUSTER, sorted(exit_codes.STOPPED_BY.values())) == (170, [130, 143])
 
 
-NEVER = 10**6  # train_steps and checkpoint_every of a job that only a stop ends: no checkpoint before it.
-
-
-@pytest.mark.parametrize(
-    "signum, moment", [(signal.SIGTERM, "start-up"), (signal.SIGINT, "training")], ids=["SIGTERM", "SIGINT"]
-)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_to_the_launcher_ends_both_workers_at_one_step_and_its_last_line_says_what_was_saved(
-    signum, moment, tmp_path, subprocess_env
+    signum, ended_early
 ):
-  """SIGTERM to the launcher, or Ctrl-C at its terminal (SIGINT to its whole process group), at a random moment.
-
-  SIGTERM comes within 2 s of the tasks' start (start-up, where nothing may
-  be written), Ctrl-C within 2 s of the first train row: training, before
-  any checkpoint, where both workers must save at one step. Either outcome
-  is checked whichever comes.
-  """
-  workdir = tmp_path / "job"
-  job = Launch(
-      workdir,
-      ["--workers=2"],
-      _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER),
-      subprocess_env,
-      preexec_fn=os.setsid,
-  )  # A terminal's process group: the launcher leads it.
-  job.wait_for(lambda: job.pids("worker:1"), "the tasks' start")
-  if moment == "training":
-    job.wait_for_rows(1)
-  time.sleep(random.Random(signum).uniform(0, 2))
-  if signum == signal.SIGINT:
-    os.killpg(job.process.pid, signal.SIGINT)
-  else:
-    job.process.send_signal(signal.SIGTERM)
-  status, _, stderr = job.wait()
+  """SIGTERM to the launcher at start-up, or Ctrl-C at its terminal in training (see `ended_early`)."""
+  workdir, job, (status, _, stderr) = ended_early[signal.Signals(signum).name]
   assert status == 128 + signum, stderr[-3000:]
-  name = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C (SIGINT)"}[signum]
+  name = STOPS[signum]
   again = " again" if signum == signal.SIGINT else ""  # After SIGTERM no Ctrl-C came before.
   assert re.search(rf"^\[launch\] {re.escape(name)} received: .*\. Press Ctrl-C{again} to kill", stderr, re.M), stderr
   step = _latest_step(workdir)
@@ -538,22 +606,16 @@ def test_under_parameter_servers_a_stop_saves_a_frozen_worker_is_named_and_a_dea
   assert "SIGTERM" not in stderr and "[launch] killed" not in stderr
 
 
-def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one_step(tmp_path, subprocess_env):
-  workdir = tmp_path / "job"
-  job = Launch(
-      workdir, ["--workers=2"], _runner_args(workdir, train_steps=NEVER, checkpoint_every=NEVER), subprocess_env
-  )
-  job.wait_for_rows(random.Random(7).randint(1, 20))
-  workers = job.pids("worker:0") + job.pids("worker:1")
-  job.process.kill()
-  assert job.wait()[0] == -signal.SIGKILL
+def test_a_launcher_killed_by_sigkill_leaves_no_task_and_its_workers_save_at_one_step(ended_early):
+  workdir, job, (status, _, _) = ended_early["sigkill"]
+  assert status == -signal.SIGKILL
   deadline = time.monotonic() + 60
-  while not all(_ended(pid) for pid in workers) and time.monotonic() < deadline:
+  while not all(_ended(pid) for pid in job.workers) and time.monotonic() < deadline:
     time.sleep(0.1)
-  running = [pid for pid in workers if not _ended(pid)]
+  running = [pid for pid in job.workers if not _ended(pid)]
   for pid in running:
     os.kill(pid, signal.SIGKILL)
-  assert not running, "the tasks outlived their launcher"
+  assert len(job.workers) == 2 and not running, "the tasks outlived their launcher"
   step = _latest_step(workdir)  # Each got SIGTERM as its parent died: they saved at the end of the same loop.
   assert step is not None and job.train_rows()[-1]["step"] == step
 
