@@ -175,6 +175,33 @@ def jobs(env, tmp_path_factory):
     threads.shutdown(wait=True)
 
 
+def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_path, jobs):
+  """`srun -n3` with `num_ps=1`: chief, ps:0, worker:0; the job trains what one process on one device trains.
+
+  One worker runs the steps one after another on the batches one process
+  would take: the same weights, bit for bit. The ports are those SLURM
+  reserved for the step (MpiParams=ports in slurm.conf).
+  """
+  try:  # The same run on one device, in this process while the jobs run (this test runs first).
+    overrides = [arg.removeprefix("--").removeprefix("config.") for arg in _runner_args()[1:]]
+    alone = runner.run(runner.load_config(SYNTHETIC, [*overrides, "strategy.name=one_device"]), str(tmp_path / "one"))
+  finally:
+    status, stdout, stderr = jobs.srun_ps.wait()
+  assert status == 0, stderr[-3000:]
+  assert alone.global_step == STEPS
+  sizes = "1 chief, 1 ps task, 1 worker"
+  chief = _cluster_line(stderr, 0, f"{sizes}; this task is chief:0 at localhost:")
+  assert chief.group(2).startswith("ports reserved by SLURM (")
+  _cluster_line(stderr, 1, f"{sizes}; this task is ps:0 at localhost:")
+  _cluster_line(stderr, 2, f"{sizes}; this task is worker:0 at localhost:")
+  assert f"0: global step: {STEPS}\n" in stdout
+  for rank, task in ((1, "ps:0"), (2, "worker:0")):
+    assert f"{rank}: serving as {task} of a parameter-server cluster until the coordinator" in stdout
+  workdir = jobs.root / "srun_ps"
+  assert [row["step"] for row in process_testlib.train_rows(workdir)] == list(range(10, STEPS + 1, 10))
+  _assert_same_weights(workdir, process_testlib.final_checkpoint_values(tmp_path / "one"))
+
+
 def test_srun_trains_one_two_replica_job_with_the_weights_of_runner_launch(jobs):
   """`srun -N1 -n2 python -m runner ...` with no TF_CONFIG: one job of 2 workers, bit for bit `runner.launch --workers=2`.
 
@@ -224,30 +251,3 @@ def test_the_docs_sbatch_script_saves_on_scancel_signal_term_requeues_itself_and
   assert re.search(rf"^global step: {steps}$", output, re.M), output[-3000:]  # The chief's last lines.
   assert (workdir / "checkpoints" / f"ckpt-{steps}.index").exists()
   assert min(saved) < steps
-
-
-def test_srun_parameter_servers_take_their_roles_from_the_rank_and_num_ps(tmp_path, jobs):
-  """`srun -n3` with `num_ps=1`: chief, ps:0, worker:0; the job trains what one process on one device trains.
-
-  One worker runs the steps one after another on the batches one process
-  would take: the same weights, bit for bit. The ports are those SLURM
-  reserved for the step (MpiParams=ports in slurm.conf).
-  """
-  try:  # The same run on one device, in this process while the job runs.
-    overrides = [arg.removeprefix("--").removeprefix("config.") for arg in _runner_args()[1:]]
-    alone = runner.run(runner.load_config(SYNTHETIC, [*overrides, "strategy.name=one_device"]), str(tmp_path / "one"))
-  finally:
-    status, stdout, stderr = jobs.srun_ps.wait()
-  assert status == 0, stderr[-3000:]
-  assert alone.global_step == STEPS
-  sizes = "1 chief, 1 ps task, 1 worker"
-  chief = _cluster_line(stderr, 0, f"{sizes}; this task is chief:0 at localhost:")
-  assert chief.group(2).startswith("ports reserved by SLURM (")
-  _cluster_line(stderr, 1, f"{sizes}; this task is ps:0 at localhost:")
-  _cluster_line(stderr, 2, f"{sizes}; this task is worker:0 at localhost:")
-  assert f"0: global step: {STEPS}\n" in stdout
-  for rank, task in ((1, "ps:0"), (2, "worker:0")):
-    assert f"{rank}: serving as {task} of a parameter-server cluster until the coordinator" in stdout
-  workdir = jobs.root / "srun_ps"
-  assert [row["step"] for row in process_testlib.train_rows(workdir)] == list(range(10, STEPS + 1, 10))
-  _assert_same_weights(workdir, process_testlib.final_checkpoint_values(tmp_path / "one"))
