@@ -4,7 +4,7 @@ Every task runs the same command with its own TF_CONFIG: the chief trains
 (steps scheduled onto the workers), the workers and ps tasks serve until the
 chief is done. Tasks start in a shuffled order, as they may on a cluster.
 The tf_keras (Keras 2) and input tests run their cluster's servers in the
-coordinator's one process (tests/testlib/tf_keras_parameter_server_main.py,
+coordinator's one process, both at once (tests/testlib/tf_keras_parameter_server_main.py,
 tests/testlib/parameter_server_input_main.py).
 """
 
@@ -14,7 +14,6 @@ import os
 import random
 import re
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -200,25 +199,42 @@ def test_a_lost_ps_a_signalled_server_and_a_missing_cluster_each_end_with_one_li
   assert status == 0, stderr[-3000:]  # Its coordinator is gone: nothing left to serve.
 
 
-def _run_in_one_process(script, cluster, out_dir, env):
-  """Runs `script OUT_DIR` as the chief of `cluster` (it serves the other tasks itself); returns its results.json."""
-  env = dict(env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
-  completed = subprocess.run(
-      [sys.executable, script, str(out_dir)],
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=process_testlib.TIMEOUT_SECONDS,
-      check=False,
-  )
-  assert completed.returncode == 0, completed.stderr[-3000:]
-  with open(os.path.join(out_dir, "results.json"), encoding="utf-8") as f:
-    return json.load(f)
+@pytest.fixture(scope="module")
+def one_process_clusters(tmp_path_factory):
+  """{name: (OUT_DIR, process)}: `script OUT_DIR` as the chief of its cluster (it serves the other tasks itself).
+
+  The input script's cluster (2 workers, 1 ps) and the tf_keras script's
+  (1 worker, 2 ps) start at once; each test waits for its own.
+  """
+  env = paths.subprocess_environment()
+  started = {}
+  for name, script, cluster in (
+      ("input", INPUT_SCRIPT, _cluster(workers=2, ps=1)),
+      ("tf_keras", TF_KERAS_SCRIPT, _cluster(workers=1, ps=2)),
+  ):
+    out_dir = tmp_path_factory.mktemp(name)
+    task_env = dict(env, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}}))
+    logs = str(tmp_path_factory.mktemp(f"{name}_logs"))
+    started[name] = (out_dir, process_testlib.Process([sys.executable, script, str(out_dir)], env=task_env, logs=logs))
+  try:
+    yield started
+  finally:
+    for _, process in started.values():
+      process.process.kill()  # Ended already unless a test failed.
 
 
-def test_each_worker_reads_and_trains_on_its_own_share_once_per_epoch(tmp_path, subprocess_env):
+def _results_of(one_process_clusters, name):
+  """(OUT_DIR, its results.json) of the script `name` of `one_process_clusters`, once it exited with status 0."""
+  out_dir, process = one_process_clusters[name]
+  status, _, stderr = process.wait()
+  assert status == 0, stderr[-3000:]
+  with open(out_dir / "results.json", encoding="utf-8") as f:
+    return out_dir, json.load(f)
+
+
+def test_each_worker_reads_and_trains_on_its_own_share_once_per_epoch(one_process_clusters):
   """2 workers: worker k reads examples k, k + 2, ... (its share), in order; a resumed run starts it at step // 2."""
-  results = _run_in_one_process(INPUT_SCRIPT, _cluster(workers=2, ps=1), tmp_path, subprocess_env)
+  _, results = _results_of(one_process_clusters, "input")
   assert results["servers"] == 3
   shares = [list(range(24))[worker::2] for worker in range(2)]  # InMemory shards by example.
   # Each function read one epoch of its worker's share (3 batches of 4): every example of it once, no other.
@@ -242,14 +258,14 @@ def test_each_worker_reads_and_trains_on_its_own_share_once_per_epoch(tmp_path, 
     assert sum(trained) % 4 == 0  # whole batches of this worker's share
 
 
-def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(tmp_path, subprocess_env):
+def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_loop(one_process_clusters):
   """One worker runs each loop's 3 steps in order; the kernel is split over both ps tasks; so does gradient accumulation.
 
   A tf_keras metric, which cannot update statelessly, is one ConfigError before any step.
   """
-  results = _run_in_one_process(TF_KERAS_SCRIPT, _cluster(workers=1, ps=2), tmp_path, subprocess_env)
+  out_dir, results = _results_of(one_process_clusters, "tf_keras")
   assert results["servers"] == 3 and results["kernel_shards"] == [[4, 4], [4, 4]]
-  with np.load(tmp_path / "weights.npz") as saved:
+  with np.load(out_dir / "weights.npz") as saved:
     weights = [saved[f"arr_{i}"] for i in range(len(saved.files))]
   initial, trained = weights[:2], weights[2:]
   features, labels = trainer_testlib.classification_arrays()
@@ -258,7 +274,7 @@ def test_a_tf_keras_model_trains_on_one_worker_and_two_ps_as_the_hand_written_lo
   )
   assert not np.allclose(reference[0], initial[0], atol=1e-2)  # It trained.
   tf_keras_testlib.assert_weights_close(trained, reference)
-  with np.load(tmp_path / "accumulated.npz") as saved:  # 2 micro-batches per step: the same training.
+  with np.load(out_dir / "accumulated.npz") as saved:  # 2 micro-batches per step: the same training.
     tf_keras_testlib.assert_weights_close([saved[f"arr_{i}"] for i in range(len(saved.files))], reference)
   # Each loop's mean loss, and the task's Keras 3 accuracy, updated statelessly on the worker.
   assert [loop["step"] for loop in results["loops"]] == [3, 6]

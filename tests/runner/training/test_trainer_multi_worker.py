@@ -6,7 +6,6 @@ hand-written tf_keras loop (the multi-process part of test_trainer_tf_keras.py).
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from testlib import paths
+from testlib import process_testlib
 from testlib import tf_keras_testlib
 from testlib import trainer_testlib
 
@@ -28,32 +28,32 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
     env = dict(
         subprocess_env, TF_CONFIG=json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": index}})
     )
-    workers.append(
-        subprocess.Popen(
-            [sys.executable, WORKER_SCRIPT, str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+    workers.append(  # Output to files: a full pipe would stop a worker while this process trains.
+        process_testlib.Process(
+            [sys.executable, WORKER_SCRIPT, str(tmp_path)], env=env, logs=str(tmp_path / "logs"), name=f"worker{index}"
         )
     )
-  try:
-    outputs = [worker.communicate(timeout=150)[0] for worker in workers]
+  try:  # The same training and evaluation in one process, here while the workers run.
+    single = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"))
+    single.train(
+        trainer_testlib.classification_data(),
+        global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
+        steps=trainer_testlib.MULTI_WORKER_STEPS,
+    )
+    expected = single.model.get_weights()
+    expected_eval = single.evaluate(
+        trainer_testlib.classification_data(1001, seed=2), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH
+    )
+    ended = [worker.wait(timeout=150) for worker in workers]
   finally:
     for worker in workers:
-      worker.kill()
-  for worker, output in zip(workers, outputs):
-    assert worker.returncode == 0, output[-3000:]
+      worker.process.kill()
+  for status, stdout, stderr in ended:
+    output = stdout + stderr
+    assert status == 0, output[-3000:]
     # Not in the background under several workers: said once, at the first save.
     assert output.count("Checkpoints are written synchronously: under several workers every worker takes part") == 1
 
-  single = trainer_testlib.make_trainer(tf.distribute.OneDeviceStrategy("/cpu:0"))
-  single.train(
-      trainer_testlib.classification_data(),
-      global_batch_size=trainer_testlib.MULTI_WORKER_BATCH,
-      steps=trainer_testlib.MULTI_WORKER_STEPS,
-  )
-  expected = single.model.get_weights()
   per_worker = _equal_weights_of_both_workers(tmp_path, "weights")
   assert len(per_worker[0]) == len(expected)
   for got, want in zip(per_worker[0], expected):
@@ -64,9 +64,6 @@ def test_two_workers_end_with_the_weights_of_one_process(tmp_path, subprocess_en
   assert [row[1] for row in seen[0]] == [True] * 6 and [row[1] for row in seen[1]] == [False] * 6
   assert [row[2] for row in seen[0]] == [row[2] for row in seen[1]]
   # Evaluation over two input pipelines of 700 and 301 examples (88 and 38 steps) counts each example once.
-  expected_eval = single.evaluate(
-      trainer_testlib.classification_data(1001, seed=2), global_batch_size=trainer_testlib.MULTI_WORKER_BATCH
-  )
   for index in range(2):
     with open(tmp_path / f"eval_{index}.json", encoding="utf-8") as f:
       results = json.load(f)
