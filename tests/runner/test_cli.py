@@ -25,7 +25,7 @@ from testlib import process_testlib
 REPO = paths.REPO
 DIGITS = os.path.join(REPO, "configs", "digits.py")
 SYNTHETIC = os.path.join(REPO, "configs", "synthetic.py")
-SUBPROCESS_TIMEOUT_SECONDS = 300
+SUBPROCESS_TIMEOUT_SECONDS = 600  # A bound for a hang: ~20 TensorFlow processes start at once on a loaded machine.
 USER_ERROR_EXIT_CODE = 2
 _OWN_FILES = {
     f
@@ -93,18 +93,23 @@ def cli_runs(tmp_path_factory):
   env["PYTHONPATH"] = os.pathsep.join([REPO, str(tmp), env.get("PYTHONPATH", "")])
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   cases = {
+      # The loop size as configs/digits.py leaves it (auto, evaluations every 500 steps); a dataset function of its
+      # own, with the fields it declares.
       "dry_run": [
-          f"--config={DIGITS}",
+          f"--config={SYNTHETIC}",
           "--dry_run",
           "--mode=train",
           "--config.strategy.name=mirrored",
           "--config.strategy.virtual_cpus=2",
           "--config.trainer.train_steps=300",
+          "--config.trainer.steps_per_loop=None",
+          "--config.trainer.eval_every=500",
           "--noconfig.trainer.jit_compile",
+          "--config.data.name=owndata:files",
+          "--config.data.train_files=/data/train-*.rec",
       ],
-      "override_typo": [f"--config={DIGITS}", "--config.trainer.train_step=300"],
       "internal_error": [
-          f"--config={DIGITS}",
+          f"--config={SYNTHETIC}",
           "--config.model.name=explode:model",
           "--config.trainer.train_steps=10",
           "--config.trainer.steps_per_loop=10",
@@ -127,20 +132,6 @@ def cli_runs(tmp_path_factory):
       "--config.data.global_batch_size=8",
       "--config.trainer.train_steps=4",
       "--config.trainer.steps_per_loop=2",
-  ]
-  cases["warnings"] = [
-      f"--config={SYNTHETIC}",
-      "--mode=train",
-      "--config.data.num_examples=48",
-      "--config.trainer.precision=mixed_float16",
-      "--config.trainer.train_steps=2",
-      "--config.trainer.steps_per_loop=2",
-  ]
-  cases["own_field"] = [
-      f"--config={SYNTHETIC}",
-      "--dry_run",
-      "--config.data.name=owndata:files",
-      "--config.data.train_files=/data/train-*.rec",
   ]
   cases["own_field_typo"] = [
       f"--config={SYNTHETIC}",
@@ -172,20 +163,20 @@ def cli_runs(tmp_path_factory):
       "--config.trainer.steps_per_loop=20",
   ]
   # A quoted `~` reaches the runner as it is; run in a folder of its own, with a home of its own, at log level 3.
+  # Its batch is larger than the data and its precision float16 on CPUs: a warning line each.
   cases["tilde"] = [
       f"--config={SYNTHETIC}",
       "--mode=train",
+      "--config.data.num_examples=48",
+      "--config.trainer.precision=mixed_float16",
       "--config.trainer.train_steps=2",
       "--config.trainer.steps_per_loop=2",
   ]
   (tmp / "tilde_cwd").mkdir()
   (tmp / "tilde_home").mkdir()
-  cases["help"] = ["--help"]
-  cases["bad_flag"] = [f"--config={SYNTHETIC}", "--mode=trian"]
-  cases["positional"] = [f"--config={SYNTHETIC}", "train"]
   # data_labels: TF imported by the config's module. The other cases set level 2, as tests do.
-  # own_field (a dry run) at 1; dry_run_resume (below) at 0.
-  log_levels = {"quiet": None, "data_labels": None, "own_field": "1", "tilde": "3"}
+  # dry_run at 1; dry_run_resume (below) at 0.
+  log_levels = {"quiet": None, "data_labels": None, "dry_run": "1", "tilde": "3"}
   hosts = tuple(f"localhost:{portpicker.pick_unused_port()}" for _ in range(2))
   for index in range(2):
     cases[f"worker_{index}"] = [
@@ -193,6 +184,7 @@ def cli_runs(tmp_path_factory):
         "--config.strategy.name=multi_worker_mirrored",
         f"--config.strategy.worker_hosts={hosts!r}",
         f"--config.strategy.task_index={index}",
+        "--config.trainer.train_steps=20",
     ]
   workdirs = {case: tmp / ("workers" if case.startswith("worker_") else case) for case in cases}  # one shared
   workdirs["tilde"] = tmp / "tilde_home" / "runs" / "x"  # Where --workdir=~/runs/x must go.
@@ -328,45 +320,6 @@ def test_a_quoted_tilde_in_the_workdir_is_the_home_folder(cli_runs):
   assert os.listdir(workdir.parent.parent.parent / "tilde_cwd") == []  # No folder '~' where the run started.
 
 
-def test_help_prints_the_usage_and_exits_0(cli_runs):
-  returncode, stdout, stderr, workdir = cli_runs["help"]
-  assert returncode == 0, stderr[-3000:]
-  assert "python -m runner --config=FILE[:ARG]" in stdout and "--dry_run" in stdout and "--check_tpu" in stdout
-  assert not workdir.exists()
-
-
-def test_a_positional_argument_is_one_error_line_with_status_2(cli_runs):
-  returncode, _, stderr, workdir = cli_runs["positional"]
-  assert returncode == USER_ERROR_EXIT_CODE and "Traceback" not in stderr
-  assert _error_lines(stderr) == [
-      "error: Unexpected arguments ['train']; give overrides as --config.SECTION.FIELD=VALUE."
-  ]
-  assert not workdir.exists()
-
-
-def test_a_bad_flag_value_is_one_error_line_with_status_2(cli_runs):
-  returncode, _, stderr, workdir = cli_runs["bad_flag"]
-  assert returncode == USER_ERROR_EXIT_CODE
-  assert "Traceback" not in stderr and "FATAL" not in stderr
-  assert len(_error_lines(stderr)) == 1 and _error_lines(stderr)[0].startswith(
-      "error: flag --mode=trian: value should be one of"
-  )
-  assert not workdir.exists()
-
-
-def test_a_typo_in_an_override_is_one_line_without_traceback(cli_runs):
-  returncode, _, stderr, workdir = cli_runs["override_typo"]
-  assert returncode == USER_ERROR_EXIT_CODE
-  assert "Traceback" not in stderr
-  assert _error_lines(stderr) == [
-      "error: Override 'trainer.train_step=300': config.trainer has no field 'train_step'. Did you mean "
-      "'train_steps'? Fields of config.trainer: async_checkpoints, best_metric, best_mode, checkpoint_every, eval_every, "
-      "eval_steps, eval_timeout_seconds, export_every, jit_compile, max_to_keep, precision, profile_steps, report_metric, "
-      "seed, steps_per_loop, train_steps."
-  ]
-  assert not workdir.exists()
-
-
 def test_an_internal_error_keeps_its_traceback(cli_runs):
   returncode, _, stderr, _ = cli_runs["internal_error"]
   assert returncode == 1
@@ -381,7 +334,7 @@ def test_the_same_command_trains_on_two_workers(cli_runs):
     returncode, stdout, stderr, workdir = cli_runs[f"worker_{index}"]
     assert returncode == 0, stderr[-3000:]
     assert f"2 replicas on 2 workers; this is worker:{index}" in stdout
-    assert "global step: 200" in stdout
+    assert "global step: 20" in stdout
     eval_lines += [line for line in stdout.splitlines() if line.startswith("eval: ")]
   assert len(eval_lines) == 2 and eval_lines[0] == eval_lines[1]  # the workers agree
   assert eval_lines[0].endswith(" num_examples=512")  # every eval example counted once over both workers
@@ -395,7 +348,7 @@ def test_the_same_command_trains_on_two_workers(cli_runs):
 
 
 def test_a_dataset_functions_declared_fields_are_set_and_shown_by_the_dry_run(cli_runs):
-  returncode, stdout, stderr, _ = cli_runs["own_field"]
+  returncode, stdout, stderr, _ = cli_runs["dry_run"]
   assert returncode == 0, stderr[-3000:]
   assert "  name: owndata:files\n" in stdout
   assert "  shuffle_buffer: 0\n  train_files: /data/train-*.rec\n" in stdout
@@ -443,9 +396,9 @@ def test_a_run_leaves_nothing_in_the_temporary_folder(cli_runs):
   assert os.listdir(workdir.parent / "quiet_tmpdir") == []
 
 
-@pytest.mark.parametrize("case", ["own_field", "dry_run", "tilde"])
+@pytest.mark.parametrize("case", ["dry_run", "predict", "tilde"])
 def test_a_log_level_from_1_on_is_as_quiet_as_none(cli_runs, case):
-  """TF_CPP_MIN_LOG_LEVEL 1 (own_field, a dry run), 2 (dry_run) and 3 (tilde: a run that saves a checkpoint), as quiet
+  """TF_CPP_MIN_LOG_LEVEL 1 (dry_run), 2 (predict, mirrored) and 3 (tilde: a run that saves a checkpoint), as quiet
   as unset (the test above); 0 shows TensorFlow's lines (the test below).
   """
   returncode, _, stderr, _ = cli_runs[case]
@@ -535,7 +488,7 @@ def test_evaluation_records_of_another_schema_are_one_error_line_with_status_2_a
 
 
 def test_a_batch_larger_than_the_data_and_float16_on_cpus_train_with_one_warning_line_each(cli_runs):
-  returncode, stdout, stderr, _ = cli_runs["warnings"]
+  returncode, stdout, stderr, _ = cli_runs["tilde"]  # At log level 3.
   assert returncode == 0, stderr[-3000:]
   assert "global step: 2" in stdout
   warnings = [line.split("] ", 1)[1] for line in stderr.splitlines() if re.match(r"^W\d{4} .*\.py:\d+\] ", line)]
@@ -555,7 +508,22 @@ def test_tensorflow_imported_by_the_configs_own_module_starts_quietly_too(cli_ru
 
 # Answers that need no device, each (arguments after `python`, exit status, the start of its one `error:` line).
 _ANSWERS_WITHOUT_TENSORFLOW = {
-    "help": (["-m", "runner", "--help"], 0, None),
+    "help": (["-m", "runner", "--workdir={tmp}/run", "--help"], 0, None),
+    "positional": (
+        ["-m", "runner", f"--config={SYNTHETIC}", "--workdir={tmp}/run", "train"],
+        2,
+        "error: Unexpected arguments ['train']",
+    ),
+    "bad_flag": (
+        ["-m", "runner", f"--config={SYNTHETIC}", "--workdir={tmp}/run", "--mode=trian"],
+        2,
+        "error: flag --mode=trian: value should be one of",
+    ),
+    "override_typo": (
+        ["-m", "runner", f"--config={DIGITS}", "--workdir={tmp}/run", "--config.trainer.train_step=300"],
+        2,
+        "error: Override 'trainer.train_step=300': config.trainer has no field 'train_step'.",
+    ),
     "dry_run_typo": (
         ["-m", "runner", f"--config={DIGITS}", "--dry_run", "--config.trainer.train_stepz=5"],
         2,
@@ -662,7 +630,14 @@ def _imported(stderr):
   return {match["module"].split(".")[0] for match in map(_IMPORT_TIME.match, stderr.splitlines()) if match}
 
 
-def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
+@pytest.fixture(scope="module")
+def answer_runs(tmp_path_factory):
+  """Runs every command of `_ANSWERS_WITHOUT_TENSORFLOW` at once; returns (folder, {case: (status, stdout, stderr)}).
+
+  Each answers without loading TensorFlow (`test_help_and_config_errors_answer_before_tensorflow_loads`) and
+  writes nothing in its folder, where `--workdir={tmp}/run` would go.
+  """
+  tmp_path = tmp_path_factory.mktemp("answers")
   (tmp_path / "broken.py").write_text("import ml_collections\ndef get_config(:\n  pass\n")
   (tmp_path / "exits.py").write_text("import sys\nsys.exit('bye')\n")
   env = dict(os.environ, PYTHONPATH=REPO, PYTHONPROFILEIMPORTTIME="1")  # -X importtime, for the scripts too
@@ -677,11 +652,20 @@ def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
       )
       for case, (args, _, _) in _ANSWERS_WITHOUT_TENSORFLOW.items()
   }
-  outputs = {}
-  for case, process in processes.items():
+  outputs = {case: process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS) for case, process in processes.items()}
+  return tmp_path, {case: (process.returncode, *outputs[case]) for case, process in processes.items()}
+
+
+@pytest.fixture
+def answers(answer_runs):
+  return answer_runs[1]
+
+
+def test_help_and_config_errors_answer_before_tensorflow_loads(answer_runs):
+  tmp_path, answers = answer_runs
+  for case, (returncode, stdout, stderr) in answers.items():
     _, status, error = _ANSWERS_WITHOUT_TENSORFLOW[case]
-    stdout, stderr = outputs[case] = process.communicate(timeout=SUBPROCESS_TIMEOUT_SECONDS)
-    assert process.returncode == status, (case, stderr[-3000:])
+    assert returncode == status, (case, stderr[-3000:])
     errors = _error_lines(stderr)
     assert (
         (len(errors) == 1 and errors[0].startswith(error.format(tmp=tmp_path)))
@@ -693,10 +677,46 @@ def test_help_and_config_errors_answer_before_tensorflow_loads(tmp_path):
     assert not {"tensorflow", "keras", "sklearn"} & _imported(stderr), case
   assert sorted(os.listdir(tmp_path)) == ["broken.py", "exits.py"]  # Nothing written, no workdir made.
   # A console script prints what `python -m` prints, but for the name of the program whose flags it lists.
-  assert outputs["script_help"][0].replace(processes["script_help"].args[0], "X") == outputs["help"][0].replace(
+  script = _ANSWERS_WITHOUT_TENSORFLOW["script_help"][0][0]
+  assert answers["script_help"][1].replace(script, "X") == answers["help"][1].replace(
       os.path.join(REPO, "runner", "__main__.py"), "X"
   )
-  assert outputs["script_launch_help"][0] == outputs["launch_help"][0]
+  assert answers["script_launch_help"][1] == answers["launch_help"][1]
+
+
+def test_help_prints_the_usage_and_exits_0(answers):
+  returncode, stdout, stderr = answers["help"]
+  assert returncode == 0, stderr[-3000:]
+  assert "python -m runner --config=FILE[:ARG]" in stdout and "--dry_run" in stdout and "--check_tpu" in stdout
+
+
+def test_a_positional_argument_is_one_error_line_with_status_2(answers):
+  returncode, _, stderr = answers["positional"]
+  assert returncode == USER_ERROR_EXIT_CODE and "Traceback" not in stderr
+  assert _error_lines(stderr) == [
+      "error: Unexpected arguments ['train']; give overrides as --config.SECTION.FIELD=VALUE."
+  ]
+
+
+def test_a_bad_flag_value_is_one_error_line_with_status_2(answers):
+  returncode, _, stderr = answers["bad_flag"]
+  assert returncode == USER_ERROR_EXIT_CODE
+  assert "Traceback" not in stderr and "FATAL" not in stderr
+  assert len(_error_lines(stderr)) == 1 and _error_lines(stderr)[0].startswith(
+      "error: flag --mode=trian: value should be one of"
+  )
+
+
+def test_a_typo_in_an_override_is_one_line_without_traceback(answers):
+  returncode, _, stderr = answers["override_typo"]
+  assert returncode == USER_ERROR_EXIT_CODE
+  assert "Traceback" not in stderr
+  assert _error_lines(stderr) == [
+      "error: Override 'trainer.train_step=300': config.trainer has no field 'train_step'. Did you mean "
+      "'train_steps'? Fields of config.trainer: async_checkpoints, best_metric, best_mode, checkpoint_every, eval_every, "
+      "eval_steps, eval_timeout_seconds, export_every, jit_compile, max_to_keep, precision, profile_steps, report_metric, "
+      "seed, steps_per_loop, train_steps."
+  ]
 
 
 def test_a_workdir_that_cannot_be_reached_is_one_line_with_a_transient_status(tmp_path):

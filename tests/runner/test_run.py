@@ -92,7 +92,7 @@ def test_readme_command_and_mirrored_over_two_logical_cpus_agree(digits_default,
   assert abs(float(match.group(1)) - digits_default[0].eval_metrics["accuracy"]) <= 0.01
 
 
-def test_modes_train_eval_export_and_resume(tmp_path):
+def test_modes_train_eval_export_resume_and_a_finished_run_again(tmp_path):
   first = runner.run(_quick(mode="train"), str(tmp_path))
   assert first.global_step == 40 and first.eval_metrics is None and first.export_path is None
   assert set(first.train_metrics) == {"loss", "accuracy"}
@@ -107,6 +107,17 @@ def test_modes_train_eval_export_and_resume(tmp_path):
   resumed = runner.run(_quick(trainer={"train_steps": 60}), str(tmp_path))
   assert resumed.global_step == 60 and resumed.checkpoint_path.endswith("ckpt-60")
   assert resumed.eval_metrics["num_examples"] == 100
+  # The finished train_and_eval run again returns its evaluation, without a second row.
+  again = runner.run(_quick(trainer={"train_steps": 60}), str(tmp_path))
+  assert again.global_step == 60 and again.eval_metrics == resumed.eval_metrics
+  assert again.train_metrics == pytest.approx(resumed.train_metrics)  # Step 60's train row, throughput left out.
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+    rows = [(row["split"], row["step"]) for row in map(json.loads, f)]
+  assert rows == [("train", 20), ("train", 40), ("eval", 40), ("train", 60), ("eval", 60)]
+  evaluated = runner.run(_quick(mode="eval", trainer={"train_steps": 60}), str(tmp_path))  # Anew, with its own row.
+  assert evaluated.eval_metrics == resumed.eval_metrics
+  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+    assert [(row["split"], row["step"]) for row in map(json.loads, f)] == rows + [("eval", 60)]
 
 
 def test_mirrored_in_process_and_separate_eval_batch_size(tmp_path, cpu_devices):
@@ -317,20 +328,6 @@ def test_config_profile_steps_trace_those_steps_into_the_workdirs_summaries(tmp_
     assert [json.loads(line)["step"] for line in f] == [20, 30, 40, 60]
   (trace,) = (tmp_path / "summaries" / "train" / "plugins" / "profile").glob("*/*.xplane.pb")
   assert trace.stat().st_size > 1000
-
-
-def test_a_finished_train_and_eval_run_again_returns_its_evaluation_without_a_second_row(tmp_path):
-  first = runner.run(_quick(), str(tmp_path))
-  again = runner.run(_quick(), str(tmp_path))
-  assert again.global_step == 40 and again.eval_metrics == first.eval_metrics
-  assert again.train_metrics == pytest.approx(first.train_metrics)  # Step 40's train row, throughput left out.
-  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
-    rows = [(row["split"], row["step"]) for row in map(json.loads, f)]
-  assert rows == [("train", 20), ("train", 40), ("eval", 40)]
-  evaluated = runner.run(_quick(mode="eval"), str(tmp_path))  # Mode 'eval' evaluates anew, with its own row.
-  assert evaluated.eval_metrics == first.eval_metrics
-  with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
-    assert [(row["split"], row["step"]) for row in map(json.loads, f)] == rows + [("eval", 40)]
 
 
 @pytest.mark.parametrize("in_background", [True, False])
