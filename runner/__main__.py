@@ -107,6 +107,8 @@ _ERROR_LINES = {
     ClusterError: exit_codes.CLUSTER,
     remote.UnreachableError: exit_codes.UNREACHABLE,
 }
+# What `--check_tpu` made that holds tf.data iterators: never deleted (`run_main` exits without teardown).
+_KEPT_UNTIL_EXIT: list[Any] = []
 
 
 class CommandLine(NamedTuple):
@@ -227,7 +229,7 @@ def _config(command_line: CommandLine) -> Any:
 def _check_tpu(config: Any) -> None:
   from runner.tpu import check as tpu_check
 
-  verdict = tpu_check.check_tpu(config)
+  verdict = tpu_check.check_tpu(config, kept=_KEPT_UNTIL_EXIT)
   if not verdict.passed:
     raise ConfigError(f"TPU check failed: {verdict.problem}")
   print(verdict.summary)

@@ -128,7 +128,9 @@ class RecordingMirroredStrategy(strategies.MirroredStrategy):
     return traced
 
 
-def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = None) -> TPUCheckResult:
+def check_tpu(
+    config: ml_collections.ConfigDict, *, num_replicas: int | None = None, kept: list[Any] | None = None
+) -> TPUCheckResult:
   """Checks on this CPU what a CPU can prove about running `config` on a TPU (see the module doc).
 
   The steps run on as many logical CPUs as there are replicas, at most
@@ -142,6 +144,10 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
     config: a run config, as for `runner.run`.
     num_replicas: the TPU's replicas; default `config.strategy.num_replicas`
       when set, else `DEFAULT_NUM_REPLICAS`.
+    kept: None, or a list that receives the check's Trainer, which holds its
+      training iterator. The command line keeps it until the process exits:
+      in TensorFlow 2.21, deleting that iterator can block for minutes (each
+      replica's tf.data iterator waits for its autotuning thread's timer).
 
   Returns:
     A `TPUCheckResult`; `passed` is False, with the `problem`, for anything
@@ -180,6 +186,8 @@ def check_tpu(config: ml_collections.ConfigDict, *, num_replicas: int | None = N
     if problem:
       return verdict(problem)
   trainer = from_config.create_trainer(config, strategy, None)
+  if kept is not None:
+    kept.append(trainer)
   problem = _run_step(
       strategy,
       trainer,

@@ -103,7 +103,9 @@ NOT_PROVABLE = (
 
 def test_digits_tpu_variant_passes(cpu_devices):
   # configs/digits.py itself: test_the_command_line_passes_fails_in_one_line_and_writes_nothing.
-  result = runner.check_tpu(runner.load_config(DIGITS + ":tpu"))
+  kept = []
+  result = runner.check_tpu(runner.load_config(DIGITS + ":tpu"), kept=kept)
+  assert [type(trainer).__name__ for trainer in kept] == ["Trainer"]  # The command line keeps it to the exit.
   assert result.passed and result.problem is None, result.problem
   assert (result.num_replicas, result.devices) == (8, tuple(cpu_devices(4)))  # TensorFlow's devices were made
   assert (result.steps_per_loop, result.train_steps, result.eval_examples) == (500, 2, 360)
