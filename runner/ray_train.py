@@ -8,8 +8,9 @@ Ray once, at the end (`ray.train.report`, which every worker must call):
 the chief attaches a copy of the run's final checkpoint, so Ray keeps the
 chief's metrics in `Result.metrics` and that copy as `Result.checkpoint`.
 
-`tune` runs a Ray Tune sweep: one `runner.run` per sampled config, each
-evaluation reported to Tune, so its scheduler (ASHA, say) may stop a trial.
+`tune` runs a Ray Tune sweep: one `runner.run` (or, with a `ScalingConfig`,
+one Ray Train job) per sampled config, each evaluation reported to Tune, so
+its scheduler (ASHA, say) may stop a trial.
 
 Ray is imported only by these functions: the package never needs it
 (`pip install "tf-runner[ray]"` brings it).
@@ -217,13 +218,16 @@ def tune(
     metric: str,
     mode: str,
     workdir: str,
+    scaling_config: "ray.train.ScalingConfig | None" = None,
     search_alg: Any = None,
     scheduler: Any = None,
 ) -> "ray.tune.ResultGrid":
   """Tunes `config` with Ray Tune: `Tuner(trial, param_space=..., tune_config=TuneConfig(...)).fit()`.
 
-  Each trial runs `runner.run` (one worker, in the trial's Ray actor) on
-  `config` with the trial's values set, in its own workdir
+  Each trial runs `runner.run` (one worker, in the trial's Ray actor; or,
+  with `scaling_config`, a Ray Train job as `run` starts, whose chief's
+  evaluations are reported) on `config` with the trial's values set, in its
+  own workdir
   `WORKDIR/trial_ID` (Tune's trial id), which holds the usual `config.json`,
   `metrics.jsonl` and checkpoints; Tune keeps its own records in
   `WORKDIR/ray_tune`. Every evaluation (those of `config.trainer.eval_every`
@@ -233,10 +237,13 @@ def tune(
   a `checkpoint_every` that divides it is set) and `async_checkpoints`
   False. So whatever Tune does after a report, even ending the trial's
   actor at once, the trial's workdir holds its state at that report. A
-  trial the scheduler stops ends at that step, logging "Stopped by the Tune
-  scheduler at step N, whose checkpoint is saved."; its last checkpoint and
-  `metrics.jsonl` row are those of its last report. Everything is checked
-  here, before any trial starts.
+  trial of one worker that the scheduler stops ends at that step, logging
+  "Stopped by the Tune scheduler at step N, whose checkpoint is saved.";
+  its last checkpoint and `metrics.jsonl` row are those of its last report.
+  A Ray Train job's workers go on while their report travels, and Ray ends
+  them where they are at a stop: its last checkpoint is that of the last
+  report or a later one, and `metrics.jsonl` may hold rows past it (a
+  resume drops them). Everything is checked here, before any trial starts.
 
   Args:
     config: the base config, as `runner.load_config` returns it; its mode
@@ -250,6 +257,8 @@ def tune(
     mode: 'min' or 'max'.
     workdir: the sweep's folder (made absolute; a URL such as `gs://...`
       that every Ray node reaches on a cluster).
+    scaling_config: None (a trial is one worker), or Ray's `ScalingConfig`
+      of each trial's Ray Train job, checked as `run` checks it.
     search_alg: a `ray.tune.search.Searcher`, or None (Tune's random and grid search).
     scheduler: a `ray.tune.schedulers.TrialScheduler` such as
       `ASHAScheduler()`, or None (every trial runs to its end).
@@ -262,7 +271,8 @@ def tune(
   Raises:
     ConfigError: a param_space path that is not a config field (with a
       did-you-mean), a value of the wrong type, a metric the evaluation does
-      not produce, or another bad argument.
+      not produce, a config `scaling_config`'s workers cannot train (as
+      `run`), or another bad argument.
   """
   from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
 
@@ -289,9 +299,11 @@ def tune(
         f"metric={metric!r} is not a result of the evaluation.{checks.did_you_mean(metric, results)} "
         f"It reports: {', '.join(results)}."
     )
+  if scaling_config is not None:
+    _checked(config, scaling_config.num_workers)
   workdir = _absolute(workdir)
   tuner = ray_tune.Tuner(
-      ray_tune.with_parameters(_trial, base=config, workdir=workdir),
+      ray_tune.with_parameters(_trial, base=config, workdir=workdir, scaling_config=scaling_config),
       param_space=dict(param_space),
       tune_config=ray_tune.TuneConfig(
           metric=metric,
@@ -299,7 +311,7 @@ def tune(
           num_samples=checks.positive_int(num_samples, "num_samples"),
           search_alg=search_alg,
           scheduler=scheduler,
-          reuse_actors=True,  # Trials one after another share a process: TensorFlow starts once.
+          reuse_actors=scaling_config is None,  # Trials one after another share a process: TensorFlow starts once.
       ),
       run_config=ray_tune.RunConfig(storage_path=workdir, name="ray_tune"),
   )
@@ -307,9 +319,10 @@ def tune(
 
 
 class _ReportToTune(Action):
-  """After each evaluation: reports its results and `step` to Tune; ends training if Tune stopped the trial."""
+  """After each evaluation: reports its results and `step` (`report`); ends training if Tune stopped the trial."""
 
-  def __init__(self) -> None:
+  def __init__(self, report: Any) -> None:
+    self._report = report  # `ray.tune.report`, or on a Ray Train worker `ray.train.report`.
     self.step: int | None = None  # Of the last report.
     self.stopped = False
 
@@ -322,17 +335,42 @@ class _ReportToTune(Action):
         loop.stop()
 
   def report(self, results: Mapping[str, float], step: int) -> None:
-    from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
-
     self.step = step
     try:
-      ray_tune.report({**results, "step": step})
+      self._report({**results, "step": step})
     except SystemExit:  # What `tune.report` raises once Tune has stopped the trial.
       self.stopped = True
 
 
-def _trial(values: Mapping[str, Any], *, base: ml_collections.ConfigDict, workdir: str) -> None:
-  """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune."""
+def _run_reporting(config: ml_collections.ConfigDict, workdir: str, report: Any) -> bool:
+  """`runner.run(config, workdir)` with each evaluation, the final one too, passed to `report`; returns if stopped."""
+  reporter = _ReportToTune(report)
+  result = from_config.run(config, workdir, quiet=True, actions=[reporter])
+  if result.eval_metrics and result.global_step != reporter.step and not reporter.stopped:  # The final evaluation.
+    reporter.report(result.eval_metrics, result.global_step)
+  return reporter.stopped
+
+
+def _trial_per_worker(loop_config: Mapping[str, Any]) -> None:
+  """A Ray Train worker of a `tune` trial: each evaluation goes to `ray.train.report` (rank 0's on to Tune)."""
+  import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
+
+  _run_reporting(loop_config["config"], loop_config["workdir"], ray.train.report)
+
+
+def _trial(
+    values: Mapping[str, Any],
+    *,
+    base: ml_collections.ConfigDict,
+    workdir: str,
+    scaling_config: "ray.train.ScalingConfig | None",
+) -> None:
+  """One trial of `tune`: `runner.run` of `base` with `values` set, in `workdir/trial_ID`, reporting to Tune.
+
+  With `scaling_config`, a Ray Train job whose workers report with `ray.train.report`, forwarded to Tune by
+  `TuneReportCallback` (Ray's way to run Train in a Tune trial). A stop of the scheduler ends this trial's actor,
+  and with it the job, which it owns.
+  """
   from ray import tune as ray_tune  # noqa: PLC0415  Ray is optional: imported only where used.
 
   config = config_lib.overridden(base, values)
@@ -340,19 +378,32 @@ def _trial(values: Mapping[str, Any], *, base: ml_collections.ConfigDict, workdi
   if every is not None:  # Each report follows its step's checkpoint, written, whatever Tune does after the report.
     saves = saves if saves is not None and every % saves == 0 else every
     config = config_lib.overridden(config, {"trainer.checkpoint_every": saves, "trainer.async_checkpoints": False})
-  report = _ReportToTune()
+  trial_id = ray_tune.get_context().get_trial_id()
+  trial_workdir = os.path.join(workdir, f"trial_{trial_id}")
+  if scaling_config is not None:
+    import ray.train  # noqa: PLC0415  Ray is optional: imported only where it is used.
+    from ray.train.tensorflow import TensorflowTrainer  # noqa: PLC0415
+    from ray.tune.integration.ray_train import TuneReportCallback  # noqa: PLC0415
+
+    trainer = TensorflowTrainer(
+        _trial_per_worker,
+        train_loop_config={"config": config, "workdir": trial_workdir},
+        scaling_config=scaling_config,
+        run_config=ray.train.RunConfig(
+            name=f"trial_{trial_id}", storage_path=os.path.join(workdir, "ray_train"), callbacks=[TuneReportCallback()]
+        ),
+    )
+    with _workers_user_errors_raised():
+      trainer.fit()
+    return
   # A stopped trial's run ends (its TensorBoard summaries flushed) before its actor exits (`atexit`) or takes the
   # next trial (Ray Tune waits TUNE_FUNCTION_THREAD_TIMEOUT_S for it, 2 by default, then fails the next trial).
   os.environ.setdefault("TUNE_FUNCTION_THREAD_TIMEOUT_S", "60")
   ended = threading.Event()
   atexit.register(ended.wait)
   try:
-    trial_workdir = os.path.join(workdir, f"trial_{ray_tune.get_context().get_trial_id()}")
-    result = from_config.run(config, trial_workdir, quiet=True, actions=[report])
-    if result.eval_metrics and result.global_step != report.step and not report.stopped:  # The final evaluation.
-      report.report(result.eval_metrics, result.global_step)
-    if report.stopped:  # Ended: now end as Tune ends a stopped trial's thread, without its report of the end.
-      raise SystemExit(0)
+    if _run_reporting(config, trial_workdir, ray_tune.report):
+      raise SystemExit(0)  # Ended: now end as Tune ends a stopped trial's thread, without its report of the end.
   finally:
     ended.set()
     atexit.unregister(ended.wait)

@@ -238,16 +238,21 @@ def _tune_config(*overrides):
 def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_stops_one(tmp_path):
   from ray import tune  # noqa: PLC0415  Ray is imported above (it is optional).
   from ray.tune.schedulers import FIFOScheduler  # noqa: PLC0415
+  from ray.tune.search.basic_variant import BasicVariantGenerator  # noqa: PLC0415
 
-  saved_at_report = []  # (learning rate, reported step, the trial's latest checkpoint when the result arrived)
+  saved_at_report = []  # (sweep, learning rate, reported step, the step of the trial's latest checkpoint then)
 
   class StopsTheSlowTrial(FIFOScheduler):
     """Tune's scheduler, forced: STOP for the slow trial at its first result. It runs in this process."""
 
+    def __init__(self, sweep):
+      super().__init__()
+      self.sweep = sweep
+
     def on_trial_result(self, tune_controller, trial, result):
       learning_rate = trial.config["optimizer.learning_rate"]
-      latest = checkpoints.latest(str(tmp_path / "sweep" / f"trial_{trial.trial_id}"))
-      saved_at_report.append((learning_rate, result["step"], latest and os.path.basename(latest)))
+      latest = checkpoints.latest_step(str(tmp_path / self.sweep / f"trial_{trial.trial_id}"))
+      saved_at_report.append((self.sweep, learning_rate, result["step"], latest))
       if learning_rate == SLOW_LEARNING_RATE:
         return self.STOP
       return super().on_trial_result(tune_controller, trial, result)
@@ -257,12 +262,14 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
   with pytest.MonkeyPatch.context() as patch:
     patch.delenv("RAY_ADDRESS", raising=False)
     env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmpdir, "HOME": str(tmp_path / "home")}
+    env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.5"  # Ray Train sees its workers' end sooner than every 2 s.
     env["PYTHONPATH"] = paths.subprocess_environment()["PYTHONPATH"]  # The trials import this repository.
     for name, value in env.items():
       patch.setenv(name, value)
     try:
-      # One CPU: the trials run one after another, in one actor that tune reuses.
-      context = ray.init(address="local", include_dashboard=False, num_cpus=1, log_to_driver=False)
+      # Three CPUs: for a trial's actor and its Ray Train job's 2 workers, below. The 3 trials of one worker
+      # first run one after another (max_concurrent=1), in one actor that tune reuses.
+      context = ray.init(address="local", include_dashboard=False, num_cpus=3, log_to_driver=False)
       grid = ray_train.tune(
           _tune_config(),
           param_space={"optimizer.learning_rate": tune.grid_search([3e-3, SLOW_LEARNING_RATE, 3e-2])},
@@ -270,7 +277,18 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
           metric="loss",
           mode="min",
           workdir=str(tmp_path / "sweep"),
-          scheduler=StopsTheSlowTrial(),
+          search_alg=BasicVariantGenerator(max_concurrent=1),
+          scheduler=StopsTheSlowTrial("sweep"),
+      )
+      scaled_grid = ray_train.tune(
+          _tune_config("strategy.name=multi_worker_mirrored"),
+          param_space={"optimizer.learning_rate": 3e-3},
+          num_samples=1,
+          metric="loss",
+          mode="min",
+          workdir=str(tmp_path / "scaled_sweep"),
+          scaling_config=ray_train_api.ScalingConfig(num_workers=2),  # A CPU each.
+          scheduler=StopsTheSlowTrial("scaled_sweep"),
       )
     finally:
       ray.shutdown()
@@ -282,10 +300,12 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
   assert LOOPBACK_ADDRESS.match(context.address_info["gcs_address"]), context.address_info
 
   assert len(grid) == 3 and not grid.errors
-  # Each report's step is checkpointed before the report reaches Tune, whatever Tune does after it.
-  assert sorted(saved_at_report) == sorted(
-      [(SLOW_LEARNING_RATE, 2, "ckpt-2")] + [(rate, s, f"ckpt-{s}") for rate in (3e-3, 3e-2) for s in (2, 4, 5)]
-  )
+  # Each report's step is checkpointed before the report reaches Tune, whatever Tune does after it. A trial of one
+  # worker waits for Tune at its report; a Ray Train job's workers go on meanwhile, perhaps saving later steps.
+  reports = [(SLOW_LEARNING_RATE, 2)] + [(rate, step) for rate in (3e-3, 3e-2) for step in (2, 4, 5)]
+  assert sorted(row for row in saved_at_report if row[0] == "sweep") == sorted(("sweep", *r, r[1]) for r in reports)
+  scaled = [row[1:] for row in saved_at_report if row[0] == "scaled_sweep"]
+  assert [row[:2] for row in scaled] == [(3e-3, 2), (3e-3, 4), (3e-3, 5)] and all(s >= step for _, step, s in scaled)
   last_loss = {}
   for result in grid:
     learning_rate = result.config["optimizer.learning_rate"]
@@ -305,6 +325,17 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
     last_loss[learning_rate] = evaluations[-1]["loss"]
   best = grid.get_best_result()
   assert last_loss[best.config["optimizer.learning_rate"]] == min(last_loss.values()) == best.metrics["loss"]
+
+  (result,) = scaled_grid  # A Ray Train job of 2 workers, each evaluation of its chief reported to Tune.
+  assert not scaled_grid.errors
+  workdir = tmp_path / "scaled_sweep" / f"trial_{result.metrics['trial_id']}"
+  with open(workdir / "config.json", encoding="utf-8") as f:
+    assert json.load(f)["strategy"]["name"] == "multi_worker_mirrored"
+  evaluations = [row for row in process_testlib.metrics_rows(workdir) if row["split"] == "eval"]
+  assert [row["step"] for row in evaluations] == [2, 4, 5]
+  for name in ("step", "loss", "accuracy"):
+    assert list(result.metrics_dataframe[name]) == [row[name] for row in evaluations], name
+  assert os.listdir(tmp_path / "scaled_sweep" / "ray_train") == [f"trial_{result.metrics['trial_id']}"]  # Its records.
 
 
 @pytest.mark.parametrize(
@@ -330,6 +361,11 @@ def test_tune_runs_a_trial_per_config_reports_each_evaluation_and_its_scheduler_
             {"metric": "acuracy"},
             "metric='acuracy' is not a result of the evaluation. Did you mean 'accuracy'? It reports: loss, accuracy, "
             "num_examples.",
+        ),
+        (
+            {"scaling_config": ray_train_api.ScalingConfig(num_workers=2)},
+            "ScalingConfig(num_workers=2) runs more than one worker, but config.strategy.name is 'auto', which "
+            "would train each of them alone;",
         ),
         (
             {"config": _tune_config("mode=train")},
