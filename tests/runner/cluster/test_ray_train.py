@@ -48,13 +48,13 @@ def _driver_script():
   return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def _ray_processes(ray_tmpdir, *, wait_seconds=20):
+def _ray_processes(ray_tmpdir, *, wait_seconds=60):
   """The pids of the processes of the Ray that ran in `ray_tmpdir`, after up to `wait_seconds`.
 
   Every process of that Ray (its daemons, and its workers, whose command line
   Ray renames) has `RAY_TMPDIR=ray_tmpdir` in its environment, inherited from
   the driver. They end shortly after the driver's `ray.shutdown()`: they are
-  given that long.
+  given that long (one took over 20 s while the suite's other worker ran several jobs at once).
   """
   deadline = time.monotonic() + wait_seconds
   while (found := _processes_with(f"RAY_TMPDIR={ray_tmpdir}\0".encode())) and time.monotonic() < deadline:
